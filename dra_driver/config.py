@@ -1,0 +1,101 @@
+"""The node agent's configuration: a frozen value built by cli.py from flags and environment.
+
+Validation happens once, at start, and every error names the flag it came from (ConfigError).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_driver.errors import ConfigError
+
+DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
+DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+DEFAULT_DRIVER_ROOT = Path("/")
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def validate_dns_subdomain(flag: str, value: str, *, max_len: int = 253) -> str:
+    """Return ``value`` if it is a lowercase DNS subdomain of at most ``max_len`` characters."""
+    if not value:
+        raise ConfigError(flag, "must not be empty")
+    if len(value) > max_len:
+        raise ConfigError(flag, f"{value!r} is longer than {max_len} characters")
+    if not _DNS_SUBDOMAIN.match(value):
+        raise ConfigError(
+            flag,
+            f"{value!r} is not a valid DNS subdomain (lowercase letters, digits, '-' and '.', "
+            "starting and ending with a letter or digit)",
+        )
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Validated settings of one node agent process."""
+
+    node_name: str
+    driver_name: str = DEFAULT_DRIVER_NAME
+    nvidia_driver_root: Path = DEFAULT_DRIVER_ROOT
+    kubelet_registrar_directory_path: Path = DEFAULT_REGISTRAR_DIR
+    kubelet_plugins_directory_path: Path = DEFAULT_PLUGINS_DIR
+    cdi_root: Path = DEFAULT_CDI_ROOT
+    simulate: str | None = None
+    kubeconfig: Path | None = None
+    pod_uid: str | None = None
+    healthcheck_port: int = 51515
+    metrics_port: int = 0
+    log_format: str = "json"
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
+        validate_dns_subdomain("--driver-name (DRIVER_NAME)", self.driver_name, max_len=63)
+        for flag, path in (
+            ("--nvidia-driver-root (NVIDIA_DRIVER_ROOT)", self.nvidia_driver_root),
+            (
+                "--kubelet-registrar-directory-path (KUBELET_REGISTRAR_DIRECTORY_PATH)",
+                self.kubelet_registrar_directory_path,
+            ),
+            (
+                "--kubelet-plugins-directory-path (KUBELET_PLUGINS_DIRECTORY_PATH)",
+                self.kubelet_plugins_directory_path,
+            ),
+            ("--cdi-root (CDI_ROOT)", self.cdi_root),
+        ):
+            if not path.is_absolute():
+                raise ConfigError(flag, f"{str(path)!r} must be an absolute path")
+        if self.pod_uid is not None and not _UUID.match(self.pod_uid):
+            raise ConfigError("--pod-uid (POD_UID)", f"{self.pod_uid!r} is not a lowercase UUID")
+        for flag, port in (
+            ("--healthcheck-port (HEALTHCHECK_PORT)", self.healthcheck_port),
+            ("--metrics-port (METRICS_PORT)", self.metrics_port),
+        ):
+            if not 0 <= port <= 65535:
+                raise ConfigError(flag, f"{port} is not a TCP port (0 disables, 1-65535)")
+        if self.log_format not in ("json", "text"):
+            raise ConfigError("--log-format (LOG_FORMAT)", f"{self.log_format!r}: use json or text")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(
+                "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
+            )
+
+    @property
+    def plugin_data_dir(self) -> Path:
+        """Our own directory under the kubelet plugins directory (sockets, checkpoint, locks)."""
+        return self.kubelet_plugins_directory_path / self.driver_name
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_data_dir / "checkpoint.json"
+
+    @property
+    def cdi_vendor(self) -> str:
+        """CDI vendor for claim specs: ``k8s.<driver>`` (``k8s.gpu.nvidia.com``)."""
+        return f"k8s.{self.driver_name}"
