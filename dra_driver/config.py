@@ -53,6 +53,7 @@ class Config:
     metrics_port: int = 0
     log_format: str = "json"
     log_level: str = "info"
+    rediscover_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)

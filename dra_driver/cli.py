@@ -1,0 +1,202 @@
+"""Command line: flags (each with an environment-variable twin) -> Config, then run.
+
+``gpu-dra-kubelet-plugin`` (and ``python -m dra_driver``) runs the node agent; ``gpu-dra`` is the
+user's tool with subcommands (``explain``, ``devices``, ``kubelet-plugin``). A flag given on the
+command line wins over its environment variable; every value is validated at start and an error
+names the flag and the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_driver import __version__
+from dra_driver.config import (
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_DRIVER_ROOT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRAR_DIR,
+    Config,
+)
+from dra_driver.errors import ConfigError, DraError
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One agent flag, its environment twin, how to convert it and the Config field it sets."""
+
+    name: str
+    env: str
+    field: str
+    help: str
+    convert: Callable[[str], Any] = str
+    default: Any = None
+
+
+def _port(text: str) -> int:
+    return int(text, 10)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--node-name", "NODE_NAME", "node_name", "this node's name (required; the pool name)"),
+    Flag("--driver-name", "DRIVER_NAME", "driver_name", "DRA driver name", str, DEFAULT_DRIVER_NAME),
+    Flag(
+        "--nvidia-driver-root",
+        "NVIDIA_DRIVER_ROOT",
+        "nvidia_driver_root",
+        "where the NVIDIA driver is installed: / for host installs, /run/nvidia/driver for the "
+        "GPU operator",
+        Path,
+        DEFAULT_DRIVER_ROOT,
+    ),
+    Flag(
+        "--kubelet-registrar-directory-path",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        "kubelet_registrar_directory_path",
+        "directory the kubelet watches for plugin registration sockets",
+        Path,
+        DEFAULT_REGISTRAR_DIR,
+    ),
+    Flag(
+        "--kubelet-plugins-directory-path",
+        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        "kubelet_plugins_directory_path",
+        "parent of this driver's directory (DRA socket, checkpoint)",
+        Path,
+        DEFAULT_PLUGINS_DIR,
+    ),
+    Flag("--cdi-root", "CDI_ROOT", "cdi_root", "where CDI specs are written", Path, DEFAULT_CDI_ROOT),
+    Flag(
+        "--simulate",
+        "SIMULATE",
+        "simulate",
+        "run on simulated GPUs instead of NVML, e.g. h100:8 or a100-80gb:2:mig=3g.40gb,l4:1",
+    ),
+    Flag(
+        "--kubeconfig",
+        "KUBECONFIG",
+        "kubeconfig",
+        "kubeconfig file; in-cluster configuration when unset",
+        Path,
+    ),
+    Flag("--pod-uid", "POD_UID", "pod_uid", "this pod's UID: enables rolling-update socket names"),
+    Flag(
+        "--healthcheck-port",
+        "HEALTHCHECK_PORT",
+        "healthcheck_port",
+        "port of the HTTP /healthz and /readyz probes (0 disables)",
+        _port,
+        51515,
+    ),
+    Flag(
+        "--metrics-port",
+        "METRICS_PORT",
+        "metrics_port",
+        "port of the Prometheus /metrics endpoint (0 disables)",
+        _port,
+        0,
+    ),
+    Flag("--log-format", "LOG_FORMAT", "log_format", "json or text", str, "json"),
+    Flag("--log-level", "LOG_LEVEL", "log_level", "debug, info, warning or error", str, "info"),
+    Flag(
+        "--rediscover-interval",
+        "REDISCOVER_INTERVAL",
+        "rediscover_interval_s",
+        "seconds between GPU re-discovery passes (device changes update the slices)",
+        _seconds,
+        60.0,
+    ),
+)
+
+
+def _agent_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="gpu-dra node agent: publishes this node's NVIDIA GPUs as ResourceSlices and "
+        "serves the kubelet's DRA plugin sockets. Every flag can also be set through the "
+        "environment variable named in brackets.",
+    )
+    for flag in FLAGS:
+        default = "" if flag.default is None else f" (default: {flag.default})"
+        parser.add_argument(flag.name, dest=flag.field, help=f"{flag.help} [{flag.env}]{default}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def build_config(
+    argv: Sequence[str], environ: Mapping[str, str], *, prog: str = "gpu-dra-kubelet-plugin"
+) -> Config:
+    """Parse ``argv`` with ``environ`` as fallback into a validated Config (raises ConfigError)."""
+    args = _agent_parser(prog).parse_args(list(argv))
+    values: dict[str, Any] = {}
+    for flag in FLAGS:
+        raw = getattr(args, flag.field)
+        if raw is None:
+            raw = environ.get(flag.env) or None
+        label = f"{flag.name} ({flag.env})"
+        if raw is None:
+            if flag.field == "node_name":
+                raise ConfigError(label, "is required (the downward API sets NODE_NAME in the pod)")
+            if flag.default is not None:
+                values[flag.field] = flag.default
+            continue
+        try:
+            values[flag.field] = flag.convert(raw)
+        except ValueError as exc:
+            raise ConfigError(label, f"{raw!r} is not valid: {exc}") from exc
+    return Config(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gpu-dra-kubelet-plugin``: run the node agent until SIGTERM/SIGINT."""
+    try:
+        config = build_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        print(f"gpu-dra-kubelet-plugin: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    from dra_driver.agent import run_agent  # noqa: PLC0415  (keeps --help fast)
+
+    try:
+        return run_agent(config)
+    except DraError as exc:
+        print(f"gpu-dra-kubelet-plugin: {exc}", file=sys.stderr)
+        return 1
+
+
+def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gpu-dra``: ``explain``, ``devices`` or ``kubelet-plugin``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "explain": "what the scheduler would allocate for a claim, or why it cannot",
+        "devices": "the devices this node (or a --simulate spec) would publish, as a table",
+        "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
+    }
+    if not args or args[0] in ("-h", "--help") or args[0] not in commands:
+        print("usage: gpu-dra COMMAND [ARGS]\n\ncommands:", file=sys.stderr)
+        for name, text in commands.items():
+            print(f"  {name:<15} {text}", file=sys.stderr)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    command, rest = args[0], args[1:]
+    if command == "explain":
+        from dra_driver.simulator.explain import main as explain_main  # noqa: PLC0415
+
+        return explain_main(rest)
+    if command == "devices":
+        from dra_driver.inventory_table import main as devices_main  # noqa: PLC0415
+
+        return devices_main(rest)
+    return main(rest)

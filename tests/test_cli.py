@@ -1,0 +1,91 @@
+"""Flags and their environment twins become a validated Config; errors name the flag."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra_driver.cli import FLAGS, build_config
+from dra_driver.errors import ConfigError
+
+
+def test_environment_variables_fill_in_for_flags() -> None:
+    config = build_config(
+        [],
+        {
+            "NODE_NAME": "gpu-node-1",
+            "DRIVER_NAME": "gpu.example.com",
+            "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+            "KUBELET_REGISTRAR_DIRECTORY_PATH": "/k/registry",
+            "KUBELET_PLUGINS_DIRECTORY_PATH": "/k/plugins",
+            "CDI_ROOT": "/etc/cdi",
+            "HEALTHCHECK_PORT": "8080",
+            "POD_UID": "5b3c0e4e-3f0a-4a52-9d7c-0d1f2f8b9a10",
+        },
+    )
+    assert config.node_name == "gpu-node-1"
+    assert config.driver_name == "gpu.example.com"
+    assert config.nvidia_driver_root == Path("/run/nvidia/driver")
+    assert config.plugin_data_dir == Path("/k/plugins/gpu.example.com")
+    assert config.checkpoint_path == Path("/k/plugins/gpu.example.com/checkpoint.json")
+    assert config.cdi_root == Path("/etc/cdi")
+    assert config.cdi_vendor == "k8s.gpu.example.com"
+    assert config.healthcheck_port == 8080
+    assert config.pod_uid == "5b3c0e4e-3f0a-4a52-9d7c-0d1f2f8b9a10"
+
+
+def test_a_flag_wins_over_its_environment_variable() -> None:
+    config = build_config(["--node-name", "from-flag"], {"NODE_NAME": "from-env"})
+    assert config.node_name == "from-flag"
+
+
+def test_defaults_are_the_nvidia_compatible_paths() -> None:
+    config = build_config(["--node-name", "n1"], {})
+    assert config.driver_name == "gpu.nvidia.com"
+    assert config.kubelet_registrar_directory_path == Path("/var/lib/kubelet/plugins_registry")
+    assert config.plugin_data_dir == Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
+    assert config.cdi_root == Path("/var/run/cdi")
+
+
+def test_every_flag_has_a_distinct_environment_twin() -> None:
+    envs = [f.env for f in FLAGS]
+    assert len(envs) == len(set(envs))
+    assert {"NODE_NAME", "DRIVER_NAME", "NVIDIA_DRIVER_ROOT", "CDI_ROOT"} <= set(envs)
+    assert {"KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH"} <= set(envs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, r"--node-name \(NODE_NAME\): is required"),
+        (["--node-name", "Node_1"], {}, r"--node-name \(NODE_NAME\): 'Node_1' is not a valid DNS"),
+        (["--node-name", "n" * 254], {}, r"--node-name \(NODE_NAME\): .* longer than 253"),
+        (["--node-name", "n1", "--driver-name", "GPU"], {}, r"--driver-name \(DRIVER_NAME\)"),
+        (["--node-name", "n1", "--cdi-root", "cdi"], {}, r"--cdi-root \(CDI_ROOT\): 'cdi' must"),
+        (["--node-name", "n1"], {"HEALTHCHECK_PORT": "http"}, r"--healthcheck-port"),
+        (["--node-name", "n1", "--metrics-port", "70000"], {}, r"--metrics-port .*70000"),
+        (["--node-name", "n1", "--pod-uid", "../x"], {}, r"--pod-uid \(POD_UID\)"),
+        (["--node-name", "n1", "--log-format", "xml"], {}, r"--log-format"),
+        (["--node-name", "n1", "--rediscover-interval", "0"], {}, r"--rediscover-interval"),
+    ],
+)
+def test_invalid_values_are_rejected_naming_the_flag(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(argv, env)
+
+
+def test_the_console_script_reports_bad_configuration_with_exit_code_2() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "--node-name", "BAD_NAME"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--node-name (NODE_NAME): 'BAD_NAME' is not a valid DNS subdomain" in result.stderr
