@@ -53,7 +53,9 @@ def _seconds(text: str) -> float:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("--node-name", "NODE_NAME", "node_name", "this node's name (required; the pool name)"),
-    Flag("--driver-name", "DRIVER_NAME", "driver_name", "DRA driver name", str, DEFAULT_DRIVER_NAME),
+    Flag(
+        "--driver-name", "DRIVER_NAME", "driver_name", "DRA driver name", str, DEFAULT_DRIVER_NAME
+    ),
     Flag(
         "--nvidia-driver-root",
         "NVIDIA_DRIVER_ROOT",
@@ -79,7 +81,9 @@ FLAGS: tuple[Flag, ...] = (
         Path,
         DEFAULT_PLUGINS_DIR,
     ),
-    Flag("--cdi-root", "CDI_ROOT", "cdi_root", "where CDI specs are written", Path, DEFAULT_CDI_ROOT),
+    Flag(
+        "--cdi-root", "CDI_ROOT", "cdi_root", "where CDI specs are written", Path, DEFAULT_CDI_ROOT
+    ),
     Flag(
         "--simulate",
         "SIMULATE",
@@ -194,9 +198,64 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
     if command == "explain":
         from dra_driver.simulator.explain import main as explain_main  # noqa: PLC0415
 
-        return explain_main(rest)
+        return int(explain_main(rest))
     if command == "devices":
-        from dra_driver.inventory_table import main as devices_main  # noqa: PLC0415
-
         return devices_main(rest)
     return main(rest)
+
+
+def devices_main(argv: Sequence[str]) -> int:
+    """``gpu-dra devices``: discover (or simulate) GPUs and print what would be published."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-dra devices",
+        description="Show the devices and ResourceSlices this node would publish (nothing is "
+        "sent to a cluster).",
+    )
+    parser.add_argument("--simulate", help="simulated GPUs instead of NVML, e.g. h100:8")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", "node-1"))
+    parser.add_argument("--driver-name", default=os.environ.get("DRIVER_NAME", DEFAULT_DRIVER_NAME))
+    parser.add_argument(
+        "--nvidia-driver-root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT", str(DEFAULT_DRIVER_ROOT)),
+    )
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    args = parser.parse_args(list(argv))
+    from contextlib import ExitStack  # noqa: PLC0415
+
+    from dra_driver import devicetable, slices  # noqa: PLC0415
+    from dra_driver.agent import Discovery  # noqa: PLC0415
+    from dra_driver.devices import node_devices  # noqa: PLC0415
+
+    try:
+        config = Config(
+            node_name=args.node_name,
+            driver_name=args.driver_name,
+            nvidia_driver_root=Path(args.nvidia_driver_root),
+            simulate=args.simulate,
+        )
+        with ExitStack() as stack:
+            inventory = Discovery(config, stack).discover()
+        pool = slices.build_slices(
+            node_devices(inventory, driver_name=config.driver_name),
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+        )
+    except DraError as exc:
+        print(f"gpu-dra devices: {exc}", file=sys.stderr)
+        return 2
+    objects = slices.to_api_objects(pool, node_uid="")
+    for obj in objects:
+        obj["metadata"]["name"] = str(obj["metadata"].get("generateName", "")).rstrip("-")
+    if args.output == "table":
+        print(devicetable.render(devicetable.device_rows(objects)))
+    elif args.output == "json":
+        import json  # noqa: PLC0415
+
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+    else:
+        import yaml  # noqa: PLC0415
+
+        print(
+            yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objects}, sort_keys=False)
+        )
+    return 0

@@ -7,9 +7,14 @@ rules (nvidia-compat.md "Attributes", spec D.1). Nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+from dra_driver.errors import DeviceModelError
+from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
+from dra_driver.quantity import QuantityError, binary, decimal, parse_quantity
 
 
 @dataclass(frozen=True)
@@ -70,3 +75,285 @@ class NodeDevices:
 
     devices: tuple[Device, ...] = ()
     counter_sets: tuple[CounterSet, ...] = field(default=())
+
+
+# --- GPU/MIG facts -> devices ------------------------------------------------------------------
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID_ATTRIBUTE = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT_ATTRIBUTE = f"{STANDARD_DOMAIN}/pcieRoot"
+
+MAX_NAME_LENGTH = 63  # DNS label
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_LENGTH = 64
+MAX_VERSION_LENGTH = 64
+MAX_IDENTIFIER_LENGTH = 32
+MAX_DOMAIN_LENGTH = 63
+MAX_TAINTS = 16
+MAX_COUNTER_CONSUMPTIONS = 2
+MAX_COUNTERS = 32
+
+UNSTABLE_ATTRIBUTES = frozenset({"index", "minor"})
+"""NVIDIA's driver stopped publishing these in 2025: they change when GPUs are drained."""
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# semver.org's reference expression for 2.0.0.
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+_MIG_NAME = re.compile(
+    r"^gpu-(0|[1-9]\d*)-mig-([a-z0-9]+(?:-[a-z0-9]+)*)-(0|[1-9]\d*)-(0|[1-9]\d*)$"
+)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def node_devices(inventory: Inventory, *, driver_name: str) -> NodeDevices:
+    """The devices this node publishes for ``inventory``, in a stable order; pure.
+
+    A GPU in MIG mode is not published itself; its existing MIG devices are (static MIG).
+    Every device passes ``validate_device``; names are unique, or DeviceModelError is raised.
+    """
+    _validate_driver_name(driver_name)
+    devices: list[Device] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
+        if gpu.mig_enabled:
+            instances = sorted(gpu.mig_instances, key=lambda m: (m.placement.start, m.uuid))
+            devices.extend(_mig_device(gpu, mig) for mig in instances)
+        else:
+            devices.append(_gpu_device(gpu))
+    seen: set[str] = set()
+    for device in devices:
+        validate_device(device)
+        if device.name in seen:
+            raise DeviceModelError(f"device name {device.name!r} would be published twice")
+        seen.add(device.name)
+    return NodeDevices(devices=tuple(devices))
+
+
+def gpu_device_name(minor: int) -> str:
+    """``gpu-<minor>``: the minor number survives GPU drains, the NVML index does not."""
+    return f"gpu-{minor}"
+
+
+def mig_profile_slug(profile: str) -> str:
+    """A profile name as it appears in device names: ``1g.5gb+me`` -> ``1g5gb-me``.
+
+    Dots removed, then anything outside ``[a-z0-9-]`` replaced by ``-``, as NVIDIA's driver does
+    (toRFC1123Compliant), so names match between the two drivers.
+    """
+    slug = re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower())
+    return slug.strip("-")
+
+
+def mig_device_name(
+    *, parent_minor: int, profile: str, profile_id: int, placement_start: int
+) -> str:
+    """``gpu-<parentMinor>-mig-<profile slug>-<giProfileId>-<placementStart>``."""
+    slug = mig_profile_slug(profile)
+    return f"gpu-{parent_minor}-mig-{slug}-{profile_id}-{placement_start}"
+
+
+def parse_mig_device_name(name: str) -> tuple[int, int, int, str]:
+    """(parent minor, GI profile id, placement start, profile slug) from a MIG device name.
+
+    The inverse of ``mig_device_name``: enough to find and clean up a MIG device after a crash
+    from its name alone. Raises DeviceModelError if ``name`` is not a MIG device name.
+    """
+    match = _MIG_NAME.match(name)
+    if match is None:
+        raise DeviceModelError(
+            f"{name!r} is not a MIG device name "
+            "(expected gpu-<parentMinor>-mig-<profile>-<giProfileId>-<placementStart>)"
+        )
+    parent, slug, profile_id, start = match.groups()
+    return int(parent), int(profile_id), int(start), slug
+
+
+def semver_driver_version(version: str) -> str:
+    """NVML's driver version as semver: ``570.124.06`` -> ``570.124.6``, ``470.82`` -> ``470.82.0``.
+
+    The same result as NVIDIA's driver, which parses it leniently (Masterminds/semver).
+    """
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise DeviceModelError(f"driver version {version!r} cannot be read as MAJOR.MINOR.PATCH")
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return ".".join(str(n) for n in numbers)
+
+
+def semver_cuda_driver_version(version: int) -> str:
+    """NVML's CUDA driver version integer as semver: ``12080`` -> ``12.8.0``."""
+    return f"{version // 1000}.{version % 1000 // 10}.0"
+
+
+def _common_attributes(gpu: GpuInfo) -> dict[str, AttributeValue]:
+    major, minor = gpu.cuda_compute_capability
+    attributes: dict[str, AttributeValue] = {
+        "productName": gpu.product_name,
+        "brand": gpu.brand,
+        "architecture": gpu.architecture,
+        "cudaComputeCapability": Version(f"{major}.{minor}.0"),
+        "driverVersion": Version(semver_driver_version(gpu.driver_version)),
+        "cudaDriverVersion": Version(semver_cuda_driver_version(gpu.cuda_driver_version)),
+        PCI_BUS_ID_ATTRIBUTE: gpu.pci_bus_id,
+    }
+    if gpu.pcie_root is not None:
+        attributes[PCIE_ROOT_ATTRIBUTE] = gpu.pcie_root
+    if gpu.addressing_mode is not None:
+        attributes["addressingMode"] = gpu.addressing_mode
+    return attributes
+
+
+def _gpu_device(gpu: GpuInfo) -> Device:
+    return Device(
+        name=gpu_device_name(gpu.minor),
+        attributes={"type": "gpu", "uuid": gpu.uuid, **_common_attributes(gpu)},
+        capacity={"memory": binary(gpu.memory_bytes)},
+    )
+
+
+def _mig_device(gpu: GpuInfo, mig: MigInstance) -> Device:
+    profile = mig.profile
+    return Device(
+        name=mig_device_name(
+            parent_minor=gpu.minor,
+            profile=profile.name,
+            profile_id=profile.profile_id,
+            placement_start=mig.placement.start,
+        ),
+        attributes={
+            "type": "mig",
+            "uuid": mig.uuid,
+            "parentUUID": gpu.uuid,
+            "profile": profile.name,
+            **_common_attributes(gpu),
+        },
+        capacity={
+            "multiprocessors": decimal(profile.multiprocessors),
+            "copyEngines": decimal(profile.copy_engines),
+            "decoders": decimal(profile.decoders),
+            "encoders": decimal(profile.encoders),
+            "jpegEngines": decimal(profile.jpeg_engines),
+            "ofaEngines": decimal(profile.ofa_engines),
+            "memory": binary(profile.memory_bytes),
+        },
+    )
+
+
+# --- validation (spec D.1, k8s:pkg/apis/resource/validation/validation.go) --------------------
+
+
+def _validate_driver_name(driver_name: str) -> None:
+    if len(driver_name) > MAX_DOMAIN_LENGTH or not _DNS_SUBDOMAIN.match(driver_name.lower()):
+        raise DeviceModelError(
+            f"driver name {driver_name!r} is not a DNS subdomain of at most "
+            f"{MAX_DOMAIN_LENGTH} characters"
+        )
+
+
+def _qualified_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid attribute/capacity name, or None if it is."""
+    domain, slash, identifier = name.rpartition("/")
+    if slash:
+        if not domain:
+            return "the domain before '/' is empty"
+        if len(domain) > MAX_DOMAIN_LENGTH or not _DNS_SUBDOMAIN.match(domain.lower()):
+            return f"domain {domain!r} is not a DNS subdomain of at most {MAX_DOMAIN_LENGTH} chars"
+    if not _C_IDENTIFIER.match(identifier):
+        return f"{identifier!r} is not a C identifier ([A-Za-z_][A-Za-z0-9_]*)"
+    if len(identifier) > MAX_IDENTIFIER_LENGTH:
+        return f"{identifier!r} is longer than {MAX_IDENTIFIER_LENGTH} characters"
+    return None
+
+
+def _attribute_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid attribute value, or None if it is."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            return f"int {value} does not fit in int64"
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_STRING_LENGTH:
+            return f"string is {len(value)} characters, more than {MAX_STRING_LENGTH}"
+        return None
+    if isinstance(value, Version):
+        if len(value.value) > MAX_VERSION_LENGTH:
+            return f"version is longer than {MAX_VERSION_LENGTH} characters"
+        if not _SEMVER.match(value.value):
+            return (
+                f"version {value.value!r} is not semver 2.0.0 (MAJOR.MINOR.PATCH, no leading zeros)"
+            )
+        return None
+    return f"{type(value).__name__} is not an attribute type (bool, int, str, Version)"
+
+
+def validate_device(device: Device) -> None:
+    """Raise DeviceModelError naming the device and the field if the API server would reject it.
+
+    Checks the ResourceSlice device rules of spec D.1: DNS-label name, qualified attribute and
+    capacity names, at most 32 attributes and capacities together, string and version limits,
+    canonical-parsable capacity quantities, counter consumption and taint limits. Also refuses
+    ``index``/``minor`` attributes (nvidia-compat.md: not stable, not published).
+    """
+    where = f"device {device.name!r}"
+    if len(device.name) > MAX_NAME_LENGTH or not _DNS_LABEL.match(device.name):
+        raise DeviceModelError(
+            f"{where}: name is not a DNS label (lowercase letters, digits and '-', at most "
+            f"{MAX_NAME_LENGTH} characters, starting and ending with a letter or digit)"
+        )
+    total = len(device.attributes) + len(device.capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise DeviceModelError(
+            f"{where}: {total} attributes and capacities, at most "
+            f"{MAX_ATTRIBUTES_AND_CAPACITIES} allowed"
+        )
+    for name, value in device.attributes.items():
+        problem = _qualified_name_problem(name) or _attribute_problem(value)
+        if problem is None and name in UNSTABLE_ATTRIBUTES:
+            problem = "index and minor are not stable across GPU drains and are not published"
+        if problem is not None:
+            raise DeviceModelError(f"{where}: attribute {name!r}: {problem}")
+    for name, quantity in device.capacity.items():
+        problem = _qualified_name_problem(name)
+        if problem is None:
+            try:
+                parse_quantity(quantity)
+            except QuantityError as exc:
+                problem = str(exc)
+        if problem is not None:
+            raise DeviceModelError(f"{where}: capacity {name!r}: {problem}")
+    _validate_counters(device, where=where)
+    if len(device.taints) > MAX_TAINTS:
+        raise DeviceModelError(f"{where}: {len(device.taints)} taints, at most {MAX_TAINTS}")
+    for taint in device.taints:
+        if taint.effect not in ("None", "NoSchedule", "NoExecute"):
+            raise DeviceModelError(f"{where}: taint {taint.key!r} has effect {taint.effect!r}")
+
+
+def _validate_counters(device: Device, *, where: str) -> None:
+    if len(device.consumes_counters) > MAX_COUNTER_CONSUMPTIONS:
+        raise DeviceModelError(
+            f"{where}: consumes counters from {len(device.consumes_counters)} counter sets, "
+            f"at most {MAX_COUNTER_CONSUMPTIONS}"
+        )
+    sets: set[str] = set()
+    for consumption in device.consumes_counters:
+        label = f"{where}: counter set {consumption.counter_set!r}"
+        if not _DNS_LABEL.match(consumption.counter_set) or consumption.counter_set in sets:
+            raise DeviceModelError(f"{label}: not a DNS label, or listed twice")
+        sets.add(consumption.counter_set)
+        if len(consumption.counters) > MAX_COUNTERS:
+            raise DeviceModelError(f"{label}: more than {MAX_COUNTERS} counters")
+        for counter, quantity in consumption.counters.items():
+            if len(counter) > MAX_NAME_LENGTH or not _DNS_LABEL.match(counter):
+                raise DeviceModelError(f"{label}: counter name {counter!r} is not a DNS label")
+            try:
+                parse_quantity(quantity)
+            except QuantityError as exc:
+                raise DeviceModelError(f"{label}: counter {counter!r}: {exc}") from exc

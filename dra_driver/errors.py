@@ -135,3 +135,7 @@ class CelCompileError(ExplainError):
 
 class CelRuntimeError(ExplainError):
     """A CEL expression failed while evaluated against a device."""
+
+
+class KubeInvalid(KubeError):
+    """422 Unprocessable: the API server's validation rejected the object we sent."""

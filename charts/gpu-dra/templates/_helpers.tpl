@@ -1,0 +1,108 @@
+{{/*
+Names and choices shared by the templates. Everything derived from the driver name lives here so
+that one value renames the classes, their selectors, the sockets and the CDI vendor together.
+*/}}
+
+{{- define "gpu-dra.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-dra.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-dra.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-dra.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kubelet-plugin
+{{- end }}
+
+{{- define "gpu-dra.labels" -}}
+helm.sh/chart: {{ include "gpu-dra.chart" . }}
+app.kubernetes.io/name: {{ include "gpu-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "gpu-dra.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-kubelet-plugin" (include "gpu-dra.fullname" .)) .Values.serviceAccount.name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Class of whole GPUs: the driver name itself (gpu.nvidia.com). */}}
+{{- define "gpu-dra.gpuClassName" -}}
+{{- .Values.driverName }}
+{{- end }}
+
+{{/* Class of MIG devices: gpu.nvidia.com -> mig.nvidia.com; another name gets a "mig." prefix. */}}
+{{- define "gpu-dra.migClassName" -}}
+{{- if hasPrefix "gpu." .Values.driverName }}
+{{- printf "mig.%s" (trimPrefix "gpu." .Values.driverName) }}
+{{- else }}
+{{- printf "mig.%s" .Values.driverName | trunc 253 }}
+{{- end }}
+{{- end }}
+
+{{/* The selector of a class: the same expression the code ships (dra_driver/deviceclasses.py). */}}
+{{- define "gpu-dra.classExpression" -}}
+{{- $driver := index . 0 }}{{- $type := index . 1 -}}
+device.driver == '{{ $driver }}' && device.attributes['{{ $driver }}'].type == '{{ $type }}'
+{{- end }}
+
+{{/*
+True when .Capabilities came from a live cluster's discovery: it then lists group/version/Kind
+entries (v1/Pod). Offline `helm template` only knows bare group/versions, so kind checks say nothing.
+*/}}
+{{- define "gpu-dra.discovered" -}}
+{{- if .Capabilities.APIVersions.Has "v1/Pod" }}true{{ end }}
+{{- end }}
+
+{{/* resource.k8s.io version of the DeviceClasses: forced by value, else the newest served. */}}
+{{- define "gpu-dra.resourceApiVersion" -}}
+{{- $caps := .Capabilities.APIVersions }}
+{{- if .Values.resourceApiVersion }}
+{{- .Values.resourceApiVersion }}
+{{- else if $caps.Has "resource.k8s.io/v1/DeviceClass" }}v1
+{{- else if $caps.Has "resource.k8s.io/v1beta2/DeviceClass" }}v1beta2
+{{- else if $caps.Has "resource.k8s.io/v1beta1/DeviceClass" }}v1beta1
+{{- else if include "gpu-dra.discovered" . }}
+{{- fail "the cluster serves no resource.k8s.io DeviceClass (v1, v1beta2 or v1beta1): gpu-dra needs Kubernetes >= 1.32 with Dynamic Resource Allocation enabled" }}
+{{- else if $caps.Has "resource.k8s.io/v1" }}v1
+{{- else if $caps.Has "resource.k8s.io/v1beta2" }}v1beta2
+{{- else }}v1beta1
+{{- end }}
+{{- end }}
+
+{{/* Whether to render the ValidatingAdmissionPolicy: wanted, and served (or offline, unknown). */}}
+{{- define "gpu-dra.admissionPolicy" -}}
+{{- if .Values.admissionPolicy.enabled }}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}true
+{{- else if not (include "gpu-dra.discovered" .) }}true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-dra.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,163 @@
+"""The node agent: starts and supervises discovery, publishing, the kubelet plugin and probes.
+
+Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
+Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes. Then it
+re-discovers periodically so that GPUs appearing or disappearing and MIG layout changes reach the
+slices. Background tasks retry on their own; what cannot be retried ends the process with a
+non-zero code so the DaemonSet restarts it. SIGTERM/SIGINT stop everything and remove the sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from types import FrameType
+
+from dra_driver import devices, log
+from dra_driver.config import Config
+from dra_driver.errors import DiscoveryError, DraError, KubeError, NoGpusFound
+from dra_driver.gpus import nvml
+from dra_driver.gpus.info import Inventory
+from dra_driver.health import ProbeServer, SocketChecker
+from dra_driver.kube import KubeClient
+from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.publisher import Publisher
+
+logger = logging.getLogger("dra_driver.agent")
+
+
+class Discovery:
+    """One way to ask the node for its GPUs, repeatable: real NVML or a simulated node."""
+
+    def __init__(self, config: Config, stack: ExitStack) -> None:
+        self._driver_root = config.nvidia_driver_root
+        self._sysfs_root = nvml.DEFAULT_SYSFS_ROOT
+        if config.simulate:
+            from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+
+            node = stack.enter_context(simulated_nvml(config.simulate, node_name=config.node_name))
+            self._sysfs_root = node.sysfs_root
+
+    def discover(self) -> Inventory:
+        """Run discovery once. NoGpusFound yields an empty inventory (an empty pool is published,
+        telling the scheduler the driver runs but has nothing to offer)."""
+        try:
+            inventory = nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
+        except NoGpusFound as exc:
+            logger.warning("no GPUs found; publishing an empty pool", extra={"reason": str(exc)})
+            return Inventory(gpus=())
+        for failure in inventory.failures:
+            logger.error(
+                "GPU not published: NVML query failed",
+                extra={"gpu_index": failure.index, "reason": failure.error},
+            )
+        return inventory
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        logger.info("stopping on signal", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
+    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; return the process exit code."""
+    log.configure(log_format=config.log_format, level=config.log_level)
+    stop = stop or threading.Event()
+    with ExitStack() as stack:
+        discovery = Discovery(config, stack)
+        inventory = discovery.discover()
+        node_devices = devices.node_devices(inventory, driver_name=config.driver_name)
+        logger.info(
+            "discovered GPUs",
+            extra={
+                "gpus": len(inventory.gpus),
+                "devices": len(node_devices.devices),
+                "simulated": bool(config.simulate),
+            },
+        )
+        kube = KubeClient.from_config(kubeconfig=config.kubeconfig)
+
+        def report_event(reason: str, message: str) -> None:
+            try:
+                node = kube.get_node(config.node_name)
+                kube.create_event(
+                    node_name=config.node_name,
+                    node_uid=str(node.get("metadata", {}).get("uid", "")),
+                    reason=reason,
+                    message=message,
+                )
+            except KubeError as exc:
+                logger.warning("could not post an Event on the Node", extra={"reason": str(exc)})
+
+        publisher = Publisher(
+            kube,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            node_devices=node_devices,
+        )
+        plugin = KubeletPlugin(
+            config=config, inventory=inventory, claims=kube, report_event=report_event
+        )
+        with _stop_on_signals(stop):
+            publisher.start()
+            stack.callback(publisher.stop)
+            plugin.start()
+            stack.callback(plugin.stop)
+            if config.healthcheck_port:
+                probes = ProbeServer(
+                    SocketChecker(
+                        registration_socket=plugin.paths.registration,
+                        dra_socket=plugin.paths.dra,
+                        driver_name=config.driver_name,
+                    ),
+                    port=config.healthcheck_port,
+                )
+                probes.start()
+                stack.callback(probes.stop)
+            logger.info(
+                "serving",
+                extra={
+                    "registration_socket": str(plugin.paths.registration),
+                    "dra_socket": str(plugin.paths.dra),
+                    "healthcheck_port": config.healthcheck_port,
+                },
+            )
+            while not stop.wait(config.rediscover_interval_s):
+                node_devices = _rediscover(discovery, config, node_devices, publisher)
+    logger.info("stopped")
+    return 0
+
+
+def _rediscover(
+    discovery: Discovery, config: Config, current: devices.NodeDevices, publisher: Publisher
+) -> devices.NodeDevices:
+    """Re-run discovery; hand changed devices to the publisher. Failures keep the last state."""
+    try:
+        fresh = devices.node_devices(discovery.discover(), driver_name=config.driver_name)
+    except (DiscoveryError, DraError) as exc:
+        logger.error(
+            "re-discovery failed; keeping the published devices", extra={"reason": str(exc)}
+        )
+        return current
+    if fresh != current:
+        logger.info(
+            "devices changed; updating slices",
+            extra={"before": len(current.devices), "after": len(fresh.devices)},
+        )
+        publisher.set_devices(fresh)
+    return fresh
+
+
+__all__ = ["Discovery", "run_agent"]

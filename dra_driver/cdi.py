@@ -1,0 +1,526 @@
+"""CDI specs for prepared claims: what a container gets, and how the spec reaches the disk.
+
+Sits at the end of the node flow: prepare.py decides which devices a claim gets, this module turns
+them into one transient CDI spec per claim (``<cdi root>/<vendor>-claim_<claimUID>.json``, kind
+``<vendor>/claim``, device names ``<claimUID>-<device name>``; nvidia-compat.md "Names", spec F)
+and writes it atomically. The container runtime (containerd, CRI-O, podman) reads it when the
+kubelet passes our CDI IDs at CreateContainer.
+
+The content makes a CUDA container work without the NVIDIA container runtime: the GPU's device
+nodes (and for MIG the capability nodes of its GPU and compute instance), the control nodes, the
+driver's user-space libraries and tools mounted read-only (also under the sonames the CUDA runtime
+loads), and ``NVIDIA_VISIBLE_DEVICES=void`` so that an NVIDIA runtime, if installed, does not
+inject devices a second time. What exists under the driver root is found once at start
+(``find_driver_files``); building a spec afterwards does no I/O.
+
+Only files named like our claim specs are ever written or removed in the CDI directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_driver.errors import CdiError
+
+CDI_CLASS = "claim"
+
+# Libraries of the "compute" and "utility" capabilities of nvidia-container-toolkit: what CUDA,
+# OpenCL and NVML users load at run time.
+DRIVER_LIBRARIES = (
+    "libcuda",
+    "libcudadebugger",
+    "libnvidia-allocator",
+    "libnvidia-cfg",
+    "libnvidia-gpucomp",
+    "libnvidia-ml",
+    "libnvidia-nscq",
+    "libnvidia-nvvm",
+    "libnvidia-opencl",
+    "libnvidia-pkcs11",
+    "libnvidia-pkcs11-openssl3",
+    "libnvidia-ptxjitcompiler",
+)
+# The soname each library is loaded by, for installs that lack the ldconfig symlink. A library
+# absent here is loaded by its full versioned name (libnvidia-gpucomp.so.<driver version>).
+_SONAMES = {
+    "libcuda": "libcuda.so.1",
+    "libcudadebugger": "libcudadebugger.so.1",
+    "libnvidia-allocator": "libnvidia-allocator.so.1",
+    "libnvidia-cfg": "libnvidia-cfg.so.1",
+    "libnvidia-ml": "libnvidia-ml.so.1",
+    "libnvidia-nvvm": "libnvidia-nvvm.so.4",
+    "libnvidia-opencl": "libnvidia-opencl.so.1",
+    "libnvidia-ptxjitcompiler": "libnvidia-ptxjitcompiler.so.1",
+}
+DRIVER_BINARIES = (
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-smi",
+)
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+NO_SECOND_INJECTION_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+
+_BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin")
+_LIB_DIRS_BY_ARCH = {
+    "x86_64": ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu", "usr/lib64", "lib64"),
+    "aarch64": ("usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib64", "lib64"),
+}
+_COMMON_LIB_DIRS = ("usr/lib", "lib")
+_MAX_SYMLINK_HOPS = 16
+
+# /proc/driver/nvidia-caps/mig-minors lists "gpu<minor>/gi<id>/access <N>" and
+# "gpu<minor>/gi<id>/ci<id>/access <N>"; /dev/nvidia-caps/nvidia-cap<N> is the node to grant.
+_MIG_MINOR_LINE = re.compile(r"^(gpu\d+/gi\d+(?:/ci\d+)?/access) (\d+)$")
+# The kernel module numbers its capability table in a fixed order (nv-caps.c): one nvlink entry,
+# mig config and monitor, then per GPU 15 GPU instances, each followed by its 8 compute instances.
+_CAPS_BEFORE_GPU_TABLE = 3
+_CIS_PER_GI = 8
+_GIS_PER_GPU = 15
+_CAPS_PER_GI = 1 + _CIS_PER_GI
+_CAPS_PER_GPU = _GIS_PER_GPU * _CAPS_PER_GI
+
+_UUID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_UUID = re.compile(rf"^{_UUID_PATTERN}$")
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node the container gets at ``path``; the runtime stats ``host_path`` for it."""
+
+    path: str
+    host_path: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A read-only bind mount of a host file into the container."""
+
+    host_path: str
+    container_path: str
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """What the driver installation under the driver root offers to containers."""
+
+    dev_root: Path  # where /dev/nvidia* live on the host: "/" or the driver root
+    mounts: tuple[Mount, ...]  # libraries (with soname aliases) and tools, sorted
+    mig_cap_minors: Mapping[str, int] = field(default_factory=dict)  # "gpu0/gi1/access" -> minor
+
+    def node(self, path: str) -> DeviceNode:
+        """The device node at container ``path``, addressed on the host under the dev root."""
+        return DeviceNode(path=path, host_path=str(self.dev_root / path.lstrip("/")))
+
+    def mig_cap_minor(self, name: str) -> int:
+        """Minor of ``/dev/nvidia-caps/nvidia-cap<N>`` for a capability like ``gpu0/gi1/access``."""
+        known = self.mig_cap_minors.get(name)
+        if known is not None:
+            return known
+        m = re.fullmatch(r"gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access", name)
+        if m is None:
+            raise CdiError(f"{name!r} is not a MIG capability name")
+        gpu, gi = int(m[1]), int(m[2])
+        minor = _CAPS_BEFORE_GPU_TABLE + gpu * _CAPS_PER_GPU + gi * _CAPS_PER_GI
+        if m[3] is not None:
+            minor += 1 + int(m[3])
+        return minor
+
+
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a claim as the container sees it."""
+
+    name: str  # the DRA device name, e.g. gpu-0
+    nodes: tuple[DeviceNode, ...]
+    env: tuple[str, ...] = ()
+
+
+def gpu_nodes(files: DriverFiles, *, minor: int) -> tuple[DeviceNode, ...]:
+    """Device nodes of a full GPU."""
+    return (files.node(f"/dev/nvidia{minor}"),)
+
+
+def mig_nodes(
+    files: DriverFiles, *, parent_minor: int, gpu_instance_id: int, compute_instance_id: int
+) -> tuple[DeviceNode, ...]:
+    """Device nodes of a MIG device: the parent GPU plus its GI and CI capability nodes."""
+    gi = files.mig_cap_minor(f"gpu{parent_minor}/gi{gpu_instance_id}/access")
+    ci = files.mig_cap_minor(
+        f"gpu{parent_minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
+    )
+    return (
+        files.node(f"/dev/nvidia{parent_minor}"),
+        files.node(f"/dev/nvidia-caps/nvidia-cap{gi}"),
+        files.node(f"/dev/nvidia-caps/nvidia-cap{ci}"),
+    )
+
+
+def cdi_device_name(*, claim_uid: str, device_name: str) -> str:
+    return f"{claim_uid}-{device_name}"
+
+
+def cdi_device_id(*, vendor: str, claim_uid: str, device_name: str) -> str:
+    """Fully qualified CDI name given to the runtime: ``<vendor>/claim=<uid>-<device>``."""
+    return f"{vendor}/{CDI_CLASS}={cdi_device_name(claim_uid=claim_uid, device_name=device_name)}"
+
+
+def claim_spec(
+    *, vendor: str, claim_uid: str, devices: Sequence[ClaimDevice], files: DriverFiles
+) -> dict[str, Any]:
+    """The CDI spec of one claim. Deterministic: the same input gives the same bytes."""
+    if not devices:
+        raise CdiError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    spec_devices = []
+    for dev in devices:
+        edits: dict[str, Any] = {}
+        if dev.env:
+            edits["env"] = list(dev.env)
+        edits["deviceNodes"] = [_node_json(n) for n in dev.nodes]
+        spec_devices.append(
+            {
+                "name": cdi_device_name(claim_uid=claim_uid, device_name=dev.name),
+                "containerEdits": edits,
+            }
+        )
+    common: dict[str, Any] = {
+        "env": [NO_SECOND_INJECTION_ENV],
+        "deviceNodes": [_node_json(files.node(p)) for p in CONTROL_DEVICE_NODES],
+    }
+    if files.mounts:
+        common["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": list(MOUNT_OPTIONS),
+            }
+            for m in files.mounts
+        ]
+    spec: dict[str, Any] = {
+        "cdiVersion": "",
+        "kind": f"{vendor}/{CDI_CLASS}",
+        "devices": spec_devices,
+        "containerEdits": common,
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def minimum_version(spec: Mapping[str, Any]) -> str:
+    """The lowest cdiVersion that allows every field ``spec`` uses (spec F.1).
+
+    Older runtimes only know older versions (podman 4.3 accepts <= 0.5.0), so a spec must not
+    claim a newer version than it needs.
+    """
+    if "annotations" in spec or "." in str(spec.get("kind", "")).split("/")[-1]:
+        return "0.6.0"
+    version = "0.3.0"
+    edit_sets = [spec.get("containerEdits") or {}]
+    for dev in spec.get("devices", ()):
+        if "annotations" in dev:
+            return "0.6.0"
+        if str(dev.get("name", "")).startswith(tuple("0123456789")):
+            version = "0.5.0"
+        edit_sets.append(dev.get("containerEdits") or {})
+    for edits in edit_sets:
+        if "additionalGids" in edits or "intelRdt" in edits:
+            return "0.7.0"
+        if any("hostPath" in n for n in edits.get("deviceNodes", ())):
+            version = "0.5.0"
+        if version < "0.4.0" and any("type" in m for m in edits.get("mounts", ())):
+            version = "0.4.0"
+    return version
+
+
+def _node_json(node: DeviceNode) -> dict[str, str]:
+    if node.host_path == node.path:
+        return {"path": node.path}
+    return {"path": node.path, "hostPath": node.host_path}
+
+
+def encode_spec(spec: Mapping[str, Any]) -> bytes:
+    """The bytes written to disk: compact JSON in the spec's own key order."""
+    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the driver's files
+
+
+def find_driver_files(
+    *, driver_root: Path, driver_version: str | None, proc_root: Path = Path("/proc")
+) -> DriverFiles:
+    """Scan ``driver_root`` once for the driver's libraries, tools and device-node location.
+
+    ``driver_version`` (e.g. ``570.124.06``) selects the libraries of the running driver when
+    several versions are installed side by side; None takes every version found. Missing files
+    are not an error: a spec without them still gives the container its device nodes.
+    """
+    mounts: dict[str, Mount] = {}
+    for directory in _library_dirs(driver_root):
+        for mount in _library_mounts(driver_root, directory, driver_version):
+            mounts.setdefault(mount.container_path, mount)
+    for rel in _BIN_DIRS:
+        for name in DRIVER_BINARIES:
+            candidate = driver_root / rel / name
+            real = _resolve_in_root(driver_root, candidate)
+            if real is None or not real.is_file():
+                continue
+            container_path = "/" + str(candidate.relative_to(driver_root))
+            mounts.setdefault(container_path, Mount(str(real), container_path))
+    dev_root = Path("/")
+    if driver_root != Path("/") and (driver_root / "dev").is_dir():
+        dev_root = driver_root
+    return DriverFiles(
+        dev_root=dev_root,
+        mounts=tuple(sorted(mounts.values(), key=lambda m: m.container_path)),
+        mig_cap_minors=read_mig_cap_minors(proc_root / "driver/nvidia-caps/mig-minors"),
+    )
+
+
+def read_mig_cap_minors(path: Path) -> dict[str, int]:
+    """Parse the kernel's MIG capability table; empty when the file does not exist."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CdiError(f"cannot read {path}: {exc}") from exc
+    minors: dict[str, int] = {}
+    for line in text.splitlines():
+        m = _MIG_MINOR_LINE.match(line.strip())
+        if m:
+            minors[m[1]] = int(m[2])
+    return minors
+
+
+def _library_dirs(driver_root: Path) -> list[Path]:
+    rels = _LIB_DIRS_BY_ARCH.get(platform.machine(), ()) + _COMMON_LIB_DIRS
+    seen: set[Path] = set()
+    dirs: list[Path] = []
+    for rel in rels:
+        directory = driver_root / rel
+        real = _resolve_in_root(driver_root, directory)
+        # merged-/usr systems make /lib a link to /usr/lib: scan each directory once
+        if real is None or not real.is_dir() or real in seen:
+            continue
+        seen.add(real)
+        dirs.append(directory)
+    return dirs
+
+
+def _library_mounts(driver_root: Path, directory: Path, driver_version: str | None) -> list[Mount]:
+    names = {n for n in os.listdir(directory) if n.startswith("lib") and ".so" in n}
+    container_dir = "/" + str(directory.relative_to(driver_root))
+    mounts: list[Mount] = []
+    for lib in DRIVER_LIBRARIES:
+        pattern = re.compile(rf"^{re.escape(lib)}\.so(\.[0-9][0-9.]*)?$")
+        matching = sorted(n for n in names if pattern.match(n))
+        real_files: dict[str, Path] = {}
+        for name in matching:
+            real = _resolve_in_root(driver_root, directory / name)
+            if real is None or not real.is_file():
+                continue
+            version = real.name.removeprefix(f"{lib}.so.")
+            if driver_version is not None and version != driver_version:
+                continue
+            real_files[name] = real
+        if not real_files:
+            continue
+        targets = sorted(set(real_files.values()))
+        for name, real in real_files.items():
+            mounts.append(Mount(str(real), f"{container_dir}/{name}"))
+        soname = _SONAMES.get(lib)
+        if soname is not None and soname not in real_files and len(targets) == 1:
+            mounts.append(Mount(str(targets[0]), f"{container_dir}/{soname}"))
+    return mounts
+
+
+def _resolve_in_root(driver_root: Path, path: Path) -> Path | None:
+    """Follow symlinks of ``path`` as if ``driver_root`` were ``/``; None if it leaves the root.
+
+    Absolute link targets in a driver container's tree are relative to that tree, not to our
+    root, so ``Path.resolve`` would look in the wrong place.
+    """
+    current = path
+    for _ in range(_MAX_SYMLINK_HOPS):
+        parent = _resolve_dir_in_root(driver_root, current.parent)
+        if parent is None:
+            return None
+        current = parent / current.name
+        if not current.is_symlink():
+            return current if current.exists() else None
+        target = os.readlink(current)
+        if target.startswith("/"):
+            current = driver_root / target.lstrip("/")
+        else:
+            current = current.parent / target
+    return None
+
+
+def _resolve_dir_in_root(driver_root: Path, directory: Path) -> Path | None:
+    try:
+        rel = directory.relative_to(driver_root)
+    except ValueError:
+        normal = Path(os.path.normpath(directory))
+        try:
+            rel = normal.relative_to(driver_root)
+        except ValueError:
+            return None
+    current = driver_root
+    for part in rel.parts:
+        if part == "..":
+            if current == driver_root:
+                return None
+            current = current.parent
+            continue
+        current = current / part
+        hops = 0
+        while current.is_symlink():
+            hops += 1
+            if hops > _MAX_SYMLINK_HOPS:
+                return None
+            target = os.readlink(current)
+            current = (
+                driver_root / target.lstrip("/")
+                if target.startswith("/")
+                else Path(os.path.normpath(current.parent / target))
+            )
+            try:
+                current.relative_to(driver_root)
+            except ValueError:
+                return None
+    return current
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec directory
+
+
+class CdiSpecDir:
+    """Our claim specs in the CDI directory: atomic writes, removal, listing.
+
+    Spec file: ``<vendor>-claim_<claimUID>.json``. A write goes to a hidden temp file in the same
+    directory (``.<spec name>.<random>.tmp``: runtimes only read ``*.json``/``*.yaml``), is
+    fsync'd, renamed over the final name, and the directory is fsync'd, so a reader sees the old
+    spec or the new one, never a mix. Files not named like our specs are never touched.
+    """
+
+    def __init__(self, root: Path, *, vendor: str) -> None:
+        self.root = root
+        self.vendor = vendor
+        self._prefix = f"{vendor}-{CDI_CLASS}_"
+        self._spec_name = re.compile(rf"^{re.escape(self._prefix)}({_UUID_PATTERN})\.json$")
+        self._temp_name = re.compile(
+            rf"^\.{re.escape(self._prefix)}{_UUID_PATTERN}\.json\.[0-9a-f]+\.tmp$"
+        )
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, claim_uid: str) -> Path:
+        if not _UUID.match(claim_uid):
+            # the UID is part of a file name: refuse anything that could climb out of the dir
+            raise CdiError(f"claim UID {claim_uid!r} is not a lowercase UUID")
+        return self.root / f"{self._prefix}{claim_uid}.json"
+
+    def write(self, claim_uid: str, content: bytes, *, sync_dir: bool = True) -> Path:
+        """Atomically replace the spec of ``claim_uid`` with ``content``."""
+        final = self.path_for(claim_uid)
+        temp = self.root / f".{final.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, content)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(temp, final)
+            if sync_dir:
+                self.sync()
+        except OSError as exc:
+            temp.unlink(missing_ok=True)
+            raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
+        return final
+
+    def read(self, claim_uid: str) -> bytes | None:
+        """The spec's bytes, or None when the claim has no spec."""
+        try:
+            return self.path_for(claim_uid).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CdiError(f"cannot read CDI spec of claim {claim_uid}: {exc}") from exc
+
+    def remove(self, claim_uid: str, *, sync_dir: bool = True) -> bool:
+        """Delete the spec of ``claim_uid``; False when there was none (not an error)."""
+        try:
+            self.path_for(claim_uid).unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise CdiError(f"cannot remove CDI spec of claim {claim_uid}: {exc}") from exc
+        if sync_dir:
+            self.sync()
+        return True
+
+    def claim_uids(self) -> set[str]:
+        """UIDs of every claim that has a spec of ours in the directory."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return set()
+        return {m[1] for n in names if (m := self._spec_name.match(n))}
+
+    def remove_temp_files(self, *, older_than_s: float) -> int:
+        """Delete temp files a killed writer left behind; return how many.
+
+        Only files older than ``older_than_s`` go: a younger one may belong to a write that
+        another plugin instance is doing right now.
+        """
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for name in names:
+            if not self._temp_name.match(name):
+                continue
+            path = self.root / name
+            try:
+                if path.stat().st_mtime <= cutoff:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    def sync(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def device_names_in_spec(content: bytes, *, claim_uid: str) -> list[str]:
+    """DRA device names a spec of ours was written for (used to rebuild lost state)."""
+    try:
+        spec = json.loads(content)
+        names = [str(d["name"]) for d in spec["devices"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CdiError(f"CDI spec of claim {claim_uid} is not readable: {exc}") from exc
+    prefix = f"{claim_uid}-"
+    return sorted(n.removeprefix(prefix) for n in names if n.startswith(prefix))

@@ -1,0 +1,830 @@
+"""Simulated GPUs: a stand-in for the NVML C library that pynvml loads, plus a matching sysfs tree.
+
+This is the first step of the flow for nodes without GPUs (the demo, tests, users trying the
+driver): ``simulated_nvml(spec, node_name=...)`` puts a fake library object where pynvml keeps
+its ``CDLL`` handle (``pynvml.nvmlLib``). pynvml looks C symbols up by name on that object and
+calls them with ctypes arguments, so ``gpus.nvml.discover`` runs its normal pynvml call sequence,
+including pynvml's own argument marshalling and return-code checks, against simulated hardware.
+There is no second discovery path. Hardware facts come from gpus/profiles.py.
+
+Spec syntax (documented for users in docs/simulate.md)::
+
+    spec   := group ("," group)*
+    group  := product [":" count] (":" option)*
+    option := "mig" | "mig=" layout | "mig-pending" | "addressing=" ("hmm" | "ats") | "fail"
+    layout := entry ("+" entry)*          entry := profile ["*" count]
+
+e.g. ``h100:8``, ``a100-80gb:2,l4:1``, ``a100-40gb:1:mig=3g.20gb+2g.10gb+1g.5gb``,
+``h100:1:mig=1g.10gb*7``. A layout entry that does not start with a digit belongs to the previous
+profile name, so ``mig=1g.5gb+me+3g.20gb`` reads as ``1g.5gb+me`` and ``3g.20gb``. Instances
+take the first free placement of their profile's placement table, in the order given; earlier
+choices are revisited when a later instance would not fit. ``fail`` makes every NVML query on
+that GPU return NVML_ERROR_GPU_IS_LOST (the fault hook for tests).
+
+UUIDs and PCI addresses are derived from the node name with SHA-256, so the same spec on the same
+node always yields the same devices, and two nodes never share UUIDs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import tempfile
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from dataclasses import replace as _replace
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from dra_driver.errors import SimulationSpecError
+from dra_driver.gpus import nvml
+from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.profiles import (
+    CUDA_DRIVER_VERSION,
+    DRIVER_VERSION,
+    GpuInstanceProfile,
+    HardwareProfile,
+    hardware_profile,
+    known_keys,
+)
+
+MAX_GPUS = 64
+"""More GPUs than any real node has; a typo like ``h100:800`` is an error, not a long wait."""
+
+TOTAL_SLICES = 8  # memory slices of the A100/H100/H200 MIG layout
+TOTAL_COMPUTE_SLICES = 7
+
+_ADDRESSING = {"hmm": 1, "ats": 2}  # NVML_DEVICE_ADDRESSING_MODE_HMM / _ATS
+_OPTIONS = ("mig", "mig=<layout>", "mig-pending", "addressing=hmm|ats", "fail")
+
+
+@dataclass(frozen=True)
+class MigPlacementSpec:
+    """A MIG instance to pre-create: its GPU-instance profile and first memory slice."""
+
+    profile: GpuInstanceProfile
+    start: int
+
+
+@dataclass(frozen=True)
+class SimulatedGpuSpec:
+    """One GPU of a spec, before node-specific identities (UUID, PCI address) are assigned."""
+
+    hardware: HardwareProfile
+    mig_enabled: bool = False
+    mig_pending: bool = False
+    mig_instances: tuple[MigPlacementSpec, ...] = ()
+    addressing_mode: int | None = None
+    fail: bool = False
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    """A parsed ``--simulate`` spec: the node's GPUs in NVML index order."""
+
+    gpus: tuple[SimulatedGpuSpec, ...]
+
+
+def parse_spec(spec: str) -> SimulationSpec:
+    """Parse a ``--simulate`` spec; raise SimulationSpecError naming the bad part."""
+    if not spec.strip():
+        raise SimulationSpecError("empty --simulate spec; expected e.g. 'h100:8' or 'l4:1,t4:2'")
+    gpus: list[SimulatedGpuSpec] = []
+    for position, group in enumerate(spec.split(","), start=1):
+        gpus.extend(_parse_group(group.strip(), position=position))
+        if len(gpus) > MAX_GPUS:
+            raise SimulationSpecError(f"spec {spec!r} asks for more than {MAX_GPUS} GPUs")
+    return SimulationSpec(gpus=tuple(gpus))
+
+
+def _parse_group(group: str, *, position: int) -> list[SimulatedGpuSpec]:
+    where = f"group {position} ({group!r})"
+    if not group:
+        raise SimulationSpecError(f"group {position} is empty (two commas in a row?)")
+    parts = group.split(":")
+    hardware = hardware_profile(parts[0].strip())
+    if hardware is None:
+        raise SimulationSpecError(
+            f"{where}: unknown GPU {parts[0]!r}; known: {', '.join(known_keys())}"
+        )
+    options = parts[1:]
+    count = 1
+    if options and options[0].isdigit():
+        count = int(options[0])
+        options = options[1:]
+    gpu = SimulatedGpuSpec(hardware=hardware)
+    for option in options:
+        gpu = _apply_option(gpu, option.strip(), where=where)
+    return [gpu] * count
+
+
+def _apply_option(gpu: SimulatedGpuSpec, option: str, *, where: str) -> SimulatedGpuSpec:
+    name, _, value = option.partition("=")
+    if name in ("mig", "mig-pending") and not gpu.hardware.mig_capable:
+        raise SimulationSpecError(
+            f"{where}: {gpu.hardware.key} ({gpu.hardware.product_name}) does not support MIG"
+        )
+    if option == "mig":
+        return _replace(gpu, mig_enabled=True, mig_pending=True)
+    if name == "mig" and value:
+        layout = _place(gpu.hardware, value, where=where)
+        return _replace(gpu, mig_enabled=True, mig_pending=True, mig_instances=layout)
+    if option == "mig-pending":
+        return _replace(gpu, mig_pending=True)
+    if name == "addressing" and value.lower() in _ADDRESSING:
+        return _replace(gpu, addressing_mode=_ADDRESSING[value.lower()])
+    if option == "fail":
+        return _replace(gpu, fail=True)
+    raise SimulationSpecError(
+        f"{where}: unknown option {option!r}; expected a GPU count or one of {', '.join(_OPTIONS)}"
+    )
+
+
+def _layout_names(layout: str, *, where: str) -> list[str]:
+    """Split ``3g.20gb+1g.5gb+me*2`` into profile names, re-joining ``+me``-style suffixes."""
+    entries: list[str] = []
+    for token in layout.split("+"):
+        if not token:
+            raise SimulationSpecError(f"{where}: empty entry in MIG layout {layout!r}")
+        if token[0].isdigit() or not entries:
+            entries.append(token)
+        else:
+            entries[-1] += "+" + token
+    names: list[str] = []
+    for entry in entries:
+        name, star, repeat = entry.partition("*")
+        if star and not (repeat.isdigit() and int(repeat) > 0):
+            raise SimulationSpecError(f"{where}: bad repeat count in MIG layout entry {entry!r}")
+        names.extend([name] * (int(repeat) if star else 1))
+    return names
+
+
+def _place(hardware: HardwareProfile, layout: str, *, where: str) -> tuple[MigPlacementSpec, ...]:
+    """Place the layout's instances on their profiles' possible placements, or explain why not.
+
+    Each instance takes the first free placement in the profile's table; when a later instance
+    then finds no room, earlier choices are revisited (so ``3g+2g+1g+1g`` fits with the 3g at
+    slice 4, as NVML places it), and the layout is refused only if no arrangement exists.
+    """
+    profiles: list[GpuInstanceProfile] = []
+    for name in _layout_names(layout, where=where):
+        profile = hardware.gpu_instance_profile(name)
+        if profile is None:
+            known = ", ".join(p.name for p in hardware.gpu_instance_profiles)
+            raise SimulationSpecError(
+                f"{where}: {hardware.key} has no MIG profile {name!r}; it has: {known}"
+            )
+        if profiles.count(profile) >= profile.instance_count:
+            raise SimulationSpecError(
+                f"{where}: MIG layout {layout!r} does not fit: {hardware.key} allows at most "
+                f"{profile.instance_count} instance(s) of {name}"
+            )
+        profiles.append(profile)
+    compute = sum(p.slice_count for p in profiles)
+    if compute > TOTAL_COMPUTE_SLICES:
+        raise SimulationSpecError(
+            f"{where}: MIG layout {layout!r} does not fit: it needs {compute} compute slices, "
+            f"a GPU has {TOTAL_COMPUTE_SLICES}"
+        )
+    starts = _arrange(profiles, used=frozenset())
+    if starts is None:
+        tables = "; ".join(
+            f"{p.name} {{{','.join(map(str, p.placement_starts))}}}:{p.placement_size}"
+            for p in dict.fromkeys(profiles)
+        )
+        raise SimulationSpecError(
+            f"{where}: MIG layout {layout!r} does not fit: no combination of possible "
+            f"placements holds all instances on {TOTAL_SLICES} memory slices ({tables})"
+        )
+    return tuple(
+        MigPlacementSpec(profile=p, start=s) for p, s in zip(profiles, starts, strict=True)
+    )
+
+
+def _arrange(profiles: list[GpuInstanceProfile], *, used: frozenset[int]) -> list[int] | None:
+    """Placement starts for ``profiles`` avoiding ``used`` memory slices; None if impossible."""
+    if not profiles:
+        return []
+    first, rest = profiles[0], profiles[1:]
+    for start in first.placement_starts:
+        span = frozenset(range(start, start + first.placement_size))
+        if span & used:
+            continue
+        arranged = _arrange(rest, used=used | span)
+        if arranged is not None:
+            return [start, *arranged]
+    return None
+
+
+# --- node identities -------------------------------------------------------------------------
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+
+
+def _uuid(node_name: str, *parts: object) -> str:
+    return str(uuid.UUID(bytes=_digest(node_name, *parts)[:16]))
+
+
+def _bus_numbers(node_name: str, count: int) -> list[int]:
+    """Distinct PCI bus numbers, ascending (NVML enumerates GPUs in PCI bus order)."""
+    buses: set[int] = set()
+    attempt = 0
+    while len(buses) < count:
+        bus = _digest(node_name, "bus", attempt)[0]
+        if 0x10 <= bus <= 0xFE:
+            buses.add(bus)
+        attempt += 1
+    return sorted(buses)
+
+
+@dataclass(frozen=True)
+class SimulatedMig:
+    """A pre-created MIG device of a simulated GPU."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: GpuInstanceProfile
+    start: int
+
+
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """A simulated GPU with its node-specific identities."""
+
+    index: int
+    minor: int
+    uuid: str
+    pci_bus_id: str  # extended BDF, lowercase: "0000:1b:00.0"
+    pcie_root: str  # "pci0000:17"
+    spec: SimulatedGpuSpec
+    migs: tuple[SimulatedMig, ...] = ()
+
+
+def _gpu_instance_id(start: int, size: int) -> int:
+    """A GPU-instance id for an instance at this placement on an 8-slice GPU.
+
+    In the ranges NVIDIA's ``nvidia-smi mig -lgi`` examples show (full GPU 0, halves 1-2,
+    quarters 3-6, single slices 7-13). Real NVML hands ids out in creation order, so there they
+    are not a function of the placement; nothing may rely on that mapping.
+    """
+    if size >= TOTAL_SLICES:
+        return 0
+    if size == 4:
+        return 1 if start == 4 else 2
+    if size == 2:
+        return 3 + start // 2
+    return 7 + start
+
+
+def build_node(spec: SimulationSpec, *, node_name: str) -> tuple[SimulatedGpu, ...]:
+    """Give each GPU of ``spec`` its identities on ``node_name``; deterministic."""
+    buses = _bus_numbers(node_name, len(spec.gpus))
+    gpus = []
+    for index, (gpu, bus) in enumerate(zip(spec.gpus, buses, strict=True)):
+        migs = tuple(
+            SimulatedMig(
+                uuid="MIG-" + _uuid(node_name, "mig", index, m.profile.profile_id, m.start),
+                gpu_instance_id=_gpu_instance_id(m.start, m.profile.placement_size),
+                compute_instance_id=0,
+                profile=m.profile,
+                start=m.start,
+            )
+            for m in gpu.mig_instances
+        )
+        # Pairs of GPUs share a PCIe root complex, as behind the PCIe switches of an HGX board.
+        root_bus = buses[index - index % 2] - 4
+        gpus.append(
+            SimulatedGpu(
+                index=index,
+                minor=index,
+                uuid="GPU-" + _uuid(node_name, "gpu", index),
+                pci_bus_id=f"0000:{bus:02x}:00.0",
+                pcie_root=f"pci0000:{root_bus:02x}",
+                spec=gpu,
+                migs=tuple(sorted(migs, key=lambda m: m.gpu_instance_id)),
+            )
+        )
+    return tuple(gpus)
+
+
+def write_sysfs(root: Path, gpus: tuple[SimulatedGpu, ...]) -> Path:
+    """Create the parts of /sys that pcieRoot discovery reads, under ``root``; return ``root``.
+
+    Like the kernel's tree: ``bus/pci/devices/<bdf>`` is a relative symlink into
+    ``devices/pci<domain>:<bus>/<bridge>/<bdf>``.
+    """
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    for gpu in gpus:
+        root_bus = gpu.pcie_root.removeprefix("pci")
+        device = root / "devices" / gpu.pcie_root / f"{root_bus}:01.0" / gpu.pci_bus_id
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "vendor").write_text("0x10de\n")
+        (device / "device").write_text(f"0x{gpu.spec.hardware.pci_device_id >> 16:04x}\n")
+        (links / gpu.pci_bus_id).symlink_to(Path("../../..") / device.relative_to(root))
+    return root
+
+
+# --- the fake C library ----------------------------------------------------------------------
+
+_SUCCESS: int = pynvml.NVML_SUCCESS
+_UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
+_INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
+_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+_NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
+_INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+_ERROR_STRINGS = {
+    _SUCCESS: b"Success",
+    _UNINITIALIZED: b"Uninitialized",
+    _INVALID_ARGUMENT: b"Invalid Argument",
+    _NOT_SUPPORTED: b"Not Supported",
+    _NOT_FOUND: b"Not Found",
+    _INSUFFICIENT_SIZE: b"Insufficient Size",
+    _GPU_IS_LOST: b"GPU is lost",
+    _VERSION_MISMATCH: b"Argument version mismatch",
+}
+
+
+_WITHOUT_INIT = frozenset({"nvmlInitWithFlags", "nvmlInit_v2", "nvmlErrorString"})
+
+
+class _CFunction:
+    """One exported symbol. A plain object, so pynvml may set ``restype`` on it like on ctypes."""
+
+    def __init__(self, name: str, impl: Callable[..., Any]) -> None:
+        self.__name__ = name
+        self._impl = impl
+        self.restype: Any = ctypes.c_int
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self._impl(*args)
+
+
+def _target(ref: Any) -> Any:
+    """The object a ``byref(...)`` argument points at."""
+    return ref._obj
+
+
+def _int(arg: Any) -> int:
+    return arg if isinstance(arg, int) else int(arg.value)
+
+
+def _address(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def _set_pointer(ref: Any, address: int) -> None:
+    """Store ``address`` in the pointer that ``ref`` (a byref of a handle) points at."""
+    target = _target(ref)
+    value = ctypes.c_void_p(address)
+    ctypes.memmove(ctypes.addressof(target), ctypes.addressof(value), ctypes.sizeof(value))
+
+
+def _write_string(buffer: Any, length: Any, text: str) -> int:
+    data = text.encode()
+    if len(data) + 1 > _int(length):
+        return _INSUFFICIENT_SIZE
+    buffer.value = data
+    return _SUCCESS
+
+
+def _nvml_bus_id(pci_bus_id: str) -> str:
+    """NVML's spelling of a bus id: 8-digit domain, upper case ("00000000:1B:00.0")."""
+    domain, rest = pci_bus_id.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+@dataclass
+class _Handles:
+    """Opaque handle values pynvml passes back to us; never dereferenced by anyone."""
+
+    gpus: dict[int, SimulatedGpu] = field(default_factory=dict)
+    migs: dict[int, tuple[SimulatedGpu, SimulatedMig]] = field(default_factory=dict)
+    gpu_instances: dict[int, tuple[SimulatedGpu, SimulatedMig]] = field(default_factory=dict)
+    gpu_address: dict[int, int] = field(default_factory=dict)  # index -> handle
+
+    def add(self, gpus: tuple[SimulatedGpu, ...]) -> None:
+        address = 0x5EED0000
+        for gpu in gpus:
+            address += 0x1000
+            self.gpus[address] = gpu
+            self.gpu_address[gpu.index] = address
+            for n, mig in enumerate(gpu.migs):
+                self.migs[address + 0x10 * (n + 1)] = (gpu, mig)
+                self.gpu_instances[address + 0x800 + 0x10 * (n + 1)] = (gpu, mig)
+
+    def mig_address(self, mig: SimulatedMig) -> int:
+        return next(a for a, (_, m) in self.migs.items() if m is mig)
+
+    def gpu_instance_address(self, mig: SimulatedMig) -> int:
+        return next(a for a, (_, m) in self.gpu_instances.items() if m is mig)
+
+
+class SimulatedNvmlLibrary:
+    """Answers pynvml's calls the way libnvidia-ml.so.1 would, from simulated GPUs.
+
+    Only the symbols discovery uses exist; any other lookup raises AttributeError, which pynvml
+    turns into NVML_ERROR_FUNCTION_NOT_FOUND, as with an old real library.
+    """
+
+    def __init__(self, gpus: tuple[SimulatedGpu, ...]) -> None:
+        self._gpus = gpus
+        self._handles = _Handles()
+        self._handles.add(gpus)
+        self._initialised = 0
+        # Symbol names in call order, for tests and debugging; bounded for long-lived use.
+        self.calls: deque[str] = deque(maxlen=10_000)
+        impls: dict[str, Callable[..., Any]] = {
+            "nvmlInitWithFlags": self._init,
+            "nvmlInit_v2": lambda: self._init(0),
+            "nvmlShutdown": self._shutdown,
+            "nvmlErrorString": lambda rc: _ERROR_STRINGS.get(_int(rc), b"Unknown Error"),
+            "nvmlSystemGetDriverVersion": self._driver_version,
+            "nvmlSystemGetCudaDriverVersion": self._cuda_driver_version,
+            "nvmlSystemGetCudaDriverVersion_v2": self._cuda_driver_version,
+            "nvmlDeviceGetCount_v2": self._count,
+            "nvmlDeviceGetHandleByIndex_v2": self._handle_by_index,
+            "nvmlDeviceGetName": self._name,
+            "nvmlDeviceGetUUID": self._uuid,
+            "nvmlDeviceGetBrand": self._brand,
+            "nvmlDeviceGetArchitecture": self._architecture,
+            "nvmlDeviceGetCudaComputeCapability": self._compute_capability,
+            "nvmlDeviceGetMemoryInfo": self._memory_info,
+            "nvmlDeviceGetPciInfo_v3": self._pci_info,
+            "nvmlDeviceGetMinorNumber": self._minor,
+            "nvmlDeviceGetAddressingMode": self._addressing_mode,
+            "nvmlDeviceGetMigMode": self._mig_mode,
+            "nvmlDeviceGetGpuInstanceProfileInfoV": self._gi_profile_info,
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2": self._gi_placements,
+            "nvmlDeviceGetMaxMigDeviceCount": self._max_mig_count,
+            "nvmlDeviceGetMigDeviceHandleByIndex": self._mig_handle_by_index,
+            "nvmlDeviceIsMigDeviceHandle": self._is_mig_handle,
+            "nvmlDeviceGetGpuInstanceId": self._gpu_instance_id,
+            "nvmlDeviceGetComputeInstanceId": self._compute_instance_id,
+            "nvmlDeviceGetAttributes_v2": self._attributes,
+            "nvmlDeviceGetGpuInstanceById": self._gpu_instance_by_id,
+            "nvmlGpuInstanceGetInfo": self._gpu_instance_info,
+        }
+        self._functions = {
+            name: _CFunction(name, self._traced(name, f)) for name, f in impls.items()
+        }
+
+    def __getattr__(self, name: str) -> _CFunction:
+        functions = self.__dict__.get("_functions", {})
+        if name in functions:
+            return functions[name]  # type: ignore[no-any-return]
+        raise AttributeError(f"simulated NVML has no symbol {name}")
+
+    def _traced(self, name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.calls.append(name)
+            if name not in _WITHOUT_INIT and not self._initialised:
+                return _UNINITIALIZED
+            return impl(*args)
+
+        return call
+
+    # system
+
+    def _init(self, flags: Any) -> int:
+        self._initialised += 1
+        return _SUCCESS
+
+    def _shutdown(self) -> int:
+        self._initialised -= 1
+        return _SUCCESS
+
+    def _driver_version(self, buffer: Any, length: Any) -> int:
+        return _write_string(buffer, length, DRIVER_VERSION)
+
+    def _cuda_driver_version(self, ref: Any) -> int:
+        _target(ref).value = CUDA_DRIVER_VERSION
+        return _SUCCESS
+
+    def _count(self, ref: Any) -> int:
+        _target(ref).value = len(self._gpus)
+        return _SUCCESS
+
+    def _handle_by_index(self, index: Any, ref: Any) -> int:
+        address = self._handles.gpu_address.get(_int(index))
+        if address is None:
+            return _INVALID_ARGUMENT
+        _set_pointer(ref, address)
+        return _SUCCESS
+
+    # lookups
+
+    def _device(self, handle: Any) -> tuple[SimulatedGpu | None, SimulatedMig | None, int]:
+        """(gpu, mig, rc): the GPU a handle names, the MIG device if it is a MIG handle."""
+        address = _address(handle)
+        if address in self._handles.gpus:
+            gpu, mig = self._handles.gpus[address], None
+        elif address in self._handles.migs:
+            gpu, mig = self._handles.migs[address]
+        else:
+            return None, None, _INVALID_ARGUMENT
+        if gpu.spec.fail:
+            return gpu, mig, _GPU_IS_LOST
+        return gpu, mig, _SUCCESS
+
+    def _gpu(self, handle: Any) -> tuple[SimulatedGpu | None, int]:
+        """A full-GPU handle; MIG handles are invalid where NVML wants the parent."""
+        gpu, mig, rc = self._device(handle)
+        if rc == _SUCCESS and mig is not None:
+            return None, _INVALID_ARGUMENT
+        return gpu, rc
+
+    # devices
+
+    def _name(self, handle: Any, buffer: Any, length: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        name = gpu.spec.hardware.product_name
+        return _write_string(buffer, length, f"{name} MIG {mig.profile.name}" if mig else name)
+
+    def _uuid(self, handle: Any, buffer: Any, length: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        return _write_string(buffer, length, mig.uuid if mig else gpu.uuid)
+
+    def _brand(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._device(handle)
+        if gpu is not None and rc == _SUCCESS:
+            _target(ref).value = gpu.spec.hardware.brand
+        return rc
+
+    def _architecture(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._device(handle)
+        if gpu is not None and rc == _SUCCESS:
+            _target(ref).value = gpu.spec.hardware.architecture
+        return rc
+
+    def _compute_capability(self, handle: Any, major: Any, minor: Any) -> int:
+        gpu, _, rc = self._device(handle)
+        if gpu is not None and rc == _SUCCESS:
+            _target(major).value, _target(minor).value = gpu.spec.hardware.cuda_compute_capability
+        return rc
+
+    def _memory_info(self, handle: Any, ref: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        mib = mig.profile.memory_mib if mig else gpu.spec.hardware.memory_mib
+        memory = _target(ref)
+        memory.total = mib * 1024 * 1024
+        memory.used = 0
+        memory.free = memory.total
+        return _SUCCESS
+
+    def _pci_info(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        info = _target(ref)
+        domain, bus, device_function = gpu.pci_bus_id.split(":")
+        info.busId = _nvml_bus_id(gpu.pci_bus_id).encode()
+        info.busIdLegacy = _nvml_bus_id(gpu.pci_bus_id)[4:].encode()
+        info.domain = int(domain, 16)
+        info.bus = int(bus, 16)
+        info.device = int(device_function.split(".")[0], 16)
+        info.pciDeviceId = gpu.spec.hardware.pci_device_id
+        return _SUCCESS
+
+    def _minor(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is not None and rc == _SUCCESS:
+            _target(ref).value = gpu.minor
+        return rc
+
+    def _addressing_mode(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        mode = _target(ref)
+        if mode.version != pynvml.nvmlDeviceAddressingMode_v1:
+            return _VERSION_MISMATCH
+        if gpu.spec.addressing_mode is None:
+            return _NOT_SUPPORTED
+        mode.value = gpu.spec.addressing_mode
+        return _SUCCESS
+
+    def _mig_mode(self, handle: Any, current: Any, pending: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if not gpu.spec.hardware.mig_capable:
+            return _NOT_SUPPORTED
+        _target(current).value = int(gpu.spec.mig_enabled)
+        _target(pending).value = int(gpu.spec.mig_pending)
+        return _SUCCESS
+
+    def _profile_by_index(self, gpu: SimulatedGpu, index: int) -> GpuInstanceProfile | None:
+        return next((p for p in gpu.spec.hardware.gpu_instance_profiles if p.index == index), None)
+
+    def _profile_by_id(self, gpu: SimulatedGpu, profile_id: int) -> GpuInstanceProfile | None:
+        profiles = gpu.spec.hardware.gpu_instance_profiles
+        return next((p for p in profiles if p.profile_id == profile_id), None)
+
+    def _gi_profile_info(self, handle: Any, index: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        info = _target(ref)
+        if info.version != pynvml.nvmlGpuInstanceProfileInfo_v2:
+            return _VERSION_MISMATCH
+        if _int(index) >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            return _INVALID_ARGUMENT
+        # nvml.h: NOT_SUPPORTED "if device doesn't have MIG mode enabled or profile isn't
+        # supported".
+        profile = self._profile_by_index(gpu, _int(index))
+        if profile is None or not gpu.spec.mig_enabled:
+            return _NOT_SUPPORTED
+        info.id = profile.profile_id
+        info.isP2pSupported = 0
+        info.sliceCount = profile.slice_count
+        info.instanceCount = profile.instance_count
+        info.multiprocessorCount = profile.multiprocessors
+        info.copyEngineCount = profile.copy_engines
+        info.decoderCount = profile.decoders
+        info.encoderCount = profile.encoders
+        info.jpegCount = profile.jpeg_engines
+        info.ofaCount = profile.ofa_engines
+        info.memorySizeMB = profile.memory_mib
+        info.name = f"MIG {profile.name}".encode()
+        return _SUCCESS
+
+    def _gi_placements(self, handle: Any, profile_id: Any, placements: Any, count: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        profile = self._profile_by_id(gpu, _int(profile_id))
+        if profile is None or not gpu.spec.mig_enabled:
+            return _NOT_SUPPORTED
+        # nvml.h: with placements == NULL only the count is returned.
+        if placements is not None:
+            array = ctypes.cast(placements, ctypes.POINTER(pynvml.c_nvmlGpuInstancePlacement_t))
+            for i, start in enumerate(profile.placement_starts):
+                array[i].start = start
+                array[i].size = profile.placement_size
+        _target(count).value = len(profile.placement_starts)
+        return _SUCCESS
+
+    def _max_mig_count(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if not gpu.spec.hardware.mig_capable:
+            return _NOT_SUPPORTED
+        _target(ref).value = TOTAL_COMPUTE_SLICES
+        return _SUCCESS
+
+    def _mig_handle_by_index(self, handle: Any, index: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if not gpu.spec.mig_enabled:
+            return _NOT_SUPPORTED
+        i = _int(index)
+        if i >= TOTAL_COMPUTE_SLICES:
+            return _INVALID_ARGUMENT
+        if i >= len(gpu.migs):
+            return _NOT_FOUND
+        _set_pointer(ref, self._handles.mig_address(gpu.migs[i]))
+        return _SUCCESS
+
+    def _is_mig_handle(self, handle: Any, ref: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is not None and rc == _SUCCESS:
+            _target(ref).value = int(mig is not None)
+        return rc
+
+    def _gpu_instance_id(self, handle: Any, ref: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if mig is None:
+            return _INVALID_ARGUMENT
+        _target(ref).value = mig.gpu_instance_id
+        return _SUCCESS
+
+    def _compute_instance_id(self, handle: Any, ref: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if mig is None:
+            return _INVALID_ARGUMENT
+        _target(ref).value = mig.compute_instance_id
+        return _SUCCESS
+
+    def _attributes(self, handle: Any, ref: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if mig is None:
+            return _NOT_SUPPORTED  # nvml.h: only MIG device handles are supported
+        attributes = _target(ref)
+        profile = mig.profile
+        attributes.multiprocessorCount = profile.multiprocessors
+        attributes.sharedCopyEngineCount = profile.copy_engines
+        attributes.sharedDecoderCount = profile.decoders
+        attributes.sharedEncoderCount = profile.encoders
+        attributes.sharedJpegCount = profile.jpeg_engines
+        attributes.sharedOfaCount = profile.ofa_engines
+        attributes.gpuInstanceSliceCount = profile.slice_count
+        attributes.computeInstanceSliceCount = profile.slice_count
+        attributes.memorySizeMB = profile.memory_mib
+        return _SUCCESS
+
+    def _gpu_instance_by_id(self, handle: Any, gpu_instance_id: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if not gpu.spec.mig_enabled:
+            return _NOT_SUPPORTED
+        mig = next((m for m in gpu.migs if m.gpu_instance_id == _int(gpu_instance_id)), None)
+        if mig is None:
+            return _NOT_FOUND
+        _set_pointer(ref, self._handles.gpu_instance_address(mig))
+        return _SUCCESS
+
+    def _gpu_instance_info(self, gpu_instance: Any, ref: Any) -> int:
+        found = self._handles.gpu_instances.get(_address(gpu_instance))
+        if found is None:
+            return _INVALID_ARGUMENT
+        gpu, mig = found
+        if gpu.spec.fail:
+            return _GPU_IS_LOST
+        info = _target(ref)
+        info.device = ctypes.cast(
+            ctypes.c_void_p(self._handles.gpu_address[gpu.index]), pynvml.c_nvmlDevice_t
+        )
+        info.id = mig.gpu_instance_id
+        info.profileId = mig.profile.profile_id
+        info.placement.start = mig.start
+        info.placement.size = mig.profile.placement_size
+        return _SUCCESS
+
+
+@dataclass(frozen=True)
+class SimulatedNode:
+    """What ``simulated_nvml`` yields: the GPUs it serves and the sysfs tree to read."""
+
+    node_name: str
+    gpus: tuple[SimulatedGpu, ...]
+    sysfs_root: Path
+    library: SimulatedNvmlLibrary
+
+
+@contextmanager
+def simulated_nvml(spec: str, *, node_name: str) -> Iterator[SimulatedNode]:
+    """Install simulated GPUs as pynvml's NVML library for the duration of the block.
+
+    Parses ``spec`` first (SimulationSpecError before anything changes), writes a sysfs tree to a
+    temporary directory (removed afterwards; pass ``node.sysfs_root`` to discovery), and restores
+    pynvml's previous library, symbol cache and reference count on exit, so blocks may be used
+    one after another or nested in one process. Not for concurrent use from several threads.
+    """
+    gpus = build_node(parse_spec(spec), node_name=node_name)
+    library = SimulatedNvmlLibrary(gpus)
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as tmp:
+        sysfs_root = write_sysfs(Path(tmp), gpus)
+        with pynvml.libLoadLock:
+            saved = (
+                pynvml.nvmlLib,
+                dict(pynvml._nvmlGetFunctionPointer_cache),
+                pynvml._nvmlLib_refcount,
+            )
+            pynvml.nvmlLib = library
+            # pynvml caches function pointers by name; stale entries would call the old library.
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml._nvmlLib_refcount = 0
+        try:
+            yield SimulatedNode(
+                node_name=node_name, gpus=gpus, sysfs_root=sysfs_root, library=library
+            )
+        finally:
+            with pynvml.libLoadLock:
+                pynvml.nvmlLib, cache, pynvml._nvmlLib_refcount = saved
+                pynvml._nvmlGetFunctionPointer_cache.clear()
+                pynvml._nvmlGetFunctionPointer_cache.update(cache)
+
+
+def discover_simulated(spec: str, *, node_name: str) -> Inventory:
+    """Run ``nvml.discover`` once against simulated GPUs (what ``--simulate`` does at start)."""
+    with simulated_nvml(spec, node_name=node_name) as node:
+        # The driver root is never read: pynvml already holds the simulated library.
+        return nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)

@@ -1,0 +1,580 @@
+"""The one place that talks to the Kubernetes API, through the official ``kubernetes`` client.
+
+Place in the flow: publisher.py reads and writes ResourceSlices here; the plugin reads
+ResourceClaims (NodePrepareResources), the Node, and records Events on the Node. Everything
+crosses this boundary as plain JSON dicts in resource.k8s.io/v1 shape, whichever version the server
+serves: discovery picks v1, else v1beta2, else v1beta1, and objects are converted on the way in
+and out (spec D.0).
+
+Errors are converted here and only here (``raise ... from exc``): HTTP statuses and urllib3
+failures become the ``KubeError`` subclasses of errors.py. Timeouts are short and the client does
+no retries of its own (urllib3 retries are switched off): callers decide, the publisher with
+backoff. :data:`API_PERMISSIONS` lists every (verb, group, resource) a method here can use, so the
+chart's RBAC can be checked against it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import urllib3
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import incluster_config, kube_config
+from kubernetes.config.config_exception import ConfigException
+
+from dra_driver.errors import (
+    ConfigError,
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeGone,
+    KubeInvalid,
+    KubeNotFound,
+    KubeUnavailable,
+)
+from dra_driver.slices import API_VERSIONS, GROUP, JsonDict, convert_slice, slice_to_v1
+
+log = logging.getLogger(__name__)
+
+API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("get", "", "nodes"),
+        ("create", "", "events"),
+        ("get", GROUP, "resourceclaims"),
+        ("list", GROUP, "resourceslices"),
+        ("watch", GROUP, "resourceslices"),
+        ("create", GROUP, "resourceslices"),
+        ("update", GROUP, "resourceslices"),
+        ("delete", GROUP, "resourceslices"),
+    }
+)
+"""Every (verb, API group, resource) KubeClient may request; "" is the core group. Discovery
+(``GET /apis/resource.k8s.io``) is a non-resource URL every authenticated user may read."""
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+_WATCH_READ_MARGIN_S = 15.0
+_KUBECONFIG_FLAG = "--kubeconfig (KUBECONFIG)"
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class SliceList:
+    """Our ResourceSlices (v1 shape) and the list's resourceVersion to start a watch from."""
+
+    items: tuple[JsonDict, ...]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event: ADDED, MODIFIED, DELETED or BOOKMARK, with the object in v1 shape."""
+
+    type: str
+    object: JsonDict
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.object.get("metadata", {}).get("resourceVersion", ""))
+
+
+class WatchStream:
+    """An open watch. Iterate for events; ``close()`` from any thread ends the iteration.
+
+    Iteration raises KubeGone when the server says the resourceVersion is too old (relist), and
+    KubeUnavailable when the connection breaks; it simply ends when the server closes the watch
+    (its ``timeoutSeconds`` elapsed) or after ``close()``.
+    """
+
+    def __init__(
+        self,
+        response: Any,
+        *,
+        resource: str,
+        convert: Any,
+    ) -> None:
+        self._response = response
+        self._resource = resource
+        self._convert = convert
+        self._closed = threading.Event()
+
+    def __enter__(self) -> WatchStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unblock a reader in another thread and release the connection. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        # shutdown() wakes a thread blocked in a socket read; close() alone would not.
+        # (It refuses once the stream was read to the end and the connection went back to the
+        # pool; then there is nothing to wake.)
+        with contextlib.suppress(RuntimeError, OSError):
+            self._response.shutdown()
+        self._response.release_conn()
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        try:
+            for line in self._lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = str(event.get("type", "")), event.get("object") or {}
+                if kind == "ERROR":
+                    raise _status_error(
+                        int(obj.get("code") or 500), obj, verb="watch", resource=self._resource
+                    )
+                yield WatchEvent(kind, obj if kind == "BOOKMARK" else self._convert(obj))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._closed.is_set():
+                return
+            raise KubeUnavailable(
+                f"watch {self._resource}: connection to the API server broke: {exc}",
+                verb="watch",
+                resource=self._resource,
+            ) from exc
+        except ValueError as exc:
+            if self._closed.is_set():
+                return
+            raise KubeUnavailable(
+                f"watch {self._resource}: the API server sent an unreadable event: {exc}",
+                verb="watch",
+                resource=self._resource,
+            ) from exc
+
+    def _lines(self) -> Iterator[str]:
+        buffer = b""
+        for chunk in self._response.stream(amt=None, decode_content=True):
+            if self._closed.is_set():
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8")
+        if buffer.strip() and not self._closed.is_set():
+            yield buffer.decode("utf-8")
+
+
+class KubeClient:
+    """Typed access to the few API calls the driver makes. Thread-safe (one connection pool).
+
+    Every method raises a KubeError subclass on failure: KubeForbidden names the RBAC rule that is
+    missing, KubeUnavailable covers connection problems, timeouts, 429 and 5xx.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> None:
+        self._api = api_client
+        self._timeout = (connect_timeout_s, timeout_s)
+        self._connect_timeout_s = connect_timeout_s
+        self._version: str | None = None
+        self._version_lock = threading.Lock()
+
+    @classmethod
+    def from_config(
+        cls,
+        *,
+        kubeconfig: Path | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> KubeClient:
+        """Connect with ``kubeconfig``, else $KUBECONFIG, else the in-cluster ServiceAccount.
+
+        Raises ConfigError naming the flag when none is usable. Nothing is sent yet.
+        """
+        configuration = Configuration()
+        source = str(kubeconfig) if kubeconfig is not None else os.environ.get("KUBECONFIG", "")
+        try:
+            if source:
+                kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=source, client_configuration=configuration, persist_config=False
+                )
+            elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+                incluster_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+            else:
+                raise ConfigError(
+                    _KUBECONFIG_FLAG,
+                    "no kubeconfig given and not running in a Pod (KUBERNETES_SERVICE_HOST unset)",
+                )
+        except (ConfigException, OSError, ValueError) as exc:
+            where = source or "in-cluster ServiceAccount"
+            raise ConfigError(_KUBECONFIG_FLAG, f"cannot load {where}: {exc}") from exc
+        # Retries are the caller's decision (publisher backoff), never hidden in the transport.
+        configuration.retries = False
+        api_client = ApiClient(configuration)
+        api_client.user_agent = "gpu-dra/kubelet-plugin"
+        return cls(api_client, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+
+    def close(self) -> None:
+        self._api.close()
+
+    # --- discovery -------------------------------------------------------------------------------
+
+    @property
+    def resource_api_version(self) -> str:
+        """The resource.k8s.io version in use: v1, else v1beta2, else v1beta1 (discovered once)."""
+        with self._version_lock:
+            if self._version is None:
+                self._version = self._discover()
+            return self._version
+
+    def _discover(self) -> str:
+        try:
+            group = self._request("GET", f"/apis/{GROUP}", verb="get", resource=GROUP)
+        except KubeNotFound as exc:
+            raise KubeNotFound(
+                f"the API server does not serve {GROUP} (DRA needs Kubernetes 1.32 or newer, "
+                "with the resource.k8s.io API enabled)",
+                verb="get",
+                resource=GROUP,
+                status=404,
+            ) from exc
+        served = {str(v.get("version")) for v in group.get("versions") or ()}
+        for version in API_VERSIONS:
+            if version in served:
+                log.info(
+                    "using resource.k8s.io/%s",
+                    version,
+                    extra={"api_version": version, "served": sorted(served)},
+                )
+                return version
+        raise KubeNotFound(
+            f"the API server serves {GROUP} only in {sorted(served)}; this driver needs one of "
+            f"{list(API_VERSIONS)} (Kubernetes 1.32 or newer)",
+            verb="get",
+            resource=GROUP,
+            status=404,
+        )
+
+    # --- ResourceSlices --------------------------------------------------------------------------
+
+    def _slices_path(self, name: str = "") -> str:
+        base = f"/apis/{GROUP}/{self.resource_api_version}/resourceslices"
+        return f"{base}/{name}" if name else base
+
+    @staticmethod
+    def _slice_selector(driver_name: str, node_name: str) -> str:
+        return f"spec.driver={driver_name},spec.nodeName={node_name}"
+
+    def list_slices(self, *, driver_name: str, node_name: str) -> SliceList:
+        """Our driver's slices on our node (field selector), v1 shape, sorted by name."""
+        data = self._request(
+            "GET",
+            self._slices_path(),
+            query={"fieldSelector": self._slice_selector(driver_name, node_name)},
+            verb="list",
+            resource="resourceslices",
+        )
+        version = self.resource_api_version
+        items = sorted(
+            (slice_to_v1(item, api_version=version) for item in data.get("items") or ()),
+            key=lambda s: str(s.get("metadata", {}).get("name", "")),
+        )
+        return SliceList(
+            items=tuple(items),
+            resource_version=str(data.get("metadata", {}).get("resourceVersion", "")),
+        )
+
+    def watch_slices(
+        self, *, driver_name: str, node_name: str, resource_version: str, timeout_s: int = 300
+    ) -> WatchStream:
+        """Open a watch of our slices from ``resource_version``; the server ends it after
+        ``timeout_s``. Raises KubeGone at once when the version is already too old."""
+        response = self._request(
+            "GET",
+            self._slices_path(),
+            query={
+                "fieldSelector": self._slice_selector(driver_name, node_name),
+                "watch": "true",
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": str(timeout_s),
+            },
+            verb="watch",
+            resource="resourceslices",
+            stream=True,
+            timeout=(self._connect_timeout_s, timeout_s + _WATCH_READ_MARGIN_S),
+        )
+        return WatchStream(response, resource="resourceslices", convert=slice_to_v1)
+
+    def create_slice(self, body: Mapping[str, Any]) -> JsonDict:
+        """Create a slice (``metadata.generateName`` set); returns what the server stored."""
+        stored = self._request(
+            "POST",
+            self._slices_path(),
+            body=convert_slice(body, api_version=self.resource_api_version),
+            verb="create",
+            resource="resourceslices",
+        )
+        return slice_to_v1(stored)
+
+    def update_slice(self, body: Mapping[str, Any]) -> JsonDict:
+        """Replace a slice; ``metadata.resourceVersion`` must be current (else KubeConflict)."""
+        name = str(body["metadata"]["name"])
+        stored = self._request(
+            "PUT",
+            self._slices_path(name),
+            body=convert_slice(body, api_version=self.resource_api_version),
+            verb="update",
+            resource="resourceslices",
+            name=name,
+        )
+        return slice_to_v1(stored)
+
+    def delete_slice(self, *, name: str, uid: str, resource_version: str) -> bool:
+        """Delete a slice if it is still the object we saw (uid + resourceVersion preconditions).
+
+        Returns False if it was already gone; a changed object raises KubeConflict.
+        """
+        preconditions = {
+            k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v
+        }
+        try:
+            self._request(
+                "DELETE",
+                self._slices_path(name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions},
+                verb="delete",
+                resource="resourceslices",
+                name=name,
+            )
+        except KubeNotFound:
+            return False
+        return True
+
+    # --- other objects ---------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> JsonDict:
+        """The Node object; KubeNotFound if it does not exist."""
+        node: JsonDict = self._request(
+            "GET", f"/api/v1/nodes/{name}", verb="get", resource="nodes", name=name
+        )
+        return node
+
+    def get_resource_claim(self, *, namespace: str, name: str) -> JsonDict | None:
+        """The ResourceClaim in v1 shape, or None if it does not exist."""
+        version = self.resource_api_version
+        try:
+            claim = self._request(
+                "GET",
+                f"/apis/{GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}",
+                verb="get",
+                resource="resourceclaims",
+                namespace=namespace,
+                name=name,
+            )
+        except KubeNotFound:
+            return None
+        return claim_to_v1(claim, api_version=version)
+
+    def create_event(
+        self,
+        *,
+        node_name: str,
+        node_uid: str,
+        reason: str,
+        message: str,
+        event_type: EventType = "Warning",
+        component: str = "gpu-dra-kubelet-plugin",
+        namespace: str = "default",
+    ) -> JsonDict:
+        """Record a core/v1 Event about the Node (shown by ``kubectl describe node``)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{node_name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node_name,
+                "uid": node_uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": event_type,
+            "source": {"component": component, "host": node_name},
+            "reportingComponent": component,
+            "reportingInstance": node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        event: JsonDict = self._request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/events",
+            body=body,
+            verb="create",
+            resource="events",
+            namespace=namespace,
+        )
+        return event
+
+    # --- transport -------------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        verb: str,
+        resource: str,
+        query: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+        namespace: str = "",
+        name: str = "",
+        stream: bool = False,
+        timeout: tuple[float, float] | None = None,
+    ) -> Any:
+        """One HTTP request through the official client; JSON in, JSON (or a stream) out."""
+        _method, url, headers, request_body, _ = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=dict(query) if query else None,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=dict(body) if body is not None else None,
+            auth_settings=["BearerToken"],
+        )
+        what = _describe(verb, resource, namespace=namespace, name=name)
+        try:
+            response = self._api.call_api(
+                _method,
+                url,
+                header_params=headers,
+                body=request_body,
+                _request_timeout=timeout or self._timeout,
+            )
+            if stream and 200 <= response.status < 300:
+                return response.response
+            response.read()
+        except ApiException as exc:
+            # The client reports TLS failures as ApiException with status 0.
+            raise KubeUnavailable(
+                f"{what}: cannot talk to the API server: {exc.reason}",
+                verb=verb,
+                resource=resource,
+            ) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeUnavailable(
+                f"{what}: API server unreachable: {_root_cause(exc)}", verb=verb, resource=resource
+            ) from exc
+        status = int(response.status)
+        data = response.data or b"{}"
+        try:
+            decoded = json.loads(data)
+        except ValueError:
+            decoded = {"message": data[:200].decode("utf-8", "replace")}
+        if status >= 400:
+            raise _status_error(
+                status, decoded, verb=verb, resource=resource, namespace=namespace, name=name
+            )
+        return decoded
+
+
+def _describe(verb: str, resource: str, *, namespace: str = "", name: str = "") -> str:
+    target = f"{resource}/{name}" if name else resource
+    return f"{verb} {target}" + (f" in namespace {namespace}" if namespace else "")
+
+
+def _root_cause(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    return str(reason) if isinstance(reason, BaseException) else str(exc)
+
+
+def _qualified(resource: str) -> str:
+    return resource if resource in ("nodes", "events", GROUP) else f"{resource}.{GROUP}"
+
+
+def _status_error(
+    status: int,
+    body: Mapping[str, Any],
+    *,
+    verb: str,
+    resource: str,
+    namespace: str = "",
+    name: str = "",
+) -> KubeError:
+    """The KubeError subclass for an HTTP status (or a watch ERROR event's Status object)."""
+    message = str(body.get("message") or body.get("reason") or f"HTTP {status}")
+    what = _describe(verb, resource, namespace=namespace, name=name)
+    kw: dict[str, Any] = {"verb": verb, "resource": resource, "status": status}
+    if status == 403:
+        where = f" in namespace {namespace!r}" if namespace else ""
+        return KubeForbidden(
+            f"forbidden: the ServiceAccount may not {verb!r} {_qualified(resource)}{where}; "
+            f"grant it in the ClusterRole (API server: {message})",
+            **kw,
+        )
+    if status == 401:
+        return KubeError(
+            f"unauthorized: the API server rejected our credentials for {what} "
+            f"(expired token or wrong kubeconfig): {message}",
+            **kw,
+        )
+    if status == 404:
+        return KubeNotFound(f"{what}: not found: {message}", **kw)
+    if status == 409:
+        return KubeConflict(f"{what}: conflict: {message}", **kw)
+    if status == 410:
+        return KubeGone(f"{what}: gone (resourceVersion too old): {message}", **kw)
+    if status == 422:
+        return KubeInvalid(f"{what}: the API server rejected the object: {message}", **kw)
+    if status == 429 or status >= 500:
+        return KubeUnavailable(f"{what}: API server answered {status}: {message}", **kw)
+    return KubeError(f"{what}: API server answered {status}: {message}", **kw)
+
+
+def claim_to_v1(claim: Mapping[str, Any], *, api_version: str | None = None) -> JsonDict:
+    """A ResourceClaim read in any served version, in v1 shape.
+
+    v1beta1 requests carry the ``exactly`` fields inline; v1beta2 and v1 nest them. Status is the
+    same in all three.
+    """
+    out = dict(claim)
+    version = api_version or str(claim.get("apiVersion", "")).rpartition("/")[2]
+    out["apiVersion"] = f"{GROUP}/v1"
+    devices = (claim.get("spec") or {}).get("devices")
+    if version != "v1beta1" or not devices or not devices.get("requests"):
+        return out
+    requests = []
+    for request in devices["requests"]:
+        if "firstAvailable" in request:
+            requests.append(
+                {"name": request.get("name"), "firstAvailable": request["firstAvailable"]}
+            )
+        else:
+            requests.append(
+                {
+                    "name": request.get("name"),
+                    "exactly": {k: v for k, v in request.items() if k != "name"},
+                }
+            )
+    out["spec"] = {**claim["spec"], "devices": {**devices, "requests": requests}}
+    return out

@@ -1,0 +1,261 @@
+"""``KubeletPlugin``: the kubelet plugin of one node, from start to SIGTERM.
+
+start() (spec A.3 order, checklist H):
+1. find the driver's files under the driver root (once; CDI specs are built from them);
+2. open the checkpoint; a damaged one is set aside, reported as a Node Event, and the state is
+   rebuilt from the CDI specs on disk; then ``reconcile`` repairs leftovers of a crash/reboot;
+3. serve DRA v1 + v1beta1 + the v1alpha1 health stream on ``dra.sock``;
+4. only then serve registration on ``<driver>-reg.sock`` (the kubelet calls the DRA service as
+   soon as it registers us); both stay up for the life of the process;
+5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
+
+stop() stops both servers and removes both socket files (the kubelet then deregisters us at
+once instead of after two failed 10 s probes).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from dra_driver import cdi
+from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
+from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
+from dra_driver.config import Config
+from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
+from dra_driver.gpus.info import Inventory
+from dra_driver.plugin import sockets
+from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
+from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer
+from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
+from dra_driver.prepare import ClaimSource, Preparer, device_targets
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RECONCILE_INTERVAL_S = 60.0
+_GRPC_WORKERS = 32
+
+EventReporter = Callable[[str, str], None]
+"""Report a problem as a Kubernetes Event on our Node: (reason, message)."""
+
+
+class KubeletPlugin:
+    """The registration and DRA services of one node, backed by prepare.Preparer.
+
+    ``claims`` is where ResourceClaims are read (kube.KubeClient). ``report_event`` posts a
+    Warning Event on the Node (used when the checkpoint was damaged). ``proc_root`` and
+    ``boot_id_path`` exist so tests can point them at fake files.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        inventory: Inventory,
+        claims: ClaimSource,
+        report_event: EventReporter | None = None,
+        proc_root: Path = Path("/proc"),
+        boot_id_path: Path = BOOT_ID_PATH,
+        health_interval_s: float = DEFAULT_INTERVAL_S,
+        reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
+    ) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.paths = sockets.socket_paths(
+            registrar_dir=config.kubelet_registrar_directory_path,
+            plugin_dir=config.plugin_data_dir,
+            driver_name=config.driver_name,
+            pod_uid=config.pod_uid,
+        )
+        self._claims = claims
+        self._report_event = report_event
+        self._proc_root = proc_root
+        self._health_interval_s = health_interval_s
+        self._reconcile_interval_s = reconcile_interval_s
+        self._stopping = threading.Event()
+        self.checkpoint = Checkpoint(config.checkpoint_path, boot_id_path=boot_id_path)
+        self.checkpoint.on_corrupt = self._checkpoint_corrupt
+        self.locks = ClaimLocks(config.plugin_data_dir / "claims.lock")
+        self.specs = cdi.CdiSpecDir(config.cdi_root, vendor=config.cdi_vendor)
+        self.preparer: Preparer | None = None
+        self.registration: RegistrationServicer | None = None
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self._reconciler: threading.Thread | None = None
+        self._rebuild_needed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Prepare state, then serve dra.sock, then the registration socket. Not re-entrant."""
+        cfg = self.config
+        driver_version = self.inventory.gpus[0].driver_version if self.inventory.gpus else None
+        files = cdi.find_driver_files(
+            driver_root=cfg.nvidia_driver_root,
+            driver_version=driver_version,
+            proc_root=self._proc_root,
+        )
+        log.info(
+            "found driver files",
+            extra={"driver_root": str(cfg.nvidia_driver_root), "mounts": len(files.mounts),
+                   "dev_root": str(files.dev_root)},
+        )  # fmt: skip
+        cfg.plugin_data_dir.mkdir(parents=True, exist_ok=True)
+        cfg.kubelet_registrar_directory_path.mkdir(parents=True, exist_ok=True)
+        self.specs.ensure()
+        self.locks.open()
+        report = self.checkpoint.open()
+        self.preparer = Preparer(
+            driver_name=cfg.driver_name,
+            node_name=cfg.node_name,
+            cdi_vendor=cfg.cdi_vendor,
+            targets=device_targets(self.inventory),
+            files=files,
+            specs=self.specs,
+            checkpoint=self.checkpoint,
+            locks=self.locks,
+            claims=self._claims,
+        )
+        self._recover(report)
+        self._start_dra_server()
+        self._start_registration_server()
+        self._reconciler = threading.Thread(
+            target=self._reconcile_loop, name="reconcile", daemon=True
+        )
+        self._reconciler.start()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving and remove both sockets. Safe to call twice or before start()."""
+        self._stopping.set()
+        for server, path in (
+            (self._reg_server, self.paths.registration),
+            (self._dra_server, self.paths.dra),
+        ):
+            if server is not None:
+                server.stop(grace_s).wait()
+            path.unlink(missing_ok=True)
+        self._reg_server = self._dra_server = None
+        if self._reconciler is not None:
+            self._reconciler.join(timeout=5)
+            self._reconciler = None
+        if self.preparer is not None:
+            self.preparer.close()
+        self.checkpoint.close()
+        self.locks.close()
+
+    def serve_until_signal(self) -> None:
+        """start(), wait for SIGTERM or SIGINT, stop(). For the main thread only."""
+        done = threading.Event()
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            log.info("stopping on signal", extra={"signal": signal.Signals(signum).name})
+            done.set()
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            done.wait()
+        finally:
+            self.stop()
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _recover(self, report: LoadReport) -> None:
+        assert self.preparer is not None
+        if report.corrupt_moved_to is not None:
+            rebuilt = self.preparer.rebuild_from_specs()
+            log.warning(
+                "rebuilt the prepared-claim state from the CDI specs on disk",
+                extra={"claims": rebuilt},
+            )
+        if report.discarded_after_reboot:
+            log.info(
+                "the node rebooted since the last checkpoint: prepared claims were dropped",
+                extra={"claims": report.discarded_after_reboot},
+            )
+        done = self.preparer.reconcile()
+        log.info("reconciled prepared claims at start", extra=done)
+
+    def _checkpoint_corrupt(self, moved_to: Path, reason: str) -> None:
+        # A damaged checkpoint found later (written by another instance) is rebuilt too.
+        if self.preparer is not None and self._reconciler is not None:
+            self._rebuild_needed = True
+        message = (
+            f"The DRA plugin's checkpoint {self.config.checkpoint_path} was damaged ({reason}); "
+            f"it was moved to {moved_to.name} and the state is rebuilt from the CDI specs."
+        )
+        if self._report_event is None:
+            return
+        try:
+            self._report_event("CheckpointCorrupt", message)
+        except KubeError as exc:
+            log.warning("cannot post the checkpoint Event", extra={"error": str(exc)})
+
+    def _start_dra_server(self) -> None:
+        assert self.preparer is not None
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=_GRPC_WORKERS, thread_name_prefix="dra-grpc")
+        )
+        v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.preparer), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.preparer), server)
+        targets = self.preparer.targets
+        health_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(
+                pool=self.config.node_name,
+                device_names=lambda: sorted(targets),
+                stopping=self._stopping,
+                interval_s=self._health_interval_s,
+            ),
+            server,
+        )
+        self._dra_server = _serve(server, self.paths.dra)
+        log.info("serving DRA", extra={"socket": str(self.paths.dra)})
+
+    def _start_registration_server(self) -> None:
+        self.registration = RegistrationServicer(
+            driver_name=self.config.driver_name,
+            endpoint=str(self.paths.dra),
+            versions=(*DRA_SERVICES, HEALTH_SERVICE),
+        )
+        server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="reg-grpc"))
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+        self._reg_server = _serve(server, self.paths.registration)
+        log.info("serving registration", extra={"socket": str(self.paths.registration)})
+
+    def _reconcile_loop(self) -> None:
+        while not self._stopping.wait(self._reconcile_interval_s):
+            assert self.preparer is not None
+            try:
+                if self._rebuild_needed:
+                    self._rebuild_needed = False
+                    self.preparer.rebuild_from_specs()
+                done = self.preparer.reconcile()
+            except (CdiError, CheckpointError, KubeError) as exc:
+                log.warning("reconcile failed; will retry", extra={"error": str(exc)})
+                continue
+            if any(done.values()):
+                log.info("reconciled prepared claims", extra=done)
+
+
+def _serve(server: grpc.Server, path: Path) -> grpc.Server:
+    sockets.remove_stale(path)
+    try:
+        bound = server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as exc:
+        raise DraError(f"cannot listen on {path}: {exc}") from exc
+    if bound == 0:
+        raise DraError(f"cannot listen on {path}")
+    server.start()
+    return server

@@ -1,0 +1,587 @@
+"""Prepare and unprepare of ResourceClaims on this node: the work behind the kubelet's calls.
+
+Flow position: plugin/ (gRPC) -> here -> cdi.py (spec files) + checkpoint.py (state).
+
+Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
+1. Validate what the kubelet sent (the UID is a UUID, so it can safely name a file).
+2. Hold the claim's lock; a claim already ``PrepareCompleted`` (with its spec on disk) returns the
+   recorded answer without side effects (idempotent).
+3. GET the ResourceClaim; refuse it when the UID differs, it is not allocated, or it is allocated
+   to another node. Keep only results of our driver; every device must be one we have.
+4. Decode our opaque configs (class configs, then claim configs; later wins) strictly.
+5. Record ``PrepareStarted`` (refusing a device another prepared claim holds, admin access aside),
+   write the CDI spec, record ``PrepareCompleted``; answer one Device per result.
+
+Unprepare drops the claim from the checkpoint, then removes its spec; an unknown claim succeeds.
+``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind.
+
+Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
+per-claim outcome, and independent claims of a batch run concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from dra_driver import cdi, deviceconfig
+from dra_driver.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    Claims,
+    PreparedDevice,
+)
+from dra_driver.devices import gpu_device_name, mig_device_name
+from dra_driver.errors import CdiError, CheckpointError, ConfigDecodeError, KubeError, PrepareError
+from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
+
+log = logging.getLogger(__name__)
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_TEMP_FILE_MAX_AGE_S = 60.0
+
+
+class ClaimSource(Protocol):
+    """Where ResourceClaims come from (kube.KubeClient in production)."""
+
+    def get_resource_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as v1-shaped JSON, or None when it does not exist."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources/NodeUnprepareResources."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class DeviceTarget:
+    """A device of ours that a claim can be allocated: a full GPU or an existing MIG device."""
+
+    name: str
+    type: Literal["gpu", "mig"]
+    gpu: GpuInfo
+    mig: MigInstance | None = None
+
+    def nodes(self, files: cdi.DriverFiles) -> tuple[cdi.DeviceNode, ...]:
+        if self.mig is None:
+            return cdi.gpu_nodes(files, minor=self.gpu.minor)
+        return cdi.mig_nodes(
+            files,
+            parent_minor=self.gpu.minor,
+            gpu_instance_id=self.mig.gpu_instance_id,
+            compute_instance_id=self.mig.compute_instance_id,
+        )
+
+
+def device_targets(inventory: Inventory) -> dict[str, DeviceTarget]:
+    """Every device name of this node that a claim may be allocated, with what it is.
+
+    Same names as devices.node_devices publishes: full GPUs not in MIG mode, existing MIG
+    devices of GPUs in MIG mode.
+    """
+    targets: dict[str, DeviceTarget] = {}
+    for gpu in inventory.gpus:
+        if not gpu.mig_enabled:
+            name = gpu_device_name(gpu.minor)
+            targets[name] = DeviceTarget(name, "gpu", gpu)
+            continue
+        for mig in gpu.mig_instances:
+            name = mig_device_name(
+                parent_minor=gpu.minor,
+                profile=mig.profile.name,
+                profile_id=mig.profile.profile_id,
+                placement_start=mig.placement.start,
+            )
+            targets[name] = DeviceTarget(name, "mig", gpu, mig)
+    return targets
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One allocation result of our driver, checked and with its effective config."""
+
+    request: str
+    target: DeviceTarget
+    pool: str
+    share_id: str | None
+    admin_access: bool
+    config: deviceconfig.DeviceConfig
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Result of one claim in a batch: its devices, or the error that refused it."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def validate_ref(ref: ClaimRef, *, need_names: bool = True) -> None:
+    """Refuse a claim reference that could not have come from the API server."""
+    if not _UUID.match(ref.uid):
+        raise PrepareError(f"claim UID {ref.uid!r} is not a lowercase UUID")
+    if need_names:
+        if not _DNS_LABEL.match(ref.namespace):
+            raise PrepareError(f"claim namespace {ref.namespace!r} is not a valid namespace name")
+        if len(ref.name) > 253 or not _DNS_SUBDOMAIN.match(ref.name):
+            raise PrepareError(f"claim name {ref.name!r} is not a valid object name")
+
+
+class Preparer:
+    """Prepares and unprepares claims; safe to call from many threads and two processes."""
+
+    def __init__(
+        self,
+        *,
+        driver_name: str,
+        node_name: str,
+        cdi_vendor: str,
+        targets: Mapping[str, DeviceTarget],
+        files: cdi.DriverFiles,
+        specs: cdi.CdiSpecDir,
+        checkpoint: Checkpoint,
+        locks: ClaimLocks,
+        claims: ClaimSource,
+        max_parallel_claims: int = 16,
+    ) -> None:
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.cdi_vendor = cdi_vendor
+        self.targets = dict(targets)
+        self.files = files
+        self.specs = specs
+        self.checkpoint = checkpoint
+        self.locks = locks
+        self.claims = claims
+        self._pool = ThreadPoolExecutor(max_workers=max_parallel_claims, thread_name_prefix="claim")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def prepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Prepare every claim; one outcome per distinct UID, claims handled concurrently."""
+        return self._batch(refs, self._prepare_outcome)
+
+    def unprepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        return self._batch(refs, self._unprepare_outcome)
+
+    def _batch(
+        self, refs: Sequence[ClaimRef], one: Callable[[ClaimRef], Outcome]
+    ) -> dict[str, Outcome]:
+        unique = list({r.uid: r for r in refs}.values())
+        if len(unique) <= 1:
+            return {r.uid: one(r) for r in unique}
+        return dict(zip((r.uid for r in unique), self._pool.map(one, unique), strict=True))
+
+    def _prepare_outcome(self, ref: ClaimRef) -> Outcome:
+        try:
+            return Outcome(devices=self.prepare(ref))
+        except (PrepareError, CdiError, CheckpointError) as exc:
+            log.warning(
+                "prepare failed",
+                extra={
+                    "claim_uid": ref.uid,
+                    "claim": f"{ref.namespace}/{ref.name}",
+                    "error": str(exc),
+                },
+            )
+            return Outcome(error=str(exc))
+
+    def _unprepare_outcome(self, ref: ClaimRef) -> Outcome:
+        try:
+            self.unprepare(ref)
+            return Outcome()
+        except (PrepareError, CdiError, CheckpointError) as exc:
+            log.warning("unprepare failed", extra={"claim_uid": ref.uid, "error": str(exc)})
+            return Outcome(error=str(exc))
+
+    # -- one claim ---------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        """Prepare one claim. Idempotent: a prepared claim returns its recorded devices."""
+        validate_ref(ref)
+        with self.locks.hold(ref.uid):
+            record = self.checkpoint.get(ref.uid)
+            if record is not None:
+                if (
+                    record.phase == PREPARE_COMPLETED
+                    and record.namespace
+                    and self.specs.path_for(ref.uid).exists()
+                ):
+                    return record.devices
+                # half done (or rebuilt without its claim): undo, then prepare from scratch
+                self._roll_back(record)
+            claim = self._fetch(ref)
+            planned = self._plan(ref, claim)
+            devices = tuple(self._answer(ref, p) for p in planned)
+            self.checkpoint.transact(self._start_op(ref, planned, devices))
+            try:
+                self._apply_configs(planned)
+                self._write_spec(ref.uid, [p.target for p in planned])
+                self.checkpoint.transact(_complete_op(ref.uid))
+            except BaseException:
+                self._roll_back_quietly(ref.uid)
+                raise
+            log.info(
+                "prepared claim",
+                extra={
+                    "claim_uid": ref.uid,
+                    "claim": f"{ref.namespace}/{ref.name}",
+                    "devices": [d.device for d in devices],
+                },
+            )
+            return devices
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        """Unprepare one claim. Unknown or already unprepared claims succeed."""
+        validate_ref(ref, need_names=False)
+        with self.locks.hold(ref.uid):
+            record = self.checkpoint.transact(lambda claims: claims.discard(ref.uid))
+            # the record goes first: a crash now leaves only an orphaned spec, which reconcile
+            # removes, never a recorded claim without its spec
+            self.specs.remove(ref.uid)
+            if record is not None:
+                self._undo_configs(record)
+                log.info("unprepared claim", extra={"claim_uid": ref.uid})
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _fetch(self, ref: ClaimRef) -> Mapping[str, Any]:
+        try:
+            claim = self.claims.get_resource_claim(namespace=ref.namespace, name=ref.name)
+        except KubeError as exc:
+            raise PrepareError(
+                f"cannot get ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+            ) from exc
+        if claim is None:
+            raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} does not exist")
+        return claim
+
+    def _plan(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[_Planned]:
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        uid = _get(claim, "metadata", "uid")
+        if uid != ref.uid:
+            raise PrepareError(
+                f"{where} has UID {uid!r}, not {ref.uid!r} (it was deleted and re-created)"
+            )
+        allocation = _get(claim, "status", "allocation")
+        if not isinstance(allocation, Mapping):
+            raise PrepareError(f"{where} is not allocated")
+        self._check_node(where, allocation)
+        results = _list(_get(allocation, "devices", "results"), f"{where}: allocation results")
+        configs = self._decode_configs(where, allocation)
+        planned = []
+        for result in results:
+            if not isinstance(result, Mapping) or result.get("driver") != self.driver_name:
+                continue
+            request = str(result.get("request", ""))
+            pool = str(result.get("pool", ""))
+            device = str(result.get("device", ""))
+            target = self.targets.get(device)
+            if pool != self.node_name or target is None:
+                raise PrepareError(
+                    f"{where} is allocated device {pool}/{device}, which this node does not have"
+                )
+            config = _effective(configs, request) or deviceconfig.default_for(target.type)
+            try:
+                deviceconfig.check_fits(config, device_type=target.type, device_name=device)
+            except ConfigDecodeError as exc:
+                raise ConfigDecodeError(f"{where}: {exc}") from exc
+            share_id = result.get("shareID")
+            planned.append(
+                _Planned(
+                    request=request,
+                    target=target,
+                    pool=pool,
+                    share_id=None if share_id in (None, "") else str(share_id),
+                    admin_access=bool(result.get("adminAccess", False)),
+                    config=config,
+                )
+            )
+        if not planned:
+            raise PrepareError(f"{where} has no device of driver {self.driver_name}")
+        return planned
+
+    def _check_node(self, where: str, allocation: Mapping[str, Any]) -> None:
+        selector = allocation.get("nodeSelector")
+        if not isinstance(selector, Mapping):
+            return
+        names: list[str] = []
+        for term in selector.get("nodeSelectorTerms") or ():
+            for match in (term or {}).get("matchFields") or ():
+                if match.get("key") == "metadata.name" and match.get("operator") == "In":
+                    names.extend(str(v) for v in match.get("values") or ())
+        if names and self.node_name not in names:
+            raise PrepareError(
+                f"{where} is allocated on node {', '.join(sorted(set(names)))}, "
+                f"not on this node ({self.node_name})"
+            )
+
+    def _decode_configs(
+        self, where: str, allocation: Mapping[str, Any]
+    ) -> list[tuple[frozenset[str], deviceconfig.DeviceConfig]]:
+        entries = _list(_get(allocation, "devices", "config") or [], f"{where}: configs")
+        ours = [
+            e
+            for e in entries
+            if isinstance(e, Mapping)
+            and isinstance(e.get("opaque"), Mapping)
+            and e["opaque"].get("driver") == self.driver_name
+        ]
+        # class configs apply before claim configs, whatever order they arrive in
+        ordered = [e for e in ours if e.get("source") == "FromClass"] + [
+            e for e in ours if e.get("source") != "FromClass"
+        ]
+        decoded = []
+        for index, entry in enumerate(ordered):
+            try:
+                config = deviceconfig.decode(entry["opaque"].get("parameters"))
+            except ConfigDecodeError as exc:
+                raise ConfigDecodeError(
+                    f"{where}: config {index} ({entry.get('source', 'FromClaim')}): {exc}"
+                ) from exc
+            decoded.append((frozenset(str(r) for r in entry.get("requests") or ()), config))
+        return decoded
+
+    def _answer(self, ref: ClaimRef, planned: _Planned) -> PreparedDevice:
+        return PreparedDevice(
+            request_names=(planned.request.split("/", 1)[0],),
+            pool=planned.pool,
+            device=planned.target.name,
+            cdi_device_ids=(
+                cdi.cdi_device_id(
+                    vendor=self.cdi_vendor, claim_uid=ref.uid, device_name=planned.target.name
+                ),
+            ),
+            share_id=planned.share_id,
+            admin_access=planned.admin_access,
+            config=deviceconfig.to_json(planned.config),
+        )
+
+    def _start_op(
+        self, ref: ClaimRef, planned: Sequence[_Planned], devices: tuple[PreparedDevice, ...]
+    ) -> Callable[[Claims], None]:
+        wanted = {p.target.name for p in planned if not p.admin_access}
+
+        def op(claims: Claims) -> None:
+            for other in claims.values():
+                if other.uid == ref.uid:
+                    continue
+                for held in other.devices:
+                    if held.device in wanted and not held.admin_access:
+                        owner = (
+                            f"{other.namespace}/{other.name} ({other.uid})"
+                            if other.namespace
+                            else other.uid
+                        )
+                        raise PrepareError(
+                            f"device {held.device} is already prepared for claim {owner}"
+                        )
+            claims[ref.uid] = ClaimRecord(
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                phase=PREPARE_STARTED,
+                devices=devices,
+            )
+
+        return op
+
+    def _apply_configs(self, planned: Sequence[_Planned]) -> None:
+        # Sharing (time slicing, MPS) is applied in a later stage; the effective config is
+        # already validated and recorded per device, so undo has what it needs.
+        del planned
+
+    def _undo_configs(self, record: ClaimRecord) -> None:
+        del record
+
+    def _write_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> None:
+        unique = {t.name: t for t in targets}
+        devices = [
+            cdi.ClaimDevice(name=t.name, nodes=t.nodes(self.files))
+            for t in sorted(unique.values(), key=lambda t: t.name)
+        ]
+        spec = cdi.claim_spec(
+            vendor=self.cdi_vendor, claim_uid=claim_uid, devices=devices, files=self.files
+        )
+        self.specs.write(claim_uid, cdi.encode_spec(spec))
+
+    def _roll_back(self, record: ClaimRecord) -> None:
+        """Undo a half-done prepare (lock held): spec and config first, then the record."""
+        self.specs.remove(record.uid)
+        self._undo_configs(record)
+        self.checkpoint.transact(lambda claims: claims.discard(record.uid))
+
+    def _roll_back_quietly(self, uid: str) -> None:
+        try:
+            record = self.checkpoint.get(uid)
+            if record is not None:
+                self._roll_back(record)
+            else:
+                self.specs.remove(uid)
+        except (CdiError, CheckpointError) as exc:
+            log.error(
+                "rolling back a failed prepare failed; reconcile will retry",
+                extra={"claim_uid": uid, "error": str(exc)},
+            )
+
+    # -- repair ------------------------------------------------------------------------------
+
+    def reconcile(self) -> dict[str, int]:
+        """Repair the node's state; run at start and periodically. Returns what it did.
+
+        - claims left ``PrepareStarted`` by a crash are rolled back;
+        - CDI specs of ours that no claim in the checkpoint owns are removed;
+        - claims whose spec disappeared (or rebuilt ones) get their spec written again;
+        - claims deleted from the API (or re-created with another UID) are unprepared.
+        Claims another thread or instance is working on right now are left alone.
+        """
+        done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
+                "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
+        done["temp_files_removed"] = self.specs.remove_temp_files(older_than_s=_TEMP_FILE_MAX_AGE_S)
+        records = self.checkpoint.snapshot()
+        for uid, record in records.items():
+            if record.phase != PREPARE_STARTED:
+                continue
+            with self.locks.try_hold(uid) as held:
+                current = self.checkpoint.get(uid) if held else None
+                if current is not None and current.phase == PREPARE_STARTED:
+                    self._roll_back(current)
+                    done["rolled_back"] += 1
+        for uid in sorted(self.specs.claim_uids() - set(records)):
+            with self.locks.try_hold(uid) as held:
+                if held and self.checkpoint.get(uid) is None and self.specs.remove(uid):
+                    done["orphan_specs_removed"] += 1
+        for uid, record in self.checkpoint.snapshot().items():
+            if record.phase != PREPARE_COMPLETED:
+                continue
+            with self.locks.try_hold(uid) as held:
+                if not held:
+                    continue
+                if not self.specs.path_for(uid).exists():
+                    names = [d.device for d in record.devices]
+                    self._write_spec(uid, [self.targets[n] for n in names if n in self.targets])
+                    done["specs_rewritten"] += 1
+                if record.namespace and self._gone_from_api(record):
+                    self.unprepare(ClaimRef(record.namespace, record.name, uid))
+                    done["unprepared_gone"] += 1
+        return done
+
+    def _gone_from_api(self, record: ClaimRecord) -> bool:
+        try:
+            claim = self.claims.get_resource_claim(namespace=record.namespace, name=record.name)
+        except KubeError as exc:
+            log.warning(
+                "cannot check whether a prepared claim still exists; will retry",
+                extra={"claim_uid": record.uid, "error": str(exc)},
+            )
+            return False
+        return claim is None or _get(claim, "metadata", "uid") != record.uid
+
+    def rebuild_from_specs(self) -> int:
+        """After the checkpoint was lost: record every claim that has a spec of ours on disk.
+
+        The spec names the claim's devices, so they stay protected against double use. The
+        claim's namespace/name are unknown until the kubelet prepares it again, which then
+        fetches the claim and re-answers from scratch (the spec content is deterministic).
+        """
+        rebuilt: dict[str, ClaimRecord] = {}
+        for uid in sorted(self.specs.claim_uids()):
+            content = self.specs.read(uid)
+            if content is None:
+                continue
+            try:
+                names = cdi.device_names_in_spec(content, claim_uid=uid)
+            except CdiError as exc:
+                log.warning(
+                    "removing an unreadable CDI spec", extra={"claim_uid": uid, "error": str(exc)}
+                )
+                self.specs.remove(uid)
+                continue
+            rebuilt[uid] = ClaimRecord(
+                uid=uid,
+                namespace="",
+                name="",
+                phase=PREPARE_COMPLETED,
+                devices=tuple(
+                    PreparedDevice(
+                        request_names=(),
+                        pool=self.node_name,
+                        device=name,
+                        cdi_device_ids=(
+                            cdi.cdi_device_id(
+                                vendor=self.cdi_vendor, claim_uid=uid, device_name=name
+                            ),
+                        ),
+                    )
+                    for name in names
+                ),
+            )
+
+        def op(claims: Claims) -> int:
+            added = 0
+            for uid, record in rebuilt.items():
+                if uid not in claims:
+                    claims[uid] = record
+                    added += 1
+            return added
+
+        return self.checkpoint.transact(op)
+
+
+def _complete_op(uid: str) -> Callable[[Claims], None]:
+    def op(claims: Claims) -> None:
+        record = claims.get(uid)
+        if record is None:
+            raise CheckpointError(f"claim {uid} vanished from the checkpoint while being prepared")
+        claims[uid] = ClaimRecord(
+            uid=uid,
+            namespace=record.namespace,
+            name=record.name,
+            phase=PREPARE_COMPLETED,
+            devices=record.devices,
+        )
+
+    return op
+
+
+def _effective(
+    configs: Sequence[tuple[frozenset[str], deviceconfig.DeviceConfig]], request: str
+) -> deviceconfig.DeviceConfig | None:
+    """The last config that applies to ``request`` (``<req>`` also covers ``<req>/<sub>``)."""
+    main = request.split("/", 1)[0]
+    chosen = None
+    for requests, config in configs:
+        if not requests or request in requests or main in requests:
+            chosen = config
+    return chosen
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise PrepareError(f"{what} is not a list")
+    return value

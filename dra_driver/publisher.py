@@ -1,0 +1,483 @@
+"""Keeps the API server's ResourceSlices of this node equal to the desired ones.
+
+Place in the flow: devices.NodeDevices -> (slices.build_slices) -> **Publisher** -> kube.py.
+The node agent starts one Publisher; it runs two threads:
+
+* the watcher lists our slices (field selector ``spec.driver=<driver>,spec.nodeName=<node>``) and
+  watches from that resourceVersion; every change it did not cause itself (the kubelet deleting all
+  slices of its node at start-up, spec C.6; someone editing a slice) wakes the syncer. 410 Gone ->
+  relist. Connection trouble -> exponential backoff with jitter.
+* the syncer waits to be woken, lets a burst of events settle (``debounce_s``, well under the 2 s
+  re-sync promise; the Go helper waits 30 s), lists the slices, computes the G.3 plan
+  (slices.plan_sync) and writes it: deletes, updates, creates. A restart with unchanged devices
+  adopts the existing slices and writes nothing.
+
+Failures never end the threads: unreachable API server or 5xx/429 -> backoff (``Backoff``);
+403 -> an error naming the missing RBAC rule, retried slowly; the last error stays visible in
+:meth:`Publisher.status`. When the server stores less than we sent (a feature gate is off, spec
+D.0), the gate is logged once and the stored form becomes the desired one, so no update loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dra_driver.devices import NodeDevices
+from dra_driver.errors import (
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeGone,
+    KubeNotFound,
+    KubeUnavailable,
+)
+from dra_driver.slices import (
+    DesiredPool,
+    JsonDict,
+    SliceWrite,
+    SyncPlan,
+    build_slices,
+    content_of,
+    dropped_fields,
+    plan_sync,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SliceListing(Protocol):
+    @property
+    def items(self) -> tuple[JsonDict, ...]: ...
+
+    @property
+    def resource_version(self) -> str: ...
+
+
+class SliceEvent(Protocol):
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def object(self) -> JsonDict: ...
+
+    @property
+    def resource_version(self) -> str: ...
+
+
+class SliceWatch(Protocol):
+    def __iter__(self) -> Iterator[SliceEvent]: ...
+
+    def close(self) -> None: ...
+
+
+class SliceApi(Protocol):
+    """What the publisher needs from the API (kube.KubeClient provides it)."""
+
+    def list_slices(self, *, driver_name: str, node_name: str) -> SliceListing: ...
+
+    def watch_slices(
+        self, *, driver_name: str, node_name: str, resource_version: str, timeout_s: int = ...
+    ) -> SliceWatch: ...
+
+    def create_slice(self, body: Mapping[str, Any]) -> JsonDict: ...
+
+    def update_slice(self, body: Mapping[str, Any]) -> JsonDict: ...
+
+    def delete_slice(self, *, name: str, uid: str, resource_version: str) -> bool: ...
+
+    def get_node(self, name: str) -> JsonDict: ...
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: ``initial_s * factor**(attempt-1)``, capped, +/- jitter."""
+
+    initial_s: float = 0.2
+    max_s: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.2
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
+        return base * (1 + self.jitter * (2 * rng.random() - 1))
+
+
+@dataclass(frozen=True)
+class WriteCounts:
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.creates + self.updates + self.deletes
+
+
+@dataclass(frozen=True)
+class PublisherStatus:
+    """A snapshot for probes and logs. ``synced``: the server matched the desired slices at the
+    end of the last sync and nothing changed since."""
+
+    synced: bool
+    generation: int | None
+    slice_names: tuple[str, ...]
+    last_error: str | None
+    writes: WriteCounts
+    dropped_gates: tuple[str, ...] = field(default=())
+
+
+class Publisher:
+    """Publishes one node's pool; ``start()`` once, ``set_devices()`` on change, ``stop()``."""
+
+    def __init__(
+        self,
+        api: SliceApi,
+        *,
+        driver_name: str,
+        node_name: str,
+        node_devices: NodeDevices,
+        debounce_s: float = 0.05,
+        backoff: Backoff | None = None,
+        forbidden_retry_s: float = 30.0,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self._api = api
+        self._driver_name = driver_name
+        self._node_name = node_name
+        self._debounce_s = debounce_s
+        self._backoff = backoff or Backoff()
+        self._forbidden_retry_s = forbidden_retry_s
+        self._watch_timeout_s = watch_timeout_s
+        self._rng = random.Random()  # noqa: S311 (backoff jitter, not security)
+        self._lock = threading.Condition()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._desired = self._build(node_devices)
+        self._desired_version = 1
+        self._synced_version = 0
+        self._node_uid: str | None = None
+        self._generation: int | None = None
+        self._slice_names: tuple[str, ...] = ()
+        self._last_error: str | None = None
+        self._writes = WriteCounts()
+        self._reported_gates: set[str] = set()
+        self._own: set[tuple[str, str]] = set()  # (name, resourceVersion) of our own writes
+        self._own_deletes: set[str] = set()
+        self._stream: SliceWatch | None = None
+        self._threads: list[threading.Thread] = []
+
+    def _build(self, node_devices: NodeDevices) -> DesiredPool:
+        return build_slices(node_devices, driver_name=self._driver_name, node_name=self._node_name)
+
+    # --- public API ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the watcher and syncer threads; the first sync begins at once."""
+        if self._threads:
+            raise RuntimeError("Publisher.start() called twice")
+        self._threads = [
+            threading.Thread(target=self._sync_loop, name="slice-sync", daemon=True),
+            threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop both threads (an open watch is closed); slices stay published. Idempotent."""
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            stream = self._stream
+            self._lock.notify_all()
+        if stream is not None:
+            stream.close()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def set_devices(self, node_devices: NodeDevices) -> None:
+        """Make ``node_devices`` the desired pool and sync soon.
+
+        Raises PublishError (and keeps publishing the previous pool) if the pool is invalid.
+        """
+        desired = self._build(node_devices)
+        with self._lock:
+            self._desired = desired
+            self._desired_version += 1
+        self._wake.set()
+
+    @property
+    def writes(self) -> WriteCounts:
+        with self._lock:
+            return self._writes
+
+    def status(self) -> PublisherStatus:
+        with self._lock:
+            return PublisherStatus(
+                synced=self._synced_version == self._desired_version and not self._wake.is_set(),
+                generation=self._generation,
+                slice_names=self._slice_names,
+                last_error=self._last_error,
+                writes=self._writes,
+                dropped_gates=tuple(sorted(self._reported_gates)),
+            )
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        """Block until the current desired pool has been synced; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._synced_version != self._desired_version or self._wake.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._lock.wait(min(left, 0.05))
+            return True
+
+    # --- syncer ----------------------------------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        attempt = 0
+        wait_s: float | None = None
+        while not self._stop.is_set():
+            woken = self._wake.wait(wait_s)
+            if self._stop.is_set():
+                return
+            if woken and self._debounce_s > 0:
+                # Let a burst (the kubelet deleting every slice) arrive before listing once.
+                self._stop.wait(self._debounce_s)
+            self._wake.clear()
+            try:
+                self._sync_once()
+            except KubeForbidden as exc:
+                wait_s = self._forbidden_retry_s
+                self._fail(exc, wait_s, level=logging.ERROR)
+            except (KubeUnavailable, KubeConflict, KubeNotFound, KubeGone) as exc:
+                attempt += 1
+                wait_s = self._backoff.delay_s(attempt, self._rng)
+                self._fail(exc, wait_s, level=logging.WARNING)
+            except KubeError as exc:  # 401, 422 and others: will not fix themselves quickly
+                wait_s = self._forbidden_retry_s
+                self._fail(exc, wait_s, level=logging.ERROR)
+            else:
+                attempt, wait_s = 0, None
+
+    def _fail(self, exc: KubeError, wait_s: float, *, level: int) -> None:
+        with self._lock:
+            self._last_error = str(exc)
+            self._lock.notify_all()
+        log.log(
+            level,
+            "publishing ResourceSlices failed, retrying in %.1f s: %s",
+            wait_s,
+            exc,
+            extra={
+                "node": self._node_name,
+                "verb": exc.verb,
+                "resource": exc.resource,
+                "status": exc.status,
+                "retry_in_s": round(wait_s, 3),
+            },
+        )
+
+    def _sync_once(self) -> None:
+        with self._lock:
+            desired, version, node_uid = self._desired, self._desired_version, self._node_uid
+        if node_uid is None:
+            node = self._api.get_node(self._node_name)
+            node_uid = str(node.get("metadata", {}).get("uid", ""))
+            with self._lock:
+                self._node_uid = node_uid
+        existing = self._api.list_slices(driver_name=self._driver_name, node_name=self._node_name)
+        plan = plan_sync(desired, existing.items, node_uid=node_uid)
+        names = self._execute(plan, desired, version)
+        with self._lock:
+            self._generation = plan.generation
+            self._slice_names = names
+            self._last_error = None
+            if version == self._desired_version:
+                self._synced_version = version
+            self._lock.notify_all()
+        if plan.write_count:
+            log.info(
+                "ResourceSlices published: %d created, %d updated, %d deleted (generation %d)",
+                len(plan.creates),
+                len(plan.updates),
+                len(plan.deletes),
+                plan.generation,
+                extra={
+                    "node": self._node_name,
+                    "generation": plan.generation,
+                    "slices": len(names),
+                    "devices": desired.device_count,
+                },
+            )
+        else:
+            log.debug(
+                "ResourceSlices up to date",
+                extra={"node": self._node_name, "generation": plan.generation},
+            )
+
+    def _execute(self, plan: SyncPlan, desired: DesiredPool, version: int) -> tuple[str, ...]:
+        """Run the plan in G.3 order; returns the names of the pool's slices afterwards."""
+        for ref in plan.deletes:
+            with self._lock:
+                self._own_deletes.add(ref.name)
+            self._api.delete_slice(
+                name=ref.name, uid=ref.uid, resource_version=ref.resource_version
+            )
+            self._count(deletes=1)
+        names = list(plan.unchanged)
+        for write in plan.updates:
+            stored = self._api.update_slice(write.body)
+            self._count(updates=1)
+            self._after_write(write, stored, version)
+            names.append(_name(stored))
+        for write in plan.creates:
+            stored = self._api.create_slice(write.body)
+            self._count(creates=1)
+            self._after_write(write, stored, version)
+            names.append(_name(stored))
+        return tuple(sorted(names))
+
+    def _count(self, *, creates: int = 0, updates: int = 0, deletes: int = 0) -> None:
+        with self._lock:
+            w = self._writes
+            self._writes = WriteCounts(
+                creates=w.creates + creates,
+                updates=w.updates + updates,
+                deletes=w.deletes + deletes,
+            )
+
+    def _after_write(self, write: SliceWrite, stored: JsonDict, version: int) -> None:
+        """Remember our own write (so its watch event is not a reason to sync) and adopt what
+        the server stored if it dropped fields (G.3 step 9)."""
+        with self._lock:
+            self._own.add((_name(stored), _resource_version(stored)))
+        dropped = dropped_fields(content_of(write.body), content_of(stored))
+        if not dropped:
+            return
+        gates = {d.gate or "unknown" for d in dropped}
+        with self._lock:
+            new_gates = gates - self._reported_gates
+            self._reported_gates |= gates
+            if version == self._desired_version:
+                self._desired = self._desired.with_slice(write.index, content_of(stored))
+        if new_gates:
+            fields = ", ".join(d.path for d in dropped)
+            known = sorted(g for g in gates if g != "unknown")
+            hint = (
+                f"feature gate {' / '.join(known)} is probably off on the API server"
+                if known
+                else "no known feature gate explains it"
+            )
+            log.warning(
+                "the API server did not store %s of ResourceSlice %s: %s; "
+                "publishing what it stored instead",
+                fields,
+                _name(stored),
+                hint,
+                extra={"node": self._node_name, "slice_name": _name(stored), "gates": known},
+            )
+
+    # --- watcher ---------------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        resource_version = ""
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                if not resource_version:
+                    listing = self._api.list_slices(
+                        driver_name=self._driver_name, node_name=self._node_name
+                    )
+                    resource_version = listing.resource_version
+                    with self._lock:
+                        # Events for writes before this list will never arrive now.
+                        self._own.clear()
+                        self._own_deletes.clear()
+                    # Anything may have happened while we were not watching.
+                    self._wake.set()
+                resource_version = self._watch_from(resource_version)
+                attempt = 0
+            except KubeGone:
+                log.info(
+                    "ResourceSlice watch expired; listing again", extra={"node": self._node_name}
+                )
+                resource_version = ""
+            except KubeError as exc:
+                attempt += 1
+                wait_s = (
+                    self._forbidden_retry_s
+                    if isinstance(exc, KubeForbidden)
+                    else self._backoff.delay_s(attempt, self._rng)
+                )
+                log.log(
+                    logging.DEBUG if isinstance(exc, KubeUnavailable) else logging.ERROR,
+                    "watching ResourceSlices failed, retrying in %.1f s: %s",
+                    wait_s,
+                    exc,
+                    extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
+                )
+                if isinstance(exc, KubeForbidden):
+                    with self._lock:
+                        self._last_error = str(exc)
+                self._stop.wait(wait_s)
+
+    def _watch_from(self, resource_version: str) -> str:
+        stream = self._api.watch_slices(
+            driver_name=self._driver_name,
+            node_name=self._node_name,
+            resource_version=resource_version,
+            timeout_s=self._watch_timeout_s,
+        )
+        with self._lock:
+            self._stream = stream
+        try:
+            if self._stop.is_set():
+                return resource_version
+            for event in stream:
+                resource_version = event.resource_version or resource_version
+                if event.type != "BOOKMARK" and self._is_foreign(event):
+                    log.debug(
+                        "ResourceSlice %s %s by someone else; syncing",
+                        _name(event.object),
+                        event.type.lower(),
+                        extra={"node": self._node_name, "slice_name": _name(event.object)},
+                    )
+                    self._wake.set()
+            return resource_version
+        finally:
+            with self._lock:
+                self._stream = None
+            stream.close()
+
+    def _is_foreign(self, event: SliceEvent) -> bool:
+        name = _name(event.object)
+        with self._lock:
+            if event.type == "DELETED":
+                if name in self._own_deletes:
+                    self._own_deletes.discard(name)
+                    return False
+                # Our slices vanish with their Node; a re-created Node has a new uid.
+                self._node_uid = None
+                return True
+            key = (name, event.resource_version)
+            if key in self._own:
+                self._own.discard(key)
+                return False
+            return True
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(obj.get("metadata", {}).get("name", ""))
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))

@@ -1,0 +1,496 @@
+"""``gpu-dra explain``: what the scheduler would allocate for a claim, or why it cannot.
+
+Reads a ResourceClaim, ResourceClaimTemplate or Pod (with its claims) from YAML, DeviceClasses
+(default: the chart's, ``dra_driver.deviceclasses``), and an inventory: simulated GPUs built by the
+real discovery pipeline (``--simulate``), a file of ResourceSlices, or the live cluster. Runs the
+allocator (``simulator.allocator``) per node and prints the allocation, or per request why every
+device was rejected. Exit code 0: satisfiable, 1: not satisfiable, 2: input error.
+
+This module is the I/O edge of the simulator: files, stdin, the cluster; the rest is pure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from dra_driver.deviceclasses import DEFAULT_DRIVER_NAME, default_device_classes
+from dra_driver.errors import DraError, ExplainError
+from dra_driver.simulator import allocator
+from dra_driver.simulator.allocator import (
+    AllocationResult,
+    Claim,
+    DeviceClass,
+    Node,
+    Slice,
+)
+
+JSON = dict[str, Any]
+EXIT_SATISFIABLE, EXIT_UNSATISFIABLE, EXIT_INPUT_ERROR = 0, 1, 2
+DEFAULT_SIMULATED_NODE = "simulated-node"
+
+
+@dataclass(frozen=True)
+class ExplainResult:
+    """The outcome for a set of claims over every node of an inventory."""
+
+    claims: tuple[str, ...]
+    satisfiable: bool
+    chosen: AllocationResult | None  # the first satisfiable node in name order
+    satisfiable_nodes: tuple[str, ...]
+    nodes: tuple[AllocationResult, ...]  # every node checked (diagnosed when none fits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Library API
+
+
+def allocate(
+    claims: JSON | Sequence[JSON],
+    classes: Sequence[JSON],
+    slices: Sequence[JSON],
+    *,
+    allocated: Sequence[JSON] = (),
+    node: str | None = None,
+) -> ExplainResult:
+    """Allocate ``claims`` (JSON, allocated together) on the nodes of ``slices``.
+
+    ``node`` limits the check to one node. Raise ExplainError (or CelCompileError) for bad input.
+    """
+    claim_objs = [claims] if isinstance(claims, dict) else list(claims)
+    parsed = [allocator.parse_claim(c) for c in claim_objs]
+    class_map = _classes(classes)
+    parsed_slices = [allocator.parse_slice(s) for s in slices]
+    state = allocator.allocated_state(allocated)
+    return explain_parsed(parsed, class_map, parsed_slices, allocated=state, node=node)
+
+
+def explain_parsed(
+    claims: Sequence[Claim],
+    classes: dict[str, DeviceClass],
+    slices: Sequence[Slice],
+    *,
+    allocated: allocator.AllocatedState | None = None,
+    node: str | None = None,
+) -> ExplainResult:
+    keys = tuple(c.key for c in claims)
+    allocator.compile_selectors(claims, classes)
+    by_node: dict[str, list[Slice]] = {}
+    shared: list[Slice] = []
+    for s in slices:
+        if s.node_name:
+            by_node.setdefault(s.node_name, []).append(s)
+        else:
+            shared.append(s)
+    names = sorted(by_node) if node is None else [node]
+    if not names:
+        names = [""]  # only cluster-wide slices: any node will do
+    results = [
+        allocator.allocate(
+            claims,
+            classes=classes,
+            slices=by_node.get(name, []) + shared,
+            node=Node(name, {"kubernetes.io/hostname": name}),
+            allocated=allocated,
+            diagnose=False,
+        )
+        for name in names
+    ]
+    fitting = tuple(r.node for r in results if r.satisfiable)
+    if not fitting:
+        results = [
+            allocator.allocate(
+                claims,
+                classes=classes,
+                slices=by_node.get(name, []) + shared,
+                node=Node(name, {"kubernetes.io/hostname": name}),
+                allocated=allocated,
+                diagnose=True,
+            )
+            for name in names
+        ]
+    chosen = next((r for r in results if r.satisfiable), None)
+    return ExplainResult(keys, bool(fitting), chosen, fitting, tuple(results))
+
+
+def _classes(objs: Sequence[JSON]) -> dict[str, DeviceClass]:
+    out: dict[str, DeviceClass] = {}
+    for obj in objs:
+        cls = allocator.parse_device_class(obj)
+        out[cls.name] = cls
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def load_documents(source: str, *, stdin: TextIO | None = None) -> list[JSON]:
+    """YAML (or JSON) documents from a file or ``-``; a ``kind: List`` is expanded."""
+    if source == "-":
+        text = (stdin or sys.stdin).read()
+        label = "<stdin>"
+    else:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ExplainError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+        label = source
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark else label
+        raise ExplainError(f"{where}: invalid YAML: {exc.problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ExplainError(f"{label}: invalid YAML: {exc}") from exc
+    out: list[JSON] = []
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            raise ExplainError(f"{label}: document {i + 1} is not an object")
+        if doc.get("kind") == "List" or (
+            str(doc.get("kind", "")).endswith("List") and "items" in doc
+        ):
+            out.extend(item for item in doc.get("items") or [] if isinstance(item, dict))
+        else:
+            out.append(doc)
+    return out
+
+
+def claims_from_documents(docs: Iterable[JSON], *, label: str) -> list[JSON]:
+    """The claims to allocate together: ResourceClaims, templates, and those Pods reference.
+
+    A Pod's ``resourceClaimTemplateName`` becomes one claim per Pod (named ``<pod>-<claim>``, as
+    the control plane generates it); a ``resourceClaimName`` must be in the same input.
+    """
+    docs = list(docs)
+    claims = {_name(d): d for d in docs if d.get("kind") == "ResourceClaim"}
+    templates = {_name(d): d for d in docs if d.get("kind") == "ResourceClaimTemplate"}
+    pods = [d for d in docs if d.get("kind") == "Pod" or d.get("kind") in _WORKLOADS]
+    out: list[JSON] = list(claims.values())
+    used_templates: set[str] = set()
+    for pod in pods:
+        spec = _pod_spec(pod)
+        for ref in spec.get("resourceClaims") or []:
+            if ref.get("resourceClaimName") and ref["resourceClaimName"] not in claims:
+                raise ExplainError(
+                    f"{label}: {pod.get('kind')} {_name(pod)} uses ResourceClaim "
+                    f"{ref['resourceClaimName']!r}, which is not in the input"
+                )
+            template = ref.get("resourceClaimTemplateName")
+            if template:
+                if template not in templates:
+                    raise ExplainError(
+                        f"{label}: {pod.get('kind')} {_name(pod)} uses ResourceClaimTemplate "
+                        f"{template!r}, which is not in the input"
+                    )
+                used_templates.add(template)
+                generated = dict(templates[template])
+                generated["metadata"] = {
+                    **(generated.get("metadata") or {}),
+                    "name": f"{_name(pod)}-{ref.get('name')}",
+                }
+                out.append(generated)
+    out.extend(t for name, t in templates.items() if name not in used_templates)
+    if not out:
+        raise ExplainError(
+            f"{label}: no ResourceClaim, ResourceClaimTemplate or Pod with resourceClaims found"
+        )
+    return out
+
+
+_WORKLOADS = ("Deployment", "StatefulSet", "Job", "DaemonSet", "ReplicaSet")
+
+
+def _pod_spec(obj: JSON) -> JSON:
+    spec = obj.get("spec") or {}
+    if obj.get("kind") in _WORKLOADS:
+        spec = ((spec.get("template") or {}).get("spec")) or {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def _name(obj: JSON) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def simulated_slices(
+    spec: str, *, node_name: str, driver_name: str = DEFAULT_DRIVER_NAME
+) -> list[JSON]:
+    """The ResourceSlices our driver would publish for simulated GPUs ``spec`` on ``node_name``.
+
+    Runs the real pipeline: simulated NVML -> nvml.discover -> devices -> slices.
+    """
+    from dra_driver.devices import node_devices  # noqa: PLC0415 - only this path needs them
+    from dra_driver.gpus.simulated import discover_simulated  # noqa: PLC0415
+    from dra_driver.slices import build_slices, to_api_objects  # noqa: PLC0415
+
+    inventory = discover_simulated(spec, node_name=node_name)
+    devices = node_devices(inventory, driver_name=driver_name)
+    pool = build_slices(devices, driver_name=driver_name, node_name=node_name)
+    objs = to_api_objects(pool, node_uid="simulated")
+    for i, obj in enumerate(objs):
+        meta = obj["metadata"]
+        meta["name"] = f"{meta.get('generateName', 'slice-')}{i:05d}"
+    return objs
+
+
+def live_inventory(
+    kubeconfig: Path | None, *, node: str | None, driver_name: str
+) -> tuple[list[JSON], list[JSON]]:
+    """Slices and DeviceClasses from the cluster through ``dra_driver.kube.KubeClient``."""
+    from dra_driver.kube import KubeClient  # noqa: PLC0415 - the only path that talks to the API
+
+    client = KubeClient.from_config(kubeconfig=kubeconfig)
+    try:
+        lister = getattr(client, "list_all_slices", None)
+        if lister is not None:
+            slices = list(lister())
+        elif node:
+            slices = list(client.list_slices(driver_name=driver_name, node_name=node).items)
+        else:
+            raise ExplainError(
+                "--kubeconfig needs --node NAME (listing every node's slices is not available)"
+            )
+        class_lister = getattr(client, "list_device_classes", None)
+        classes = list(class_lister()) if class_lister is not None else []
+    finally:
+        client.close()
+    return slices, classes
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def result_json(result: ExplainResult) -> JSON:
+    """The result as plain JSON for tools (``-o json|yaml``)."""
+    chosen = None
+    if result.chosen is not None:
+        chosen = {
+            "node": result.chosen.node,
+            "claims": [
+                {
+                    "claim": a.claim,
+                    "allocation": {
+                        "devices": {
+                            "results": [_device_result(r) for r in a.results],
+                            "config": list(a.config),
+                        },
+                        **({"nodeSelector": a.node_selector} if a.node_selector else {}),
+                    },
+                }
+                for a in result.chosen.allocations
+            ],
+        }
+    return {
+        "claims": list(result.claims),
+        "satisfiable": result.satisfiable,
+        "nodesChecked": len(result.nodes),
+        "satisfiableNodes": list(result.satisfiable_nodes),
+        "allocation": chosen,
+        "nodes": [
+            {
+                "node": r.node,
+                "satisfiable": r.satisfiable,
+                **({"error": r.error} if r.error else {}),
+                **({"notes": list(r.notes)} if r.notes else {}),
+                "requests": [
+                    {
+                        "claim": d.claim,
+                        "request": d.request,
+                        "deviceClass": d.device_class,
+                        "wanted": d.wanted,
+                        "summary": d.summary,
+                        "devices": [
+                            {
+                                "driver": v.driver,
+                                "pool": v.pool,
+                                "device": v.device,
+                                "usable": not v.reasons,
+                                "reasons": list(v.reasons),
+                            }
+                            for v in d.verdicts
+                        ],
+                    }
+                    for d in r.diagnoses
+                ],
+            }
+            for r in result.nodes
+            if not result.satisfiable or r.satisfiable
+        ],
+    }
+
+
+def _device_result(r: allocator.DeviceResult) -> JSON:
+    out: JSON = {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
+    if r.admin_access:
+        out["adminAccess"] = True
+    if r.tolerations:
+        out["tolerations"] = [{k: v for k, v in vars(t).items() if v} for t in r.tolerations]
+    if r.share_id:
+        out["shareID"] = r.share_id
+    if r.consumed_capacity:
+        out["consumedCapacity"] = dict(r.consumed_capacity)
+    return out
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO, indent: str = "") -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        out.write(indent + "  ".join(cells).rstrip() + "\n")
+
+
+def render_table(result: ExplainResult, out: TextIO) -> None:
+    """The human report: the allocation, or per request why each device was rejected."""
+    claims = ", ".join(result.claims)
+    total = len(result.nodes)
+    if result.satisfiable and result.chosen is not None:
+        where = (
+            f"node {result.chosen.node}"
+            if total == 1
+            else (
+                f"{len(result.satisfiable_nodes)} of {total} nodes; "
+                f"first in name order: {result.chosen.node}"
+            )
+        )
+        out.write(f"Claim {claims}: satisfiable on {where}\n\n")
+        rows = [("CLAIM", "REQUEST", "DEVICE", "POOL", "DRIVER", "NOTES")]
+        for a in result.chosen.allocations:
+            for r in a.results:
+                notes = []
+                if r.admin_access:
+                    notes.append("adminAccess")
+                if r.consumed_capacity:
+                    notes.append(
+                        "consumes " + ", ".join(f"{k}={v}" for k, v in r.consumed_capacity.items())
+                    )
+                rows.append((a.claim, r.request, r.device, r.pool, r.driver, "; ".join(notes)))
+        _table(rows, out)
+        for note in result.chosen.notes:
+            out.write(f"note: {note}\n")
+        return
+    where = f"node {result.nodes[0].node}" if total == 1 else f"any of {total} nodes"
+    out.write(f"Claim {claims}: NOT satisfiable on {where}\n")
+    errors: dict[str, list[str]] = {}
+    for node_result in result.nodes:
+        if node_result.error:
+            errors.setdefault(node_result.error, []).append(node_result.node)
+        for note in node_result.notes:
+            errors.setdefault(f"note: {note}", []).append(node_result.node)
+    for message, nodes in errors.items():
+        out.write(f"\n{message}" + (f"  ({len(nodes)} nodes)" if total > 1 else "") + "\n")
+    # Group per request, then identical (device, reasons) across nodes.
+    order: list[tuple[str, str]] = []
+    grouped: dict[tuple[str, str], dict[tuple[str, tuple[str, ...]], list[str]]] = {}
+    headers: dict[tuple[str, str], tuple[str, set[str]]] = {}
+    for node_result in result.nodes:
+        for d in node_result.diagnoses:
+            key = (d.claim, d.request)
+            if key not in grouped:
+                order.append(key)
+                grouped[key] = {}
+                headers[key] = (f"class {d.device_class}, wants {d.wanted}", set())
+            headers[key][1].add(d.summary)
+            for v in d.verdicts:
+                grouped[key].setdefault((v.device, v.reasons), []).append(node_result.node)
+    for key in order:
+        info, summaries = headers[key]
+        out.write(f"\nrequest {key[1]} of claim {key[0]} ({info}):\n")
+        for s in sorted(summaries):
+            out.write(f"  {s}\n")
+        why_rows = [("DEVICE", "NODES" if total > 1 else "NODE", "WHY NOT")]
+        for (device, reasons), nodes in grouped[key].items():
+            node_col = str(len(nodes)) if total > 1 else nodes[0]
+            why_rows.append((device, node_col, "; ".join(reasons) if reasons else "usable"))
+        out.write("\n")
+        _table(why_rows, out, indent="  ")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-dra explain",
+        description="Show the allocation the scheduler would make for a claim, or why it cannot.",
+    )
+    p.add_argument(
+        "claim", help="YAML file (or -) with a ResourceClaim, ResourceClaimTemplate or Pod"
+    )
+    inv = p.add_mutually_exclusive_group(required=True)
+    inv.add_argument(
+        "--simulate", metavar="SPEC", help="simulated GPUs, e.g. h100:4,a100-40gb:2:mig"
+    )
+    inv.add_argument(
+        "--slices", metavar="FILE", help="ResourceSlices (kubectl get resourceslices -o yaml)"
+    )
+    inv.add_argument("--kubeconfig", metavar="FILE", type=Path, help="read slices from the cluster")
+    p.add_argument("--classes", metavar="FILE", help="DeviceClasses (default: the chart's classes)")
+    p.add_argument("--allocated", metavar="FILE", help="claims already allocated (with status)")
+    p.add_argument("--node", help="check only this node (with --simulate: the node's name)")
+    p.add_argument(
+        "--driver", default=DEFAULT_DRIVER_NAME, help="driver name (default %(default)s)"
+    )
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    return p
+
+
+def main(argv: list[str], *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run ``gpu-dra explain``; return 0 (satisfiable), 1 (not satisfiable) or 2 (input error)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage
+        return EXIT_INPUT_ERROR if exc.code else EXIT_SATISFIABLE
+    try:
+        result = _run(args)
+    except DraError as exc:
+        err.write(f"gpu-dra explain: error: {exc}\n")
+        return EXIT_INPUT_ERROR
+    if args.output == "json":
+        out.write(json.dumps(result_json(result), indent=2) + "\n")
+    elif args.output == "yaml":
+        out.write(yaml.safe_dump(result_json(result), sort_keys=False))
+    else:
+        render_table(result, out)
+    return EXIT_SATISFIABLE if result.satisfiable else EXIT_UNSATISFIABLE
+
+
+def _run(args: argparse.Namespace) -> ExplainResult:
+    label = "<stdin>" if args.claim == "-" else args.claim
+    claim_objs = claims_from_documents(load_documents(args.claim), label=label)
+    classes = load_documents(args.classes) if args.classes else default_device_classes(args.driver)
+    node = args.node
+    if args.simulate:
+        node = node or DEFAULT_SIMULATED_NODE
+        slices = simulated_slices(args.simulate, node_name=node, driver_name=args.driver)
+    elif args.slices:
+        slices = [
+            d
+            for d in load_documents(args.slices)
+            if d.get("kind", "ResourceSlice") == "ResourceSlice"
+        ]
+    else:
+        slices, live_classes = live_inventory(args.kubeconfig, node=node, driver_name=args.driver)
+        if live_classes and not args.classes:
+            classes = live_classes
+    allocated = load_documents(args.allocated) if args.allocated else []
+    try:
+        return allocate(claim_objs, classes, slices, allocated=allocated, node=node)
+    except ExplainError as exc:
+        raise type(exc)(f"{label}: {exc}") from exc
+
+
+def entry() -> None:  # pragma: no cover - console convenience
+    raise SystemExit(main(sys.argv[1:]))

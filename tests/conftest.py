@@ -1,0 +1,22 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kubeapi import FakeKubeApi
+
+
+@pytest.fixture
+def kubeapi(tmp_path: Path) -> Iterator[FakeKubeApi]:
+    """A started local API server (all resource.k8s.io versions) with a kubeconfig for it at
+    ``kubeapi.kubeconfig_path``; stopped after the test."""
+    api = FakeKubeApi().start()
+    api.write_kubeconfig(tmp_path / "kubeconfig")
+    try:
+        yield api
+    finally:
+        api.stop()

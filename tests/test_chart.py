@@ -1,0 +1,876 @@
+"""The Helm chart charts/gpu-dra, rendered by the real helm binary.
+
+Every rendered object is checked against the strict OpenAPI schemas of Kubernetes 1.35-1.37
+(kubernetes-validate), the DaemonSet against the agent's real flags (dra_driver.cli.FLAGS), the
+DeviceClass selectors and the admission policy against the project's CEL engine
+(dra_driver.simulator.cel) and the defaults the code ships, and the ClusterRole
+against the API calls the code declares (dra_driver.kube).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dra_driver import cli
+from dra_driver.simulator import cel
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "gpu-dra"
+RELEASE = "gpu-dra"
+NAMESPACE = "gpu-dra"
+KUBERNETES_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
+
+
+def _find_helm() -> str | None:
+    on_path = shutil.which("helm")
+    if on_path:
+        return on_path
+    local = REPO / ".tools" / "bin" / "helm"
+    return str(local) if local.is_file() else None
+
+
+HELM = _find_helm()
+
+pytestmark = [
+    pytest.mark.helm,
+    pytest.mark.skipif(
+        HELM is None, reason="helm not on PATH nor at .tools/bin/helm (run `make helm`)"
+    ),
+]
+
+# A live cluster's discovery lists group/version/Kind entries (v1/Pod); offline `helm template`
+# knows only bare group/versions. Passing v1/Pod makes the chart trust the kind entries it is given.
+DISCOVERED = ("--api-versions", "v1/Pod")
+
+# Value combinations every test below renders; each must lint, render and validate.
+COMBINATIONS: dict[str, tuple[str, ...]] = {
+    "defaults": (),
+    "custom driver name": ("--set", "driverName=gpu.example.com"),
+    "operator driver root": ("--set", "nvidiaDriverRoot=/run/nvidia/driver"),
+    "v1 cluster": (*DISCOVERED, "--api-versions", "resource.k8s.io/v1/DeviceClass",
+                   "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"),
+    "v1beta2 cluster": (*DISCOVERED, "--api-versions", "resource.k8s.io/v1beta2/DeviceClass",
+                        "--api-versions", "resource.k8s.io/v1beta1/DeviceClass"),
+    "v1beta1 cluster": (*DISCOVERED, "--api-versions", "resource.k8s.io/v1beta1/DeviceClass"),
+    "no policy support": (*DISCOVERED, "--api-versions", "resource.k8s.io/v1/DeviceClass"),
+    "policy switched off": ("--set", "admissionPolicy.enabled=false"),
+    "forced v1beta2": ("--set", "resourceApiVersion=v1beta2"),
+    "extended resource": ("--set", "deviceClasses.gpuExtendedResourceName=nvidia.com/gpu"),
+    "simulated gpus": ("--set", "simulate=h100:2",
+                       "--set", "kubeletPlugin.securityContext.privileged=false",
+                       "--set", "kubeletPlugin.mountHostDev=false", "--set", "metricsPort=0"),
+    "existing service account": ("--set", "serviceAccount.create=false",
+                                 "--set", "serviceAccount.name=gpu-agent",
+                                 "--set", "rbac.create=false"),
+    "pinned image and overrides": (
+        "--set", "image.repository=registry.example.com/gpu-dra",
+        "--set", "image.digest=sha256:" + "ab" * 32,
+        "--set", "kubeletPlugin.nodeSelector.pool=gpu",
+        "--set", "kubeletPlugin.tolerations[0].key=dedicated",
+        "--set", "kubeletPlugin.tolerations[0].operator=Exists",
+        "--set", "kubeletPlugin.extraArgs[0]=--rediscover-interval=30",
+        "--set", "imagePullSecrets[0].name=regcred",
+        "--set", "serviceAccount.annotations.team=ml",
+    ),
+}  # fmt: skip
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    return subprocess.run(
+        [HELM, *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO
+    )
+
+
+def value_args(args: tuple[str, ...]) -> list[str]:
+    """Only the --set/--set-string pairs of a combination (helm lint knows no --api-versions)."""
+    pairs = zip(args[::2], args[1::2], strict=True)
+    return [part for flag, value in pairs if flag.startswith("--set") for part in (flag, value)]
+
+
+def render(*args: str) -> list[dict[str, Any]]:
+    """`helm template` of the chart as a list of objects (fails the test on a helm error)."""
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def render_error(*args: str) -> str:
+    """stderr of a `helm template` that must fail."""
+    result = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode != 0, f"helm accepted {args}:\n{result.stdout[:2000]}"
+    return result.stderr
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def agent_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def volume_for_mount(objects: list[dict[str, Any]], mount_path: str) -> dict[str, Any]:
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == mount_path]
+    assert len(mounts) == 1, f"no single mount at {mount_path}"
+    return next(v for v in pod["volumes"] if v["name"] == mounts[0]["name"]) | {"mount": mounts[0]}
+
+
+# ---------------------------------------------------------------------------------------------
+# lint, render, schemas
+
+
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+def test_helm_lint_strict_passes(name: str) -> None:
+    result = helm("lint", "--strict", str(CHART), *value_args(COMBINATIONS[name]))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_every_rendered_object_is_valid_for_the_kubernetes_version(
+    name: str, kubernetes_version: str
+) -> None:
+    objects = render(*COMBINATIONS[name])
+    assert objects
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(
+                f"{obj['kind']}/{obj['metadata']['name']} is invalid for Kubernetes "
+                f"{kubernetes_version}: {exc.message} at {list(exc.absolute_path)}"
+            )
+
+
+def test_defaults_render_the_agent_its_identity_classes_and_policy() -> None:
+    kinds = sorted(o["kind"] for o in render())
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DaemonSet",
+            "DeviceClass",
+            "DeviceClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    )
+
+
+def test_namespaced_objects_go_to_the_release_namespace() -> None:
+    for obj in render():
+        if obj["kind"] in ("ServiceAccount", "DaemonSet"):
+            assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+# ---------------------------------------------------------------------------------------------
+# resource.k8s.io version and admission policy follow what the cluster serves
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("defaults", "v1"),
+        ("v1 cluster", "v1"),
+        ("v1beta2 cluster", "v1beta2"),
+        ("v1beta1 cluster", "v1beta1"),
+        ("forced v1beta2", "v1beta2"),
+    ],
+)
+def test_device_classes_use_the_newest_resource_api_the_cluster_serves(
+    name: str, version: str
+) -> None:
+    classes = of_kind(render(*COMBINATIONS[name]), "DeviceClass")
+    assert [c["apiVersion"] for c in classes] == [f"resource.k8s.io/{version}"] * 2
+
+
+def test_a_forced_resource_api_version_wins_over_discovery() -> None:
+    args = (*COMBINATIONS["v1 cluster"], "--set", "resourceApiVersion=v1beta1")
+    classes = of_kind(render(*args), "DeviceClass")
+    assert {c["apiVersion"] for c in classes} == {"resource.k8s.io/v1beta1"}
+
+
+def test_a_cluster_without_any_device_class_api_fails_with_a_clear_message() -> None:
+    error = render_error(*DISCOVERED)
+    assert "serves no resource.k8s.io DeviceClass" in error
+    assert "Kubernetes >= 1.32" in error
+
+
+def test_the_policy_is_left_out_when_the_cluster_does_not_serve_it() -> None:
+    kinds = {o["kind"] for o in render(*COMBINATIONS["no policy support"])}
+    assert "ValidatingAdmissionPolicy" not in kinds
+    assert "ValidatingAdmissionPolicyBinding" not in kinds
+    assert "DaemonSet" in kinds
+
+
+def test_the_policy_can_be_switched_off() -> None:
+    kinds = {o["kind"] for o in render(*COMBINATIONS["policy switched off"])}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def test_the_policy_is_rendered_when_the_cluster_serves_it() -> None:
+    objects = render(*COMBINATIONS["v1 cluster"])
+    policy = one(objects, "ValidatingAdmissionPolicy")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the admission policy: only slices of the agent's own node and driver
+
+
+POLICY_VARIABLES = {name: cel.DYN for name in ("request", "object", "oldObject", "variables")}
+
+
+def evaluate_policy(
+    policy: dict[str, Any], *, username: str, node_claim: str | None, operation: str, slice_: Any
+) -> tuple[bool, list[str]]:
+    """Run the policy's CEL (match condition, variables in order, validations and their message
+    expressions) with the project's CEL engine, the way the apiserver does.
+
+    Returns (matched, messages of the failed validations).
+    """
+
+    def run(expression: str, activation: dict[str, Any]) -> Any:
+        return cel.compile_expression(expression, POLICY_VARIABLES).evaluate(activation)
+
+    extra = {} if node_claim is None else {"authentication.kubernetes.io/node-name": [node_claim]}
+    activation: dict[str, Any] = {
+        "request": {"userInfo": {"username": username, "extra": extra}, "operation": operation},
+        "object": None if operation == "DELETE" else slice_,
+        "oldObject": None if operation == "CREATE" else slice_,
+        "variables": {},
+    }
+    (condition,) = policy["spec"]["matchConditions"]
+    if run(condition["expression"], activation) is not True:
+        return False, []
+    for variable in policy["spec"]["variables"]:
+        activation["variables"][variable["name"]] = run(variable["expression"], activation)
+    failed = []
+    for validation in policy["spec"]["validations"]:
+        if run(validation["expression"], activation) is not True:
+            if "messageExpression" in validation:
+                failed.append(run(validation["messageExpression"], activation))
+            else:
+                failed.append(validation["message"])
+    return True, failed
+
+
+def test_policy_variables_read_the_node_name_claim_of_the_token() -> None:
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables == {
+        "userNodeName": (
+            "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"
+        ),
+        "slice": "request.operation == 'DELETE' ? oldObject : object",
+        "sliceNodeName": "variables.slice.spec.?nodeName.orValue('')",
+    }
+    rule = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["resourceslices"],
+        }
+    ]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+
+
+AGENT = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-kubelet-plugin"
+
+
+def slice_of(node: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"spec": {"driver": driver, "nodeName": node, "pool": {"name": node}}}
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_policy_lets_the_agent_write_slices_of_its_own_node(operation: str) -> None:
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    matched, failed = evaluate_policy(
+        policy, username=AGENT, node_claim="node-a", operation=operation, slice_=slice_of("node-a")
+    )
+    assert matched
+    assert failed == []
+
+
+def test_policy_refuses_a_slice_of_another_node() -> None:
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    _, failed = evaluate_policy(
+        policy, username=AGENT, node_claim="node-a", operation="CREATE", slice_=slice_of("node-b")
+    )
+    assert len(failed) == 1
+    assert "may only write ResourceSlices of that node" in failed[0]
+
+
+def test_policy_refuses_a_slice_of_another_driver() -> None:
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    _, failed = evaluate_policy(
+        policy,
+        username=AGENT,
+        node_claim="node-a",
+        operation="UPDATE",
+        slice_=slice_of("node-a", driver="other.example.com"),
+    )
+    assert len(failed) == 1
+    assert "may only write ResourceSlices of driver gpu.nvidia.com" in failed[0]
+
+
+def test_policy_refuses_a_token_without_a_node_name() -> None:
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    _, failed = evaluate_policy(
+        policy, username=AGENT, node_claim=None, operation="CREATE", slice_=slice_of("node-a")
+    )
+    assert any("carries no node name" in message for message in failed)
+
+
+def test_policy_does_not_apply_to_other_users() -> None:
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    matched, _ = evaluate_policy(
+        policy,
+        username="system:serviceaccount:kube-system:resourceclaim-controller",
+        node_claim=None,
+        operation="DELETE",
+        slice_=slice_of("node-b"),
+    )
+    assert not matched
+
+
+def test_policy_names_the_service_account_the_daemonset_runs_as() -> None:
+    objects = render(*COMBINATIONS["existing service account"])
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-agent"
+    (condition,) = one(objects, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    assert f"'system:serviceaccount:{NAMESPACE}:gpu-agent'" in condition["expression"]
+    assert not of_kind(objects, "ServiceAccount")
+    assert not of_kind(objects, "ClusterRole")
+
+
+# ---------------------------------------------------------------------------------------------
+# the DaemonSet
+
+
+def test_agent_gets_node_namespace_and_pod_uid_from_the_downward_api() -> None:
+    env = env_of(agent_container(render()))
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
+# Set by the downward API for the code's own use (namespace of the agent), not a flag.
+NON_FLAG_ENV = {"POD_NAMESPACE"}
+
+
+def test_every_variable_the_chart_sets_is_read_by_the_agent() -> None:
+    """A misspelt variable would be ignored silently and the agent would run on its default."""
+    flag_env = {flag.env for flag in cli.FLAGS}
+    unknown = {
+        variable: name
+        for name, args in COMBINATIONS.items()
+        for variable in env_of(agent_container(render(*args)))
+        if variable not in flag_env | NON_FLAG_ENV
+    }
+    assert not unknown, f"the agent has no flag for {unknown} (dra_driver/cli.py FLAGS)"
+
+
+def test_every_setting_of_the_agent_is_passed_from_values() -> None:
+    env = env_of(agent_container(render()))
+    required = {
+        "NODE_NAME",
+        "DRIVER_NAME",
+        "NVIDIA_DRIVER_ROOT",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        "CDI_ROOT",
+        "POD_UID",
+        "HEALTHCHECK_PORT",
+        "METRICS_PORT",
+        "LOG_FORMAT",
+        "LOG_LEVEL",
+    }
+    assert required <= set(env)
+    assert env["DRIVER_NAME"]["value"] == "gpu.nvidia.com"
+    assert env["HEALTHCHECK_PORT"]["value"] == "51515"
+    assert "SIMULATE" not in env
+
+
+def test_the_agent_accepts_the_values_the_chart_renders() -> None:
+    """The rendered environment, fed to the real flag parser, gives a valid Config."""
+    container = agent_container(render())
+    environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    environ |= {"NODE_NAME": "gpu-node-1", "POD_UID": "0f6b8d5e-3c1a-4f0e-9d7b-2a4c6e8f0a1b"}
+    config = cli.build_config(container.get("args", []), environ)
+    assert config.driver_name == "gpu.nvidia.com"
+    assert str(config.cdi_root) == "/var/run/cdi"
+    assert config.healthcheck_port == 51515
+    assert config.pod_uid == environ["POD_UID"]
+    assert container["command"] == ["gpu-dra-kubelet-plugin"]
+
+
+def test_simulated_gpus_are_passed_to_the_agent() -> None:
+    container = agent_container(render(*COMBINATIONS["simulated gpus"]))
+    assert env_of(container)["SIMULATE"]["value"] == "h100:2"
+    assert container["securityContext"]["privileged"] is False
+    assert [p["name"] for p in container["ports"]] == ["healthz"]
+
+
+def test_daemonset_is_node_critical_and_tolerates_the_gpu_taint() -> None:
+    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+
+
+def test_extra_tolerations_are_added_to_the_gpu_taint_toleration() -> None:
+    pod = one(render(*COMBINATIONS["pinned image and overrides"]), "DaemonSet")["spec"]["template"]
+    keys = [t["key"] for t in pod["spec"]["tolerations"]]
+    assert keys == ["nvidia.com/gpu", "dedicated"]
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
+
+
+def test_default_affinity_selects_nodes_with_an_nvidia_pci_device_or_the_operator_label() -> None:
+    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    keys = [[e["key"] for e in term["matchExpressions"]] for term in terms]
+    assert keys == [["feature.node.kubernetes.io/pci-10de.present"], ["nvidia.com/gpu.present"]]
+    for term in terms:
+        assert term["matchExpressions"][0]["operator"] == "In"
+        assert term["matchExpressions"][0]["values"] == ["true"]
+
+
+def test_an_affinity_from_values_replaces_the_default() -> None:
+    objects = render(
+        "--set",
+        "kubeletPlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=gpu",
+        "--set",
+        "kubeletPlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    )
+    affinity = one(objects, "DaemonSet")["spec"]["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+
+
+def test_rolling_update_surges_one_pod_and_keeps_the_old_one_until_ready() -> None:
+    daemonset = one(render(), "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    # Both pods share the node during the surge: a hostPort would keep the new one Pending.
+    assert all("hostPort" not in port for port in container["ports"])
+    assert "hostNetwork" not in daemonset["spec"]["template"]["spec"]
+
+
+def test_probes_use_the_health_endpoint_on_the_healthcheck_port() -> None:
+    container = agent_container(render("--set", "healthcheckPort=40000"))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["healthz"] == 40000
+    assert env_of(container)["HEALTHCHECK_PORT"]["value"] == "40000"
+    paths = {
+        probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert paths == {
+        "startupProbe": ("/healthz", "healthz"),
+        "livenessProbe": ("/healthz", "healthz"),
+        "readinessProbe": ("/readyz", "healthz"),
+    }
+
+
+def test_metrics_port_is_exposed_and_passed_to_the_agent() -> None:
+    container = agent_container(render("--set", "metricsPort=9400"))
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in container["ports"]
+    assert env_of(container)["METRICS_PORT"]["value"] == "9400"
+
+
+def test_agent_has_resource_requests_and_limits() -> None:
+    resources = agent_container(render())["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert set(resources["limits"]) == {"cpu", "memory"}
+
+
+def test_agent_mounts_the_kubelet_and_cdi_directories_at_their_host_paths() -> None:
+    objects = render()
+    registrar = volume_for_mount(objects, "/var/lib/kubelet/plugins_registry")
+    assert registrar["hostPath"] == {
+        "path": "/var/lib/kubelet/plugins_registry",
+        "type": "Directory",
+    }
+    own = volume_for_mount(objects, "/var/lib/kubelet/plugins/gpu.nvidia.com")
+    assert own["hostPath"]["path"] == "/var/lib/kubelet/plugins/gpu.nvidia.com"
+    cdi = volume_for_mount(objects, "/var/run/cdi")
+    assert cdi["hostPath"]["path"] == "/var/run/cdi"
+    host_paths = [
+        v["hostPath"]["path"]
+        for v in one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    ]
+    # Only this driver's directory under the kubelet plugins directory: never other plugins'.
+    assert "/var/lib/kubelet/plugins" not in host_paths
+
+
+def test_moved_kubelet_directories_move_mounts_and_flags_together() -> None:
+    objects = render(
+        "--set",
+        "kubeletRegistrarDirectoryPath=/data/kubelet/plugins_registry",
+        "--set",
+        "kubeletPluginsDirectoryPath=/data/kubelet/plugins",
+        "--set",
+        "cdiRoot=/etc/cdi-dynamic",
+    )
+    env = env_of(agent_container(objects))
+    assert env["KUBELET_REGISTRAR_DIRECTORY_PATH"]["value"] == "/data/kubelet/plugins_registry"
+    assert env["KUBELET_PLUGINS_DIRECTORY_PATH"]["value"] == "/data/kubelet/plugins"
+    assert env["CDI_ROOT"]["value"] == "/etc/cdi-dynamic"
+    volume_for_mount(objects, "/data/kubelet/plugins_registry")
+    volume_for_mount(objects, "/data/kubelet/plugins/gpu.nvidia.com")
+    volume_for_mount(objects, "/etc/cdi-dynamic")
+
+
+@pytest.mark.parametrize(
+    ("name", "host_root"), [("defaults", "/"), ("operator driver root", "/run/nvidia/driver")]
+)
+def test_driver_root_is_mounted_read_only_and_named_to_the_agent(name: str, host_root: str) -> None:
+    objects = render(*COMBINATIONS[name])
+    volume = volume_for_mount(objects, "/driver-root")
+    assert volume["hostPath"]["path"] == host_root
+    assert volume["mount"]["readOnly"] is True
+    assert volume["mount"]["mountPropagation"] == "HostToContainer"
+    env = env_of(agent_container(objects))
+    assert env["NVIDIA_DRIVER_ROOT"]["value"] == host_root
+    assert env["CONTAINER_DRIVER_ROOT"]["value"] == "/driver-root"
+
+
+def test_security_context_is_what_the_values_explain() -> None:
+    context = agent_container(render())["securityContext"]
+    assert context == {
+        "privileged": True,
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "readOnlyRootFilesystem": True,
+    }
+
+
+def test_image_digest_wins_over_the_tag() -> None:
+    objects = render(*COMBINATIONS["pinned image and overrides"])
+    assert agent_container(objects)["image"] == "registry.example.com/gpu-dra@sha256:" + "ab" * 32
+    assert agent_container(render())["image"] == "gpu-dra:0.1.0"
+
+
+# ---------------------------------------------------------------------------------------------
+# values.schema.json
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (("--set", "driverNmae=gpu.example.com"), "driverNmae"),
+        (("--set", "kubeletPlugin.probes.startup.periodSecond=3"), "periodSecond"),
+        (("--set", "deviceClasses.enabled=true"), "enabled"),
+        (("--set-string", "healthcheckPort=http"), "healthcheckPort"),
+        (("--set", "healthcheckPort=70000"), "healthcheckPort"),
+        (("--set", "logLevel=verbose"), "logLevel"),
+        (("--set", "nvidiaDriverRoot=run/nvidia/driver"), "nvidiaDriverRoot"),
+        (("--set", "driverName=GPU_Nvidia"), "driverName"),
+        (("--set", "resourceApiVersion=v1alpha3"), "resourceApiVersion"),
+        (("--set-string", "admissionPolicy.enabled=yes"), "enabled"),
+        (("--set", "image.digest=latest"), "digest"),
+        (("--set", "kubeletPlugin.resources.requests.gpu=1"), "gpu"),
+    ],
+)
+def test_values_schema_rejects_typos_and_wrong_types(args: tuple[str, ...], complaint: str) -> None:
+    error = render_error(*args)
+    assert "values don't meet the specifications of the schema" in error
+    assert complaint in error
+
+
+def test_every_default_value_is_documented_in_values_yaml() -> None:
+    """Each key in values.yaml has a comment line right above it (or above its parent block)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or ":" not in stripped:
+            continue
+        previous = lines[index - 1].strip() if index else ""
+        is_block = stripped.endswith(":")
+        if (
+            not previous.startswith("#")
+            and not is_block
+            and not _inside_documented_block(lines, index)
+        ):
+            undocumented.append(stripped)
+    assert undocumented == []
+
+
+def _inside_documented_block(lines: list[str], index: int) -> bool:
+    """True for plain data lines of a documented map (resources.requests.cpu and the like)."""
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    for back in range(index - 1, -1, -1):
+        line = lines[back]
+        if not line.strip() or line.strip().startswith("#"):
+            continue
+        parent_indent = len(line) - len(line.lstrip())
+        if parent_indent < indent:
+            above = lines[back - 1].strip() if back else ""
+            return line.strip().endswith(":") and (
+                above.startswith("#") or _inside_documented_block(lines, back)
+            )
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# DeviceClasses
+
+
+def _cel_device(driver: str, device_type: str) -> cel.DeviceObject:
+    return cel.device_variable(
+        driver=driver,
+        attributes={"type": device_type, "productName": "NVIDIA H100 80GB HBM3"},
+        capacity={},
+    )
+
+
+def cel_matches(expression: str, device: cel.DeviceObject) -> bool:
+    return cel.compile_selector(expression).matches(device)
+
+
+@pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com", "accel.example.org"])
+def test_device_class_selectors_parse_and_pick_their_device_type(driver: str) -> None:
+    classes = of_kind(render("--set", f"driverName={driver}"), "DeviceClass")
+    assert len(classes) == 2
+    by_type = {}
+    for device_class in classes:
+        (selector,) = device_class["spec"]["selectors"]
+        expression = selector["cel"]["expression"]
+        matched = [t for t in ("gpu", "mig") if cel_matches(expression, _cel_device(driver, t))]
+        assert len(matched) == 1, f"{expression} matches {matched}"
+        assert not cel_matches(expression, _cel_device("other.example.com", matched[0]))
+        by_type[matched[0]] = device_class["metadata"]["name"]
+    assert by_type["gpu"] == driver
+
+
+def test_device_classes_are_nvidia_compatible_by_default() -> None:
+    classes = {c["metadata"]["name"]: c["spec"] for c in of_kind(render(), "DeviceClass")}
+    assert classes == {
+        "gpu.nvidia.com": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                    }
+                }
+            ]
+        },
+        "mig.nvidia.com": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].type == 'mig'"
+                    }
+                }
+            ]
+        },
+    }
+
+
+def test_extended_resource_name_is_off_by_default_and_only_on_the_gpu_class() -> None:
+    assert all("extendedResourceName" not in c["spec"] for c in of_kind(render(), "DeviceClass"))
+    classes = of_kind(render(*COMBINATIONS["extended resource"]), "DeviceClass")
+    names = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in classes}
+    assert names == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None}
+
+
+@pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
+def test_device_classes_equal_the_defaults_the_code_ships(driver: str) -> None:
+    """The chart's classes and dra_driver.deviceclasses (used by explain and the demo) agree."""
+    from dra_driver import deviceclasses  # noqa: PLC0415  (written by the explain area)
+
+    shipped = deviceclasses.default_device_classes(driver_name=driver)
+    rendered = of_kind(render("--set", f"driverName={driver}"), "DeviceClass")
+    assert {c["metadata"]["name"]: c["spec"] for c in shipped} == {
+        c["metadata"]["name"]: c["spec"] for c in rendered
+    }
+
+
+def test_custom_driver_name_flows_into_every_derived_name() -> None:
+    objects = render(*COMBINATIONS["custom driver name"])
+    text = yaml.safe_dump_all(objects)
+    assert "gpu.nvidia.com" not in text
+    names = sorted(c["metadata"]["name"] for c in of_kind(objects, "DeviceClass"))
+    assert names == ["gpu.example.com", "mig.example.com"]
+    env = env_of(agent_container(objects))
+    assert env["DRIVER_NAME"]["value"] == "gpu.example.com"
+    volume_for_mount(objects, "/var/lib/kubelet/plugins/gpu.example.com")
+    validations = one(objects, "ValidatingAdmissionPolicy")["spec"]["validations"]
+    assert "variables.slice.spec.driver == 'gpu.example.com'" in [
+        v["expression"] for v in validations
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# ClusterRole: exactly the API calls the code makes
+
+
+def granted(cluster_role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(api group, resource, verb) triples a ClusterRole grants, without wildcards."""
+    triples = set()
+    for rule in cluster_role["rules"]:
+        assert "resourceNames" not in rule or rule["resourceNames"]
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), f"wildcard in {rule}"
+                    triples.add((group, resource, verb))
+    return triples
+
+
+def test_cluster_role_grants_only_the_calls_the_agent_needs() -> None:
+    role = one(render(), "ClusterRole")
+    assert granted(role) == {
+        ("resource.k8s.io", "resourceslices", verb)
+        for verb in ("list", "watch", "create", "update", "delete")
+    } | {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "nodes", "get"),
+        ("", "events", "create"),
+    }
+    binding = one(render(), "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{RELEASE}-kubelet-plugin", "namespace": NAMESPACE}
+    ]
+
+
+def test_cluster_role_equals_the_api_calls_kube_py_declares() -> None:
+    """dra_driver.kube is the one module that talks to the API; it lists the calls it can make."""
+    from dra_driver import kube  # noqa: PLC0415  (written by another area; fails loudly if absent)
+
+    declared = {(group, resource, verb) for verb, group, resource in kube.API_PERMISSIONS}
+    assert granted(one(render(), "ClusterRole")) == declared
+
+
+def test_notes_tell_how_to_check_slices_and_a_test_claim() -> None:
+    result = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kubectl get resourceslices --field-selector spec.driver=gpu.nvidia.com" in notes
+    assert "examples/resourceclaims/whole-gpu.yaml" in notes
+    assert (REPO / "examples" / "resourceclaims" / "whole-gpu.yaml").is_file()
+    assert "gpu-dra explain" in notes
+
+
+def test_every_call_the_agent_makes_against_an_api_server_is_granted(
+    kubeapi: Any, tmp_path: Path
+) -> None:
+    """Drive the real publisher, preparer and event path through the real client and compare the
+    fake API server's request log with the ClusterRole."""
+    from dra_driver import cdi, devices  # noqa: PLC0415
+    from dra_driver.checkpoint import Checkpoint, ClaimLocks  # noqa: PLC0415
+    from dra_driver.kube import KubeClient  # noqa: PLC0415
+    from dra_driver.prepare import ClaimRef, Preparer, device_targets  # noqa: PLC0415
+    from dra_driver.publisher import Publisher  # noqa: PLC0415
+    from tests.claimdata import allocated_claim  # noqa: PLC0415
+    from tests.fakedriver import make_fake_driver, simulated_inventory  # noqa: PLC0415
+
+    driver, node_name = "gpu.nvidia.com", "node1"
+    node = kubeapi.add_node(node_name)
+    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    inventory = simulated_inventory("h100:2", node_name=node_name)
+    publisher = Publisher(
+        api=client,
+        driver_name=driver,
+        node_name=node_name,
+        node_devices=devices.node_devices(inventory, driver_name=driver),
+    )
+    publisher.start()
+    try:
+        assert publisher.wait_synced(10.0)
+        # The kubelet deletes the node's slices when it starts; the publisher writes them again.
+        kubeapi.delete_slices(node_name=node_name)
+        fewer = simulated_inventory("h100:1", node_name=node_name)
+        publisher.set_devices(devices.node_devices(fewer, driver_name=driver))
+        assert publisher.wait_synced(10.0)
+    finally:
+        publisher.stop()
+    assert kubeapi.slices(node_name=node_name)
+
+    make_fake_driver(tmp_path)
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    specs = cdi.CdiSpecDir(tmp_path / "cdi", vendor=f"k8s.{driver}")
+    specs.ensure()
+    checkpoint = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    checkpoint.open()
+    locks = ClaimLocks(tmp_path / "plugin/claims.lock")
+    locks.open()
+    preparer = Preparer(
+        driver_name=driver,
+        node_name=node_name,
+        cdi_vendor=f"k8s.{driver}",
+        targets=device_targets(inventory),
+        files=cdi.find_driver_files(
+            driver_root=tmp_path / "driver-root",
+            driver_version=inventory.gpus[0].driver_version,
+            proc_root=tmp_path / "proc",
+        ),
+        specs=specs,
+        checkpoint=checkpoint,
+        locks=locks,
+        claims=client,
+    )
+    try:
+        claim = kubeapi.add_claim(allocated_claim(name="train", node=node_name))
+        meta = claim["metadata"]
+        ref = ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        assert preparer.prepare(ref)
+        preparer.unprepare(ref)
+    finally:
+        preparer.close()
+    client.create_event(
+        node_name=node_name, node_uid=node["metadata"]["uid"], reason="GpuLost", message="test"
+    )
+    client.close()
+
+    used = {(group, resource, verb) for verb, group, resource in kubeapi.permissions_used()}
+    assert {
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "resourceslices", "create"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "events", "create"),
+    } <= used
+    assert used <= granted(one(render(), "ClusterRole"))

@@ -1,0 +1,249 @@
+"""The example claims in examples/resourceclaims: valid objects that ask for what they say.
+
+Each file is checked against the strict OpenAPI schemas of Kubernetes 1.35-1.37, its CEL
+selectors are compiled by the project's CEL engine (dra_driver.simulator.cel), its opaque configs
+decoded by the driver's own decoder (deviceconfig), and its header comment must say what it asks
+for, when to use it and what to expect. Whether each one is satisfiable on the demo node is tested
+by the explain area from the `# expect:` line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dra_driver import deviceconfig
+from dra_driver.simulator import cel
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
+FILES = sorted(EXAMPLES.glob("*.yaml"))
+KUBERNETES_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
+DRIVER = "gpu.nvidia.com"
+CLASSES = {"gpu.nvidia.com", "mig.nvidia.com"}
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def header(path: Path) -> str:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def claim_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    specs = []
+    for obj in objects:
+        if obj["kind"] == "ResourceClaim":
+            specs.append(obj["spec"])
+        elif obj["kind"] == "ResourceClaimTemplate":
+            specs.append(obj["spec"]["spec"])
+    return specs
+
+
+def device_requests(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every exactly-request and firstAvailable sub-request of a claim spec."""
+    found = []
+    for request in spec["devices"]["requests"]:
+        if "exactly" in request:
+            found.append(request["exactly"])
+        found.extend(request.get("firstAvailable", []))
+    return found
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(metadata, pod spec) of each Pod and of each workload's pod template."""
+    pods = []
+    for obj in objects:
+        if obj["kind"] == "Pod":
+            pods.append((obj["metadata"], obj["spec"]))
+        elif obj["kind"] in ("Deployment", "StatefulSet", "Job", "DaemonSet"):
+            pods.append((obj["metadata"], obj["spec"]["template"]["spec"]))
+    return pods
+
+
+def test_there_are_examples() -> None:
+    assert len(FILES) >= 12
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_every_object_is_valid_for_the_kubernetes_version(
+    path: Path, kubernetes_version: str
+) -> None:
+    for obj in load(path):
+        try:
+            kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(
+                f"{path.name}: {obj['kind']}/{obj['metadata']['name']} is invalid for "
+                f"Kubernetes {kubernetes_version}: {exc.message} at {list(exc.absolute_path)}"
+            )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_example_opens_with_what_when_and_what_to_expect(path: Path) -> None:
+    text = header(path)
+    assert "# Asks for:" in text
+    assert "# Use it when:" in text
+    assert "# What to expect:" in text
+    assert re.search(r"^# expect: (satisfiable|unsatisfiable)$", text, re.MULTILINE), (
+        f"{path.name} needs a machine-readable '# expect: ...' line in its header"
+    )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_claims_use_v1_and_only_the_driver_classes(path: Path) -> None:
+    objects = load(path)
+    specs = claim_specs(objects)
+    assert specs, f"{path.name} has no ResourceClaim or ResourceClaimTemplate"
+    for obj in objects:
+        if obj["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
+            assert obj["apiVersion"] == "resource.k8s.io/v1"
+    for spec in specs:
+        for request in device_requests(spec):
+            assert request["deviceClassName"] in CLASSES
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_cel_selectors_compile(path: Path) -> None:
+    for spec in claim_specs(load(path)):
+        for request in device_requests(spec):
+            for selector in request.get("selectors", []):
+                cel.compile_selector(selector["cel"]["expression"])
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_opaque_configs_are_accepted_by_the_driver(path: Path) -> None:
+    for spec in claim_specs(load(path)):
+        request_names = {r["name"] for r in spec["devices"]["requests"]}
+        for config in spec["devices"].get("config", []):
+            assert config["opaque"]["driver"] == DRIVER
+            assert set(config.get("requests", [])) <= request_names
+            deviceconfig.decode(config["opaque"]["parameters"])
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_pods_use_claims_that_exist_and_requests_they_declare(path: Path) -> None:
+    objects = load(path)
+    claims = {o["metadata"]["name"] for o in objects if o["kind"] == "ResourceClaim"}
+    templates = {o["metadata"]["name"] for o in objects if o["kind"] == "ResourceClaimTemplate"}
+    pods = pod_specs(objects)
+    assert pods, f"{path.name} shows no pod that uses its claim"
+    for _, pod in pods:
+        declared = set()
+        for pod_claim in pod["resourceClaims"]:
+            declared.add(pod_claim["name"])
+            if "resourceClaimName" in pod_claim:
+                assert pod_claim["resourceClaimName"] in claims
+            else:
+                assert pod_claim["resourceClaimTemplateName"] in templates
+        for container in pod["containers"]:
+            for use in container["resources"]["claims"]:
+                assert use["name"] in declared
+
+
+def _all(path_name: str) -> list[dict[str, Any]]:
+    return load(EXAMPLES / path_name)
+
+
+def _only_request(path_name: str) -> dict[str, Any]:
+    (spec,) = claim_specs(_all(path_name))
+    (request,) = spec["devices"]["requests"]
+    return dict(request)
+
+
+def _expressions(request: dict[str, Any]) -> list[str]:
+    return [s["cel"]["expression"] for s in request.get("selectors", [])]
+
+
+def test_whole_gpu_asks_for_one_device_of_the_gpu_class() -> None:
+    request = _only_request("whole-gpu.yaml")["exactly"]
+    assert request == {"deviceClassName": "gpu.nvidia.com"}
+
+
+def test_memory_example_asks_for_at_least_40_gib() -> None:
+    (expression,) = _expressions(_only_request("gpu-40gib.yaml")["exactly"])
+    assert "memory.compareTo(quantity('40Gi')) >= 0" in expression
+
+
+def test_first_available_prefers_h100_then_a100_80gb_then_any_40_gib() -> None:
+    subrequests = _only_request("first-available.yaml")["firstAvailable"]
+    assert [s["name"] for s in subrequests] == ["h100", "a100-80gb", "any-40gib"]
+    h100, a100, any_gpu = (" ".join(_expressions(s)) for s in subrequests)
+    assert "startsWith('NVIDIA H100')" in h100
+    assert "startsWith('NVIDIA A100')" in a100
+    assert "quantity('80Gi')" in a100
+    assert "quantity('40Gi')" in any_gpu
+
+
+def test_same_pcie_root_matches_the_standard_attribute_for_two_gpus() -> None:
+    (spec,) = claim_specs(_all("same-pcie-root.yaml"))
+    assert spec["devices"]["requests"][0]["exactly"]["count"] == 2
+    assert spec["devices"]["constraints"] == [
+        {"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path_name", "profile"), [("mig-1g10gb.yaml", "1g.10gb"), ("mig-3g40gb.yaml", "3g.40gb")]
+)
+def test_mig_examples_ask_for_a_profile_of_an_80gb_gpu(path_name: str, profile: str) -> None:
+    request = _only_request(path_name)["exactly"]
+    assert request["deviceClassName"] == "mig.nvidia.com"
+    assert _expressions(request) == [f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"]
+
+
+def test_all_gpus_uses_allocation_mode_all() -> None:
+    request = _only_request("all-gpus.yaml")["exactly"]
+    assert request["allocationMode"] == "All"
+    assert "count" not in request
+
+
+def test_template_is_used_by_a_three_replica_deployment() -> None:
+    objects = _all("template-deployment.yaml")
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 3
+    (pod_claim,) = deployment["spec"]["template"]["spec"]["resourceClaims"]
+    assert pod_claim["resourceClaimTemplateName"] == "one-gpu"
+
+
+def test_shared_claim_is_used_by_two_containers_of_one_pod() -> None:
+    ((_, pod),) = pod_specs(_all("shared-claim.yaml"))
+    assert len(pod["containers"]) == 2
+    assert all(c["resources"]["claims"] == [{"name": "gpu"}] for c in pod["containers"])
+
+
+@pytest.mark.parametrize(
+    ("path_name", "strategy"), [("time-slicing.yaml", "TimeSlicing"), ("mps.yaml", "MPS")]
+)
+def test_sharing_examples_configure_their_strategy_for_two_pods(
+    path_name: str, strategy: str
+) -> None:
+    objects = _all(path_name)
+    (spec,) = claim_specs(objects)
+    (config,) = spec["devices"]["config"]
+    decoded = deviceconfig.decode(config["opaque"]["parameters"])
+    assert type(decoded).__name__ == "GpuConfig"
+    assert config["opaque"]["parameters"]["sharing"]["strategy"] == strategy
+    assert len(pod_specs(objects)) == 2
+
+
+def test_admin_access_claim_lives_in_a_namespace_labelled_for_it() -> None:
+    objects = _all("admin-access.yaml")
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["resource.kubernetes.io/admin-access"] == "true"
+    (claim,) = [o for o in objects if o["kind"] == "ResourceClaim"]
+    assert claim["metadata"]["namespace"] == namespace["metadata"]["name"]
+    assert claim["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] is True
+    ((metadata, _),) = pod_specs(objects)
+    assert metadata["namespace"] == namespace["metadata"]["name"]

@@ -1,0 +1,406 @@
+"""kube.py through the real kubernetes client, over HTTP, against tests/kubeapi.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.devices import Device, NodeDevices, Taint
+from dra_driver.errors import (
+    ConfigError,
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeGone,
+    KubeInvalid,
+    KubeNotFound,
+    KubeUnavailable,
+)
+from dra_driver.kube import API_PERMISSIONS, KubeClient
+from dra_driver.slices import build_slices, to_api_objects
+from tests.kubeapi import FakeKubeApi
+
+DRIVER = "gpu.nvidia.com"
+
+
+def client(api: FakeKubeApi, tmp_path: Path) -> KubeClient:
+    return KubeClient.from_config(
+        kubeconfig=api.write_kubeconfig(tmp_path / "kc"), timeout_s=2, connect_timeout_s=1
+    )
+
+
+def slice_body(node: str = "node1", *, devices: int = 2, driver: str = DRIVER) -> dict[str, Any]:
+    taint = Taint(key="gpu.nvidia.com/xid", value="79", effect="NoSchedule")
+    pool = build_slices(
+        NodeDevices(
+            devices=tuple(
+                Device(
+                    name=f"gpu-{i}",
+                    attributes={"type": "gpu"},
+                    capacity={"memory": "80Gi"},
+                    taints=(taint,) if i == 0 else (),
+                )
+                for i in range(devices)
+            )
+        ),
+        driver_name=driver,
+        node_name=node,
+    )
+    return to_api_objects(pool, node_uid="node-uid")[0]
+
+
+@pytest.fixture
+def kube(kubeapi: FakeKubeApi) -> KubeClient:
+    assert kubeapi.kubeconfig_path is not None
+    return KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path, timeout_s=2)
+
+
+# --- discovery and shapes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("served", "chosen"),
+    [
+        (("v1", "v1beta2", "v1beta1"), "v1"),
+        (("v1beta2", "v1beta1"), "v1beta2"),
+        (("v1beta1",), "v1beta1"),
+    ],
+)
+def test_discovery_prefers_v1_then_v1beta2_then_v1beta1(
+    tmp_path: Path, served: tuple[str, ...], chosen: str
+) -> None:
+    api = FakeKubeApi(versions=served).start()
+    try:
+        kube = client(api, tmp_path)
+        assert kube.resource_api_version == chosen
+        stored = kube.create_slice(slice_body())
+        assert stored["apiVersion"] == "resource.k8s.io/v1"
+        assert stored["spec"]["devices"][0]["capacity"] == {"memory": {"value": "80Gi"}}
+        assert ("create", "resourceslices", "", "") in api.requests
+        listed = kube.list_slices(driver_name=DRIVER, node_name="node1").items
+        assert [s["spec"]["devices"] for s in listed] == [stored["spec"]["devices"]]
+    finally:
+        api.stop()
+
+
+def test_a_v1beta1_server_stores_the_devices_it_was_sent_wrapped_in_basic(tmp_path: Path) -> None:
+    api = FakeKubeApi(versions=("v1beta1",)).start()
+    try:
+        kube = client(api, tmp_path)
+        body = slice_body()
+        kube.create_slice(body)
+        (kept,) = api.slices()
+        assert [d["name"] for d in kept["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        assert kept["spec"]["devices"][1]["attributes"] == {"type": {"string": "gpu"}}
+    finally:
+        api.stop()
+
+
+def test_a_server_without_resource_k8s_io_is_reported_clearly(tmp_path: Path) -> None:
+    api = FakeKubeApi(versions=()).start()
+    try:
+        with pytest.raises(KubeNotFound, match=r"does not serve resource\.k8s\.io"):
+            _ = client(api, tmp_path).resource_api_version
+    finally:
+        api.stop()
+
+
+def test_list_uses_the_driver_and_node_field_selector(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    kube.create_slice(slice_body("node1"))
+    kube.create_slice(slice_body("node2"))
+    kube.create_slice(slice_body("node1", driver="other.example.com"))
+    listed = kube.list_slices(driver_name=DRIVER, node_name="node1")
+    assert [(s["spec"]["driver"], s["spec"]["nodeName"]) for s in listed.items] == [
+        (DRIVER, "node1")
+    ]
+    assert int(listed.resource_version) > 0
+
+
+def test_taints_come_back_with_the_server_set_time(kube: KubeClient) -> None:
+    stored = kube.create_slice(slice_body())
+    assert stored["spec"]["devices"][0]["taints"][0]["timeAdded"].endswith("Z")
+
+
+# --- writes --------------------------------------------------------------------------------------
+
+
+def test_update_with_a_stale_resource_version_is_a_conflict(kube: KubeClient) -> None:
+    stored = kube.create_slice(slice_body())
+    fresh = kube.update_slice(stored)
+    assert int(fresh["metadata"]["resourceVersion"]) > int(stored["metadata"]["resourceVersion"])
+    with pytest.raises(KubeConflict, match="has been modified"):
+        kube.update_slice(stored)
+
+
+def test_delete_checks_preconditions_and_ignores_missing_slices(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    stored = kube.create_slice(slice_body())
+    meta = stored["metadata"]
+    with pytest.raises(KubeConflict, match="Precondition failed"):
+        kube.delete_slice(name=meta["name"], uid="someone-else", resource_version="")
+    assert kube.delete_slice(
+        name=meta["name"], uid=meta["uid"], resource_version=meta["resourceVersion"]
+    )
+    assert kubeapi.slices() == []
+    assert not kube.delete_slice(
+        name=meta["name"], uid=meta["uid"], resource_version=meta["resourceVersion"]
+    )
+
+
+def test_an_invalid_slice_is_rejected_with_the_servers_reason(kube: KubeClient) -> None:
+    body = slice_body(devices=60)
+    more = slice_body(devices=10)["spec"]["devices"]
+    # 70 devices, one of them tainted: over the limit of 64 that taints impose.
+    body["spec"]["devices"] += [{**d, "name": d["name"] + "-b"} for d in more]
+    with pytest.raises(KubeInvalid, match="must have at most 64 items"):
+        kube.create_slice(body)
+
+
+# --- watch ---------------------------------------------------------------------------------------
+
+
+def test_watch_reports_creates_and_deletes_and_close_unblocks_it(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    start = kube.list_slices(driver_name=DRIVER, node_name="node1").resource_version
+    stream = kube.watch_slices(
+        driver_name=DRIVER, node_name="node1", resource_version=start, timeout_s=30
+    )
+    seen: list[tuple[str, str]] = []
+
+    def read() -> None:
+        for event in stream:
+            seen.append((event.type, event.object["spec"]["nodeName"]))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    kube.create_slice(slice_body("node2"))  # filtered out by the field selector
+    stored = kube.create_slice(slice_body("node1"))
+    kubeapi.delete_slices(node_name="node1")
+    deadline = time.monotonic() + 5
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    began = time.monotonic()
+    stream.close()
+    reader.join(5)
+    assert not reader.is_alive()
+    assert time.monotonic() - began < 1.0
+    assert seen == [("ADDED", "node1"), ("DELETED", "node1")]
+    assert stored["metadata"]["name"]
+
+
+def test_a_watch_from_a_compacted_version_raises_gone(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    start = kube.list_slices(driver_name=DRIVER, node_name="node1").resource_version
+    kube.create_slice(slice_body())
+    kubeapi.compact()
+    with (
+        kube.watch_slices(
+            driver_name=DRIVER, node_name="node1", resource_version=start, timeout_s=5
+        ) as stream,
+        pytest.raises(KubeGone, match="too old resource version"),
+    ):
+        list(stream)
+
+
+# --- error mapping -------------------------------------------------------------------------------
+
+
+def test_forbidden_names_the_verb_and_resource_to_grant(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    kubeapi.forbid("create", "resourceslices")
+    with pytest.raises(KubeForbidden) as info:
+        kube.create_slice(slice_body())
+    assert str(info.value).startswith(
+        "forbidden: the ServiceAccount may not 'create' resourceslices.resource.k8s.io; "
+        "grant it in the ClusterRole"
+    )
+    assert (info.value.verb, info.value.resource, info.value.status) == (
+        "create",
+        "resourceslices",
+        403,
+    )
+
+
+@pytest.mark.parametrize(
+    ("verb", "status", "error"),
+    [
+        ("list", 404, KubeNotFound),
+        ("list", 409, KubeConflict),
+        ("list", 410, KubeGone),
+        ("list", 500, KubeUnavailable),
+        ("list", 503, KubeUnavailable),
+        ("list", 429, KubeUnavailable),
+        ("watch", 410, KubeGone),
+        ("watch", 500, KubeUnavailable),
+    ],
+)
+def test_http_errors_become_kube_errors_without_hidden_retries(
+    kubeapi: FakeKubeApi, kube: KubeClient, verb: str, status: int, error: type[KubeError]
+) -> None:
+    kubeapi.fail(verb, "resourceslices", status, times=1)
+    with pytest.raises(error) as info:
+        if verb == "list":
+            kube.list_slices(driver_name=DRIVER, node_name="node1")
+        else:
+            kube.watch_slices(driver_name=DRIVER, node_name="node1", resource_version="1")
+    assert info.value.status == status
+    assert sum(1 for r in kubeapi.requests if r.verb == verb) == 1
+
+
+def test_a_stopped_server_is_unavailable(tmp_path: Path) -> None:
+    api = FakeKubeApi().start()
+    kube = client(api, tmp_path)
+    _ = kube.resource_api_version
+    api.stop()
+    began = time.monotonic()
+    with pytest.raises(KubeUnavailable, match="unreachable"):
+        kube.get_node("node1")
+    assert time.monotonic() - began < 2
+
+
+def test_a_rejected_token_is_reported_as_unauthorized(tmp_path: Path) -> None:
+    api = FakeKubeApi(token="right").start()
+    try:
+        kube = KubeClient.from_config(
+            kubeconfig=api.write_kubeconfig(tmp_path / "kc", token="wrong")
+        )
+        with pytest.raises(KubeError, match="unauthorized") as info:
+            kube.get_node("node1")
+        assert info.value.status == 401
+    finally:
+        api.stop()
+
+
+# --- other objects -------------------------------------------------------------------------------
+
+
+def test_get_node_returns_the_node_and_raises_not_found(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    node = kubeapi.add_node("node1")
+    assert kube.get_node("node1")["metadata"]["uid"] == node["metadata"]["uid"]
+    with pytest.raises(KubeNotFound, match='nodes "node9" not found'):
+        kube.get_node("node9")
+
+
+def claim(namespace: str = "ns1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "claim-a", "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}},
+                    {
+                        "name": "any",
+                        "firstAvailable": [{"name": "big", "deviceClassName": "gpu.nvidia.com"}],
+                    },
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpus", "driver": DRIVER, "pool": "node1", "device": "gpu-0"}
+                    ]
+                }
+            }
+        },
+    }
+
+
+@pytest.mark.parametrize("served", [("v1",), ("v1beta2",), ("v1beta1",)])
+def test_claims_are_returned_in_v1_shape_from_every_version(
+    tmp_path: Path, served: tuple[str, ...]
+) -> None:
+    api = FakeKubeApi(versions=served).start()
+    try:
+        stored = api.add_claim(claim())
+        got = client(api, tmp_path).get_resource_claim(namespace="ns1", name="claim-a")
+        assert got is not None
+        assert got["apiVersion"] == "resource.k8s.io/v1"
+        assert got["spec"] == stored["spec"]
+        assert got["status"] == stored["status"]
+        assert got["metadata"]["uid"] == stored["metadata"]["uid"]
+    finally:
+        api.stop()
+
+
+def test_a_missing_claim_is_none(kubeapi: FakeKubeApi, kube: KubeClient) -> None:
+    kubeapi.add_claim(claim("other"))
+    assert kube.get_resource_claim(namespace="ns1", name="claim-a") is None
+    assert ("get", "resourceclaims", "ns1", "claim-a") in kubeapi.requests
+
+
+def test_events_are_recorded_on_the_node(kubeapi: FakeKubeApi, kube: KubeClient) -> None:
+    node = kubeapi.add_node("node1")
+    kube.create_event(
+        node_name="node1",
+        node_uid=node["metadata"]["uid"],
+        reason="CheckpointDamaged",
+        message="checkpoint set aside",
+    )
+    (event,) = kubeapi.objects("events")
+    assert event["metadata"]["namespace"] == "default"
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "node1",
+        "uid": node["metadata"]["uid"],
+    }
+    assert (event["reason"], event["type"]) == ("CheckpointDamaged", "Warning")
+
+
+def test_every_request_the_client_makes_is_listed_in_api_permissions(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    node = kubeapi.add_node("node1")
+    kubeapi.add_claim(claim())
+    kube.get_node("node1")
+    kube.get_resource_claim(namespace="ns1", name="claim-a")
+    kube.create_event(node_name="node1", node_uid=node["metadata"]["uid"], reason="R", message="m")
+    stored = kube.create_slice(slice_body())
+    stored = kube.update_slice(stored)
+    listed = kube.list_slices(driver_name=DRIVER, node_name="node1")
+    with kube.watch_slices(
+        driver_name=DRIVER, node_name="node1", resource_version=listed.resource_version, timeout_s=1
+    ) as stream:
+        list(stream)
+    meta = stored["metadata"]
+    kube.delete_slice(name=meta["name"], uid=meta["uid"], resource_version=meta["resourceVersion"])
+    assert kubeapi.permissions_used() == set(API_PERMISSIONS)
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+def test_kubeconfig_comes_from_the_environment(
+    kubeapi: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(kubeapi.kubeconfig_path))
+    kubeapi.add_node("node1")
+    assert KubeClient.from_config().get_node("node1")["metadata"]["name"] == "node1"
+
+
+def test_a_missing_kubeconfig_names_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--kubeconfig \(KUBECONFIG\).*nope"):
+        KubeClient.from_config(kubeconfig=tmp_path / "nope")
+
+
+def test_without_kubeconfig_outside_a_pod_the_error_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="not running in a Pod"):
+        KubeClient.from_config()

@@ -1,0 +1,373 @@
+"""prepare.Preparer on simulated GPUs, a fake driver root and real files (CDI dir, checkpoint).
+
+Claims come from an in-memory ClaimSource here, to test the decisions alone; tests/test_plugin_*
+drive the same code through gRPC and the real Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dra_driver import cdi
+from dra_driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, Checkpoint, ClaimLocks
+from dra_driver.errors import ConfigDecodeError, PrepareError
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
+from tests.fakedriver import make_fake_driver, simulated_inventory
+
+VENDOR = "k8s.gpu.nvidia.com"
+SPEC = "h100:4,a100-40gb:1:mig=3g.20gb+2g.10gb"
+MIG_3G = "gpu-4-mig-3g20gb-9-0"
+
+
+@dataclass
+class Env:
+    preparer: Preparer
+    store: ClaimStore
+    specs: cdi.CdiSpecDir
+    checkpoint: Checkpoint
+    tmp: Path
+
+    def ref(self, claim: dict[str, object]) -> ClaimRef:
+        meta = claim["metadata"]
+        assert isinstance(meta, dict)
+        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def build_env(tmp: Path, store: ClaimStore | None = None) -> Env:
+    inventory = simulated_inventory(SPEC, node_name="node1")
+    if not (tmp / "driver-root").exists():
+        make_fake_driver(tmp)
+        (tmp / "boot_id").write_text("boot-1\n")
+    fake_root = tmp / "driver-root"
+    files = cdi.find_driver_files(
+        driver_root=fake_root, driver_version=inventory.gpus[0].driver_version,
+        proc_root=tmp / "proc",
+    )  # fmt: skip
+    specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
+    specs.ensure()
+    checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
+    checkpoint.open()
+    locks = ClaimLocks(tmp / "plugin/claims.lock")
+    locks.open()
+    store = store or ClaimStore()
+    preparer = Preparer(
+        driver_name="gpu.nvidia.com",
+        node_name="node1",
+        cdi_vendor=VENDOR,
+        targets=device_targets(inventory),
+        files=files,
+        specs=specs,
+        checkpoint=checkpoint,
+        locks=locks,
+        claims=store,
+    )
+    return Env(preparer, store, specs, checkpoint, tmp)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = build_env(tmp_path)
+    yield e
+    e.preparer.close()
+
+
+def test_prepare_answers_one_device_per_result_with_cdi_ids(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1", devices=["gpu-0", ("big/fast", "gpu-1")]))
+    uid = claim["metadata"]["uid"]
+    devices = env.preparer.prepare(env.ref(claim))
+    assert [(d.request_names, d.pool, d.device, d.cdi_device_ids) for d in devices] == [
+        (("gpus",), "node1", "gpu-0", (f"{VENDOR}/claim={uid}-gpu-0",)),
+        (("big",), "node1", "gpu-1", (f"{VENDOR}/claim={uid}-gpu-1",)),
+    ]
+    spec = json.loads(env.specs.path_for(uid).read_bytes())
+    assert spec["kind"] == f"{VENDOR}/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-0", f"{uid}-gpu-1"]
+    record = env.checkpoint.get(uid)
+    assert record is not None and record.phase == PREPARE_COMPLETED
+    assert record.devices[0].config == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+
+
+def test_prepare_twice_returns_the_same_devices_without_side_effects(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1"))
+    first = env.preparer.prepare(env.ref(claim))
+    path = env.specs.path_for(claim["metadata"]["uid"])
+    mtime = path.stat().st_mtime_ns
+    gets = env.store.gets
+    assert env.preparer.prepare(env.ref(claim)) == first
+    assert path.stat().st_mtime_ns == mtime
+    assert env.store.gets == gets  # not even the API is asked again
+
+
+def test_results_of_other_drivers_are_ignored(env: Env) -> None:
+    claim = env.store.add(
+        allocated_claim(
+            name="c1",
+            extra_results=[{"request": "nic", "driver": "net.example.com", "pool": "node1", "device": "eth3"}],
+        )
+    )
+    assert [d.device for d in env.preparer.prepare(env.ref(claim))] == ["gpu-0"]
+
+
+def test_share_id_is_echoed(env: Env) -> None:
+    claim = allocated_claim(name="c1")
+    share = new_uid()
+    claim["status"]["allocation"]["devices"]["results"][0]["shareID"] = share
+    env.store.add(claim)
+    assert env.preparer.prepare(env.ref(claim))[0].share_id == share
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda c: c["metadata"].update(uid=new_uid()), "has UID"),
+        (lambda c: c["status"].pop("allocation"), "is not allocated"),
+        (
+            lambda c: c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0].update(values=["node2"]),
+            "allocated on node node2",
+        ),
+        (lambda c: c["status"]["allocation"]["devices"]["results"][0].update(device="gpu-99"), "node1/gpu-99, which this node does not have"),
+        (lambda c: c["status"]["allocation"]["devices"]["results"][0].update(pool="node2"), "node2/gpu-0"),
+    ],
+)
+def test_prepare_refuses_claims_that_do_not_fit(env: Env, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    claim = allocated_claim(name="c1")
+    ref = env.ref(claim)
+    mutate(claim)
+    env.store.add(claim)
+    with pytest.raises(PrepareError, match=message):
+        env.preparer.prepare(ref)
+    assert env.specs.claim_uids() == set()
+    assert env.checkpoint.snapshot() == {}
+
+
+def test_prepare_of_a_missing_claim_is_an_error(env: Env) -> None:
+    with pytest.raises(PrepareError, match="does not exist"):
+        env.preparer.prepare(ClaimRef("default", "gone", new_uid()))
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        (ClaimRef("default", "c1", "../../etc/x"), "not a lowercase UUID"),
+        (ClaimRef("default", "c1", "ABCDEF00-0000-0000-0000-000000000000"), "not a lowercase UUID"),
+        (ClaimRef("Bad_NS", "c1", "0f0f0f0f-0000-0000-0000-000000000000"), "namespace"),
+        (ClaimRef("default", "a/../b", "0f0f0f0f-0000-0000-0000-000000000000"), "claim name"),
+    ],
+)
+def test_bad_claim_references_never_reach_a_path_or_the_api(env: Env, ref: ClaimRef, message: str) -> None:
+    with pytest.raises(PrepareError, match=message):
+        env.preparer.prepare(ref)
+    assert env.store.gets == 0
+    assert list((env.tmp / "cdi").iterdir()) == []
+
+
+def test_class_configs_apply_before_claim_configs_and_the_last_wins(env: Env) -> None:
+    ts = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+          "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}  # fmt: skip
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    claim = env.store.add(
+        allocated_claim(
+            name="c1",
+            configs=[
+                opaque(mps, source="FromClaim", requests=["gpus"]),  # claim config listed first
+                opaque(ts, source="FromClass", requests=["gpus"]),
+                opaque({"anything": 1}, driver="other.example.com"),  # other drivers: ignored
+            ],
+        )
+    )
+    (device,) = env.preparer.prepare(env.ref(claim))
+    assert device.config["sharing"] == {"strategy": "MPS"}
+
+
+def test_a_config_for_another_request_does_not_apply(env: Env) -> None:
+    ts = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    claim = env.store.add(
+        allocated_claim(name="c1", devices=[("a/sub", "gpu-0"), ("b", "gpu-1")], configs=[opaque(ts, requests=["a"])])
+    )
+    a, b = env.preparer.prepare(env.ref(claim))
+    assert a.config["sharing"] == {"strategy": "TimeSlicing"}
+    assert "sharing" not in b.config
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "TpuConfig"}, "kind 'TpuConfig' is unknown"),
+        ({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "shareing": {}}, "shareing: Extra inputs"),
+        ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "apiVersion"),
+        (
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+             "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}},
+            "not a valid quantity",
+        ),
+    ],
+)  # fmt: skip
+def test_invalid_opaque_configs_are_a_clear_claim_error(env: Env, parameters: dict[str, object], message: str) -> None:
+    claim = env.store.add(allocated_claim(name="c1", configs=[opaque(parameters)]))
+    with pytest.raises(ConfigDecodeError, match=message):
+        env.preparer.prepare(env.ref(claim))
+    assert env.specs.claim_uids() == set()
+
+
+def test_gpu_config_on_a_mig_device_is_refused(env: Env) -> None:
+    gpu_config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    claim = env.store.add(allocated_claim(name="c1", devices=[MIG_3G], configs=[opaque(gpu_config)]))
+    with pytest.raises(ConfigDecodeError, match="mig device: GpuConfig does not apply"):
+        env.preparer.prepare(env.ref(claim))
+
+
+def test_mig_device_gets_its_capability_nodes(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1", devices=[MIG_3G]))
+    (device,) = env.preparer.prepare(env.ref(claim))
+    spec = json.loads(env.specs.path_for(claim["metadata"]["uid"]).read_bytes())
+    paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    # gpu4, GPU instance 2 of the simulated layout: the kernel table's minors for it
+    assert paths == ["/dev/nvidia4", "/dev/nvidia-caps/nvidia-cap561", "/dev/nvidia-caps/nvidia-cap562"]
+    assert device.config == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}
+
+
+def test_a_device_held_by_another_claim_is_refused(env: Env) -> None:
+    first = env.store.add(allocated_claim(name="c1", devices=["gpu-2"]))
+    second = env.store.add(allocated_claim(name="c2", devices=["gpu-2"]))
+    env.preparer.prepare(env.ref(first))
+    with pytest.raises(PrepareError, match=r"gpu-2 is already prepared for claim default/c1"):
+        env.preparer.prepare(env.ref(second))
+    assert env.specs.claim_uids() == {first["metadata"]["uid"]}
+
+
+def test_admin_access_may_share_a_prepared_device(env: Env) -> None:
+    first = env.store.add(allocated_claim(name="c1", devices=["gpu-2"]))
+    admin = allocated_claim(name="admin", devices=["gpu-2"])
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    env.store.add(admin)
+    env.preparer.prepare(env.ref(first))
+    assert [d.device for d in env.preparer.prepare(env.ref(admin))] == ["gpu-2"]
+
+
+def test_unprepare_removes_spec_and_record_and_frees_the_device(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1", devices=["gpu-3"]))
+    env.preparer.prepare(env.ref(claim))
+    env.preparer.unprepare(env.ref(claim))
+    assert env.specs.claim_uids() == set()
+    assert env.checkpoint.snapshot() == {}
+    other = env.store.add(allocated_claim(name="c2", devices=["gpu-3"]))
+    env.preparer.prepare(env.ref(other))
+
+
+def test_unprepare_of_unknown_or_deleted_claims_succeeds(env: Env) -> None:
+    env.preparer.unprepare(ClaimRef("default", "never", new_uid()))
+    claim = env.store.add(allocated_claim(name="c1"))
+    env.preparer.prepare(env.ref(claim))
+    env.store.delete(claim)
+    env.preparer.unprepare(env.ref(claim))
+    env.preparer.unprepare(env.ref(claim))
+    assert env.specs.claim_uids() == set()
+
+
+def test_one_bad_claim_never_fails_the_others_in_a_batch(env: Env) -> None:
+    good = [env.store.add(allocated_claim(name=f"g{i}", devices=[f"gpu-{i}"])) for i in range(3)]
+    bad = env.store.add(allocated_claim(name="bad", devices=["gpu-77"]))
+    outcomes = env.preparer.prepare_batch([env.ref(c) for c in [*good, bad]])
+    assert {uid: bool(o.error) for uid, o in outcomes.items()} == {
+        **{c["metadata"]["uid"]: False for c in good},
+        bad["metadata"]["uid"]: True,
+    }
+
+
+def test_empty_batch_gives_an_empty_answer(env: Env) -> None:
+    assert env.preparer.prepare_batch([]) == {}
+    assert env.preparer.unprepare_batch([]) == {}
+
+
+def test_concurrent_prepares_of_the_same_claim_prepare_it_once(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1"))
+    results = []
+
+    def run() -> None:
+        results.append(env.preparer.prepare(env.ref(claim)))
+
+    threads = [threading.Thread(target=run) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 16 and all(r == results[0] for r in results)
+    assert env.store.gets == 1
+
+
+def test_reconcile_rolls_back_half_done_prepares_and_removes_orphaned_specs(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1"))
+    env.preparer.prepare(env.ref(claim))
+    uid = claim["metadata"]["uid"]
+    record = env.checkpoint.get(uid)
+    assert record is not None
+    env.checkpoint.transact(lambda claims: claims.__setitem__(uid, record.__class__(**{**record.__dict__, "phase": PREPARE_STARTED})))
+    orphan = new_uid()
+    env.specs.write(orphan, b'{"cdiVersion":"0.5.0"}')
+    unrelated = env.tmp / "cdi" / "other-vendor.json"
+    unrelated.write_text("{}")
+    done = env.preparer.reconcile()
+    assert done["rolled_back"] == 1 and done["orphan_specs_removed"] == 1
+    assert env.specs.claim_uids() == set()
+    assert env.checkpoint.snapshot() == {}
+    assert unrelated.exists()  # never touch files that are not ours
+    # and the claim prepares again with the same answer
+    assert env.preparer.prepare(env.ref(claim))[0].device == "gpu-0"
+
+
+def test_reconcile_unprepares_claims_deleted_or_replaced_in_the_api(env: Env) -> None:
+    deleted = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
+    replaced = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
+    kept = env.store.add(allocated_claim(name="c3", devices=["gpu-2"]))
+    for c in (deleted, replaced, kept):
+        env.preparer.prepare(env.ref(c))
+    env.store.delete(deleted)
+    env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))  # same name, new UID
+    assert env.preparer.reconcile()["unprepared_gone"] == 2
+    assert env.specs.claim_uids() == {kept["metadata"]["uid"]}
+
+
+def test_after_a_reboot_nothing_counts_as_prepared(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1"))
+    env.preparer.prepare(env.ref(claim))
+    env.preparer.close()
+    env.checkpoint.close()
+    (env.tmp / "boot_id").write_text("boot-2\n")
+    again = build_env(env.tmp, env.store)
+    try:
+        assert again.checkpoint.snapshot() == {}
+        again.preparer.reconcile()
+        assert again.specs.claim_uids() == set()
+    finally:
+        again.preparer.close()
+
+
+def test_damaged_checkpoint_is_rebuilt_from_the_cdi_specs(env: Env) -> None:
+    a = env.store.add(allocated_claim(name="a", devices=["gpu-0"]))
+    b = env.store.add(allocated_claim(name="b", devices=["gpu-1"]))
+    first_a = env.preparer.prepare(env.ref(a))
+    env.preparer.prepare(env.ref(b))
+    env.preparer.close()
+    env.checkpoint.close()
+    path = env.tmp / "plugin/checkpoint.json"
+    path.write_bytes(path.read_bytes()[:-40])  # truncated
+    again = build_env(env.tmp, env.store)
+    try:
+        assert again.checkpoint.snapshot() == {}
+        assert again.preparer.rebuild_from_specs() == 2
+        assert list((env.tmp / "plugin").glob("checkpoint.json.corrupt-*"))
+        # the rebuilt claims still hold their devices ...
+        thief = again.store.add(allocated_claim(name="thief", devices=["gpu-0"]))
+        with pytest.raises(PrepareError, match="gpu-0 is already prepared"):
+            again.preparer.prepare(again.ref(thief))
+        # ... and prepare again with the same answer
+        assert again.preparer.prepare(again.ref(a)) == first_a
+    finally:
+        again.preparer.close()
