@@ -33,7 +33,7 @@ class Discovery:
     """One way to ask the node for its GPUs, repeatable: real NVML or a simulated node."""
 
     def __init__(self, config: Config, stack: ExitStack) -> None:
-        self._driver_root = config.nvidia_driver_root
+        self._driver_root = config.driver_root_in_container
         self._sysfs_root = nvml.DEFAULT_SYSFS_ROOT
         if config.simulate:
             from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
@@ -97,6 +97,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     node_uid=str(node.get("metadata", {}).get("uid", "")),
                     reason=reason,
                     message=message,
+                    namespace=config.pod_namespace,
                 )
             except KubeError as exc:
                 logger.warning("could not post an Event on the Node", extra={"reason": str(exc)})

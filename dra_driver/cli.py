@@ -25,7 +25,7 @@ from dra_driver.config import (
     DEFAULT_REGISTRAR_DIR,
     Config,
 )
-from dra_driver.errors import ConfigError, DraError
+from dra_driver.errors import ConfigError, DraError, SimulationSpecError
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,14 @@ FLAGS: tuple[Flag, ...] = (
         DEFAULT_DRIVER_ROOT,
     ),
     Flag(
+        "--container-driver-root",
+        "CONTAINER_DRIVER_ROOT",
+        "container_driver_root",
+        "where the driver root is mounted inside this container (default: same as "
+        "--nvidia-driver-root); CDI specs still name host paths",
+        Path,
+    ),
+    Flag(
         "--kubelet-registrar-directory-path",
         "KUBELET_REGISTRAR_DIRECTORY_PATH",
         "kubelet_registrar_directory_path",
@@ -98,6 +106,14 @@ FLAGS: tuple[Flag, ...] = (
         Path,
     ),
     Flag("--pod-uid", "POD_UID", "pod_uid", "this pod's UID: enables rolling-update socket names"),
+    Flag(
+        "--pod-namespace",
+        "POD_NAMESPACE",
+        "pod_namespace",
+        "this pod's namespace: where Events about the node are recorded",
+        str,
+        "default",
+    ),
     Flag(
         "--healthcheck-port",
         "HEALTHCHECK_PORT",
@@ -162,6 +178,14 @@ def build_config(
             values[flag.field] = flag.convert(raw)
         except ValueError as exc:
             raise ConfigError(label, f"{raw!r} is not valid: {exc}") from exc
+    if values.get("simulate"):
+        # Parse now so a bad spec fails at start with the flag's name, not deep in discovery.
+        from dra_driver.gpus.simulated import parse_spec  # noqa: PLC0415
+
+        try:
+            parse_spec(values["simulate"])
+        except SimulationSpecError as exc:
+            raise ConfigError("--simulate (SIMULATE)", str(exc)) from exc
     return Config(**values)
 
 

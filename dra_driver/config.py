@@ -43,12 +43,17 @@ class Config:
     node_name: str
     driver_name: str = DEFAULT_DRIVER_NAME
     nvidia_driver_root: Path = DEFAULT_DRIVER_ROOT
+    # Where this process sees the driver root (the chart mounts the host's driver root at
+    # /driver-root, because a host's / cannot be mounted over the container's /). CDI specs
+    # name host paths (nvidia_driver_root); discovery and file scans read container paths.
+    container_driver_root: Path | None = None
     kubelet_registrar_directory_path: Path = DEFAULT_REGISTRAR_DIR
     kubelet_plugins_directory_path: Path = DEFAULT_PLUGINS_DIR
     cdi_root: Path = DEFAULT_CDI_ROOT
     simulate: str | None = None
     kubeconfig: Path | None = None
     pod_uid: str | None = None
+    pod_namespace: str = "default"
     healthcheck_port: int = 51515
     metrics_port: int = 0
     log_format: str = "json"
@@ -69,9 +74,11 @@ class Config:
                 self.kubelet_plugins_directory_path,
             ),
             ("--cdi-root (CDI_ROOT)", self.cdi_root),
+            ("--container-driver-root (CONTAINER_DRIVER_ROOT)", self.driver_root_in_container),
         ):
             if not path.is_absolute():
                 raise ConfigError(flag, f"{str(path)!r} must be an absolute path")
+        validate_dns_subdomain("--pod-namespace (POD_NAMESPACE)", self.pod_namespace, max_len=63)
         if self.pod_uid is not None and not _UUID.match(self.pod_uid):
             raise ConfigError("--pod-uid (POD_UID)", f"{self.pod_uid!r} is not a lowercase UUID")
         for flag, port in (
@@ -86,6 +93,11 @@ class Config:
             raise ConfigError(
                 "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
             )
+
+    @property
+    def driver_root_in_container(self) -> Path:
+        """The driver root as this process sees it (defaults to the host path)."""
+        return self.container_driver_root or self.nvidia_driver_root
 
     @property
     def plugin_data_dir(self) -> Path:

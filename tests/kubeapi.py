@@ -141,7 +141,7 @@ class FakeKubeApi:
         with self._cond:
             self._closing = False
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="kubeapi", daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="kubeapi", daemon=True)
         self._thread.start()
         return self
 

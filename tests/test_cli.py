@@ -19,6 +19,8 @@ def test_environment_variables_fill_in_for_flags() -> None:
             "NODE_NAME": "gpu-node-1",
             "DRIVER_NAME": "gpu.example.com",
             "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+            "CONTAINER_DRIVER_ROOT": "/driver-root",
+            "POD_NAMESPACE": "gpu-dra",
             "KUBELET_REGISTRAR_DIRECTORY_PATH": "/k/registry",
             "KUBELET_PLUGINS_DIRECTORY_PATH": "/k/plugins",
             "CDI_ROOT": "/etc/cdi",
@@ -29,6 +31,8 @@ def test_environment_variables_fill_in_for_flags() -> None:
     assert config.node_name == "gpu-node-1"
     assert config.driver_name == "gpu.example.com"
     assert config.nvidia_driver_root == Path("/run/nvidia/driver")
+    assert config.driver_root_in_container == Path("/driver-root")
+    assert config.pod_namespace == "gpu-dra"
     assert config.plugin_data_dir == Path("/k/plugins/gpu.example.com")
     assert config.checkpoint_path == Path("/k/plugins/gpu.example.com/checkpoint.json")
     assert config.cdi_root == Path("/etc/cdi")
@@ -48,6 +52,7 @@ def test_defaults_are_the_nvidia_compatible_paths() -> None:
     assert config.kubelet_registrar_directory_path == Path("/var/lib/kubelet/plugins_registry")
     assert config.plugin_data_dir == Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
     assert config.cdi_root == Path("/var/run/cdi")
+    assert config.driver_root_in_container == Path("/")
 
 
 def test_every_flag_has_a_distinct_environment_twin() -> None:
@@ -70,6 +75,8 @@ def test_every_flag_has_a_distinct_environment_twin() -> None:
         (["--node-name", "n1", "--pod-uid", "../x"], {}, r"--pod-uid \(POD_UID\)"),
         (["--node-name", "n1", "--log-format", "xml"], {}, r"--log-format"),
         (["--node-name", "n1", "--rediscover-interval", "0"], {}, r"--rediscover-interval"),
+        (["--node-name", "n1", "--simulate", "h100:two"], {}, r"--simulate \(SIMULATE\): .*two"),
+        (["--node-name", "n1"], {"SIMULATE": "b200:1"}, r"--simulate \(SIMULATE\): .*a100-40gb"),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_flag(

@@ -35,7 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # NVML constants (nvml.h); spelled out here so this module stays pure data.
-BRAND_TESLA = 2
 BRAND_NVIDIA = 14
 ARCH_TURING = 6
 ARCH_AMPERE = 7

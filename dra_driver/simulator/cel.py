@@ -1601,7 +1601,9 @@ class _Compiler:
             return self._namespaced_ident(tree, qualified)
         obj = self.visit(obj_tree)
         of = obj.fn
-        t = obj.type
+        outer = obj.type
+        # Selecting on an optional selects on its value and stays optional.
+        t = outer.params[0] if outer.name == "optional_type" and outer.params else outer
         if t == DEVICE:
             if field not in _DEVICE_FIELDS:
                 raise self.fail_at(
@@ -1611,13 +1613,13 @@ class _Compiler:
         elif t.name == "map":
             ftype = t.params[1]
         elif t.name in ("dyn", "optional_type"):
-            ftype = t.params[0] if t.name == "optional_type" and t.params else DYN
+            ftype = DYN
         else:
             raise self.fail_at(
                 self.dot_offset(field_tok, self.source),
                 f"type '{t}' does not support field selection",
             )
-        if optional or t.name == "optional_type":
+        if optional or outer.name == "optional_type":
             return Expr(
                 "opt_select",
                 lambda v: _opt_select(of(v), field),
@@ -1655,7 +1657,8 @@ class _Compiler:
     def index(self, tree: lark.Tree[Any], *, optional: bool) -> Expr:
         obj, key = self.visit(tree.children[0]), self.visit(tree.children[1])
         of, kf = obj.fn, key.fn
-        t = obj.type
+        outer = obj.type
+        t = outer.params[0] if outer.name == "optional_type" and outer.params else outer
         if t.name == "map":
             if not _fits(t.params[0], key.type):
                 raise self.fail(
@@ -1676,7 +1679,7 @@ class _Compiler:
             raise self.fail(
                 tree.meta, f"found no matching overload for '_[_]' applied to '({t}, {key.type})'"
             )
-        if optional or t.name == "optional_type":
+        if optional or outer.name == "optional_type":
             return Expr(
                 "opt_index",
                 lambda v: _opt_index(of(v), kf(v)),

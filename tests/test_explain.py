@@ -1,0 +1,152 @@
+"""``gpu-dra explain``: inputs, outputs, exit codes (docs/explain.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import yaml
+
+from dra_driver.deviceclasses import class_expression, default_device_classes
+from dra_driver.simulator.explain import allocate, main, simulated_slices
+
+SIMULATE = "h100:2,l4:1"
+
+CLAIM = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: two, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.nvidia.com, count: 2}
+"""
+
+BIG = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: big}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel: {expression: "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('100Gi')) >= 0"}
+"""
+
+
+def explain(tmp_path: Path, text: str, *args: str) -> tuple[int, str, str]:
+    path = tmp_path / "claim.yaml"
+    path.write_text(text)
+    out, err = io.StringIO(), io.StringIO()
+    rc = main([str(path), *args], stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_satisfiable_claim_prints_the_allocation_and_exits_0(tmp_path: Path) -> None:
+    rc, out, _ = explain(tmp_path, CLAIM, "--simulate", SIMULATE, "--node", "n1")
+    assert rc == 0
+    assert "satisfiable on node n1" in out
+    assert "gpu-0" in out and "gpu-1" in out
+
+
+def test_unsatisfiable_claim_says_why_and_exits_1(tmp_path: Path) -> None:
+    rc, out, _ = explain(tmp_path, BIG, "--simulate", SIMULATE)
+    assert rc == 1
+    assert "NOT satisfiable" in out
+    assert "memory 81559Mi is less than 100Gi" in out  # the simulated H100 has 81559Mi
+    assert "memory 23034Mi is less than 100Gi" in out  # the L4
+
+
+def test_json_and_yaml_outputs_carry_the_same_result(tmp_path: Path) -> None:
+    rc, out, _ = explain(tmp_path, CLAIM, "--simulate", SIMULATE, "-o", "json")
+    assert rc == 0
+    data = json.loads(out)
+    assert data["satisfiable"] is True
+    results = data["allocation"]["claims"][0]["allocation"]["devices"]["results"]
+    assert [r["device"] for r in results] == ["gpu-0", "gpu-1"]
+    rc, out, _ = explain(tmp_path, BIG, "--simulate", SIMULATE, "-o", "yaml")
+    assert rc == 1
+    data = yaml.safe_load(out)
+    devices = data["nodes"][0]["requests"][0]["devices"]
+    assert all(not d["usable"] and d["reasons"] for d in devices)
+
+
+def test_bad_yaml_is_an_input_error_with_file_and_position(tmp_path: Path) -> None:
+    rc, _, err = explain(tmp_path, "spec: [\n", "--simulate", SIMULATE)
+    assert rc == 2
+    assert "claim.yaml:2:1: invalid YAML" in err
+
+
+def test_unknown_class_is_an_input_error(tmp_path: Path) -> None:
+    rc, _, err = explain(tmp_path, CLAIM.replace("gpu.nvidia.com", "nope"), "--simulate", SIMULATE)
+    assert rc == 2
+    assert "device class 'nope' not found" in err
+
+
+def test_invalid_cel_is_an_input_error_with_position(tmp_path: Path) -> None:
+    text = BIG.replace("compareTo(quantity('100Gi')) >= 0", "compareTo(quantity('100Gi')) >=")
+    rc, _, err = explain(tmp_path, text, "--simulate", SIMULATE)
+    assert rc == 2
+    assert "claim.yaml: claim big: request gpus: selectors[0]: CEL compile error: line 1" in err
+    assert "unexpected end of expression" in err
+
+
+def test_pod_with_a_template_generates_its_claim(tmp_path: Path) -> None:
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu}
+spec:
+  spec:
+    devices:
+      requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]
+  containers: [{name: c, image: x}]
+"""
+    rc, out, _ = explain(tmp_path, text, "--simulate", SIMULATE)
+    assert rc == 0
+    assert "trainer-gpu" in out
+
+
+def test_slices_file_and_allocated_claims(tmp_path: Path) -> None:
+    slices = simulated_slices(SIMULATE, node_name="n1")
+    (tmp_path / "slices.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}))
+    allocated = {
+        "metadata": {"name": "busy", "namespace": "default"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": d}
+            for d in ("gpu-0", "gpu-1")]}}},
+    }
+    (tmp_path / "allocated.yaml").write_text(yaml.safe_dump(allocated))
+    rc, out, _ = explain(tmp_path, CLAIM, "--slices", str(tmp_path / "slices.yaml"),
+                         "--allocated", str(tmp_path / "allocated.yaml"))
+    assert rc == 1
+    assert "already allocated to claim default/busy" in out
+    assert "needs 2, 1 of 3 devices usable: gpu-2" in out
+
+
+def test_library_allocate_reports_every_node(tmp_path: Path) -> None:
+    slices = simulated_slices(SIMULATE, node_name="a") + simulated_slices("l4:1", node_name="b")
+    result = allocate(yaml.safe_load(CLAIM), default_device_classes(), slices)
+    assert result.satisfiable
+    assert result.satisfiable_nodes == ("a",)
+    assert result.chosen is not None and result.chosen.node == "a"
+
+
+def test_default_classes_match_nvidia_selectors() -> None:
+    exprs = {c["metadata"]["name"]: c["spec"]["selectors"][0]["cel"]["expression"] for c in default_device_classes()}
+    assert exprs == {
+        "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    }
+    assert class_expression("x.io", "gpu") == "device.driver == 'x.io' && device.attributes['x.io'].type == 'gpu'"

@@ -1,0 +1,205 @@
+"""The DRA CEL environment: device variable, libraries, errors, limits (spec section E)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_driver.errors import CelCompileError, CelRuntimeError
+from dra_driver.simulator.cel import (
+    MAX_EXPRESSION_BYTES,
+    CelQuantity,
+    Semver,
+    compile_selector,
+    device_variable,
+)
+
+DRIVER = "gpu.nvidia.com"
+
+
+def a100() -> dict[str, object]:
+    return device_variable(
+        driver=DRIVER,
+        attributes={
+            "type": "gpu",
+            "productName": "NVIDIA A100-SXM4-40GB",
+            "architecture": "Ampere",
+            "cudaComputeCapability": Semver.parse("8.0.0"),
+            "driverVersion": Semver.parse("550.54.15"),
+            "resource.kubernetes.io/pcieRoot": "pci0000:00",
+        },
+        capacity={"memory": CelQuantity.parse("40Gi")},
+    )
+
+
+def run(expression: str) -> bool:
+    return compile_selector(expression).matches(a100())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'", True),
+        ("device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')", False),
+        ("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0", True),
+        ("device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('40Gi'))", False),
+        ("device.capacity['gpu.nvidia.com'].memory.isLessThan(quantity('80Gi'))", True),
+        ("device.attributes['gpu.nvidia.com'].driverVersion.major() >= 550", True),
+        ("device.attributes['gpu.nvidia.com'].driverVersion.minor() == 54", True),
+        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('7.5.0'))", True),
+        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.compareTo(semver('9.0.0')) == -1", True),
+        ("device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:00'", True),
+        ("has(device.attributes['resource.kubernetes.io'].pciBusID)", False),
+        ("device.allowMultipleAllocations == false", True),
+    ],
+)
+def test_typical_selectors_evaluate_as_the_scheduler_does(expression: str, expected: bool) -> None:
+    assert run(expression) is expected
+
+
+def test_an_unqualified_attribute_belongs_to_the_drivers_domain() -> None:
+    assert run("device.attributes['gpu.nvidia.com'].architecture == 'Ampere'")
+    assert run("'architecture' in device.attributes['gpu.nvidia.com']")
+
+
+def test_an_unknown_domain_reads_as_an_empty_map() -> None:
+    assert run("size(device.attributes['other.example.com']) == 0")
+    assert run("!has(device.attributes['other.example.com'].family)")
+
+
+def test_an_unknown_attribute_is_a_runtime_error_not_false() -> None:
+    with pytest.raises(CelRuntimeError, match="attribute gpu.nvidia.com/profile missing"):
+        run("device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")
+
+
+def test_and_or_absorb_an_error_only_when_the_other_side_decides() -> None:
+    assert run("device.attributes['gpu.nvidia.com'].profile == 'x' || true")
+    assert not run("device.attributes['gpu.nvidia.com'].profile == 'x' && false")
+    assert not run("false && device.attributes['gpu.nvidia.com'].profile == 'x'")
+    with pytest.raises(CelRuntimeError):
+        run("device.attributes['gpu.nvidia.com'].profile == 'x' && true")
+    with pytest.raises(CelRuntimeError):
+        run("false || device.attributes['gpu.nvidia.com'].profile == 'x'")
+
+
+def test_a_type_mismatch_is_a_runtime_error() -> None:
+    with pytest.raises(CelRuntimeError, match="no such overload"):
+        run("device.attributes['gpu.nvidia.com'].productName > 5")
+    # Heterogeneous equality: different types are simply not equal.
+    assert not run("device.attributes['gpu.nvidia.com'].productName == 5")
+
+
+def test_quantities_compare_by_value() -> None:
+    assert run("quantity('1Gi') == quantity('1024Mi')")
+    assert run("quantity('1Gi') != quantity('1G')")
+    assert run("quantity('1.5').isInteger() == false && quantity('3k').asInteger() == 3000")
+    assert run("quantity('500m').asApproximateFloat() == 0.5 && quantity('-1').sign() == -1")
+    assert run("quantity('1Gi').add(quantity('1Gi')) == quantity('2Gi')")
+    assert run("quantity('1Gi').sub(1073741824).sign() == 0 && quantity('1').add(2) == quantity('3')")
+    assert run("isQuantity('40Gi') && !isQuantity('40 GiB')")
+    with pytest.raises(CelRuntimeError, match="quantity"):
+        run("quantity('40 GiB').sign() == 1")
+
+
+def test_semver_library_parses_and_orders_versions() -> None:
+    assert run("semver('1.2.3').major() == 1 && semver('1.2.3').patch() == 3")
+    assert run("semver('1.0.0-rc.1').isLessThan(semver('1.0.0'))")
+    assert run("isSemver('1.2.3') && !isSemver('v1.2') && isSemver('v1.2', true)")
+    assert run("semver('v1.2', true) == semver('1.2.0')")
+    with pytest.raises(CelRuntimeError, match="semver"):
+        run("semver('1.2').major() == 1")
+
+
+def test_string_extensions_work() -> None:
+    assert run("'a,b,c'.split(',') == ['a', 'b', 'c'] && ['a', 'b'].join('-') == 'a-b'")
+    assert run("'NVIDIA'.lowerAscii() == 'nvidia' && 'x'.upperAscii() == 'X'")
+    assert run("' x '.trim() == 'x' && 'hello'.substring(1, 3) == 'el' && 'abc'.charAt(1) == 'b'")
+    assert run("'hello'.indexOf('l') == 2 && 'hello'.lastIndexOf('l') == 3")
+    assert run("'a.b'.replace('.', '-') == 'a-b' && strings.quote('a') == '\"a\"'")
+    assert run("'H100 SXM'.matches('^H1[0-9]+') && 'abc'.find('b.') == 'bc'")
+
+
+def test_optional_access_and_or_value() -> None:
+    assert run("device.attributes['gpu.nvidia.com'].?addressingMode.orValue('none') == 'none'")
+    assert run("device.attributes['gpu.nvidia.com'].?type.orValue('') == 'gpu'")
+    assert run("!device.attributes['gpu.nvidia.com'].?profile.hasValue()")
+    assert run("device.attributes[?'other.com'].?x.orValue(1) == 1")
+    assert run("optional.of(1).value() == 1 && optional.none().orValue(2) == 2")
+    with pytest.raises(CelRuntimeError, match="optional.none"):
+        run("optional.none().value() == 1")
+
+
+def test_cel_bind_and_macros() -> None:
+    assert run(
+        "cel.bind(g, device.attributes['gpu.nvidia.com'], g.type == 'gpu' && g.architecture == 'Ampere')"
+    )
+    assert run("[1, 2, 3].all(x, x > 0) && [1, 2].exists(x, x == 2) && [1, 2].exists_one(x, x > 1)")
+    assert run("[1, 2, 3].map(x, x * 2) == [2, 4, 6] && [1, 2, 3].filter(x, x % 2 == 1) == [1, 3]")
+    assert run("{'a': 1}.all(k, v, v == 1) && [3, 1, 2].sort() == [1, 2, 3] && [1, 2].sum() == 3")
+
+
+def test_macros_are_commutative_for_errors() -> None:
+    assert not run("[0, 1].all(x, 1 / x > 5)")  # 1/0 fails, 1/1 > 5 is false: false wins
+    assert run("[0, 1].exists(x, 1 / x == 1)")
+
+
+def test_integer_arithmetic_checks_overflow_and_division_by_zero() -> None:
+    with pytest.raises(CelRuntimeError, match="overflow"):
+        run("9223372036854775807 + 1 > 0")
+    with pytest.raises(CelRuntimeError, match="division by zero"):
+        run("1 / 0 == 1")
+    assert run("-7 / 2 == -3 && -7 % 2 == -1")
+
+
+@pytest.mark.parametrize(
+    ("expression", "message", "column"),
+    [
+        ("device.foo == 1", "undefined field 'foo'", 7),
+        ("device.driver == 1", "no matching overload for '_==_' applied to '(string, int)'", 15),
+        ("device.driver.startsWith(1)", "no matching overload for 'startsWith'", 14),
+        ("nope(1)", "undeclared reference to 'nope'", 1),
+        ("device.driver == 'x' &&", "unexpected end of expression", 24),
+        ("device.capacity['a'].b > quantity('1')", "no matching overload for '_>_'", 24),
+        ("device.driver", "must evaluate to bool", 1),
+        ("device.driver == 'a' $ 1", "syntax error", 22),
+    ],
+)
+def test_compile_errors_carry_the_position(expression: str, message: str, column: int) -> None:
+    with pytest.raises(CelCompileError) as info:
+        compile_selector(expression)
+    text = str(info.value)
+    assert message in text
+    assert f"line 1, column {column}:" in text
+    assert text.splitlines()[-1].index("^") == len(" | ") + column - 1
+
+
+def test_an_expression_over_10_kib_is_rejected() -> None:
+    filler = " || ".join(["device.driver == 'x'"] * 600)
+    assert len(filler) > MAX_EXPRESSION_BYTES
+    with pytest.raises(CelCompileError, match="more than the limit of 10240"):
+        compile_selector(filler)
+    just_below = "device.driver == '" + "x" * (MAX_EXPRESSION_BYTES - 30) + "'"
+    assert compile_selector(just_below).matches(a100()) is False  # type: ignore[arg-type]
+
+
+def test_compiled_programs_are_cached() -> None:
+    expr = "device.driver == 'gpu.nvidia.com'"
+    assert compile_selector(expr) is compile_selector(expr)
+
+
+def test_why_false_names_the_selector_values() -> None:
+    dev = a100()
+    why = compile_selector(
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    ).why_false(dev)  # type: ignore[arg-type]
+    assert why == ["memory 40Gi is less than 80Gi"]
+    why = compile_selector(
+        "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')"
+    ).why_false(dev)  # type: ignore[arg-type]
+    assert why == ["productName 'NVIDIA A100-SXM4-40GB' does not start with 'NVIDIA H100'"]
+    why = compile_selector("device.attributes['gpu.nvidia.com'].profile == 'x'").why_false(dev)  # type: ignore[arg-type]
+    assert why[0].startswith("attribute gpu.nvidia.com/profile missing")
+    why = compile_selector(
+        "cel.bind(g, device.attributes['gpu.nvidia.com'], g.type == 'gpu' && g.architecture == 'Hopper')"
+    ).why_false(dev)  # type: ignore[arg-type]
+    assert why == ["architecture is 'Ampere', not 'Hopper'"]
+    assert compile_selector("device.driver == 'gpu.nvidia.com'").why_false(dev) == []  # type: ignore[arg-type]
