@@ -1,12 +1,274 @@
-"""``make demo``: the whole node flow on simulated GPUs, no cluster needed.
+"""``make demo``: the whole node flow on simulated GPUs, no GPU and no cluster needed.
 
-(Being written: publishes with the real agent process, allocates a claim with the explain
-allocator, prepares and unprepares it through the real kubelet sockets.)
+1. Starts a local API server (the one the tests use) unless ``KUBECONFIG`` names a cluster.
+2. Runs the real node agent process on a simulated node (``DEMO_SIMULATE``) and shows, as a
+   table, the ResourceSlices the API server stored.
+3. Acts as the kubelet: registers over the registration socket (GetInfo), allocates a claim with
+   the ``gpu-dra explain`` allocator against the stored slices, calls NodePrepareResources over
+   dra.sock and shows the answer and the CDI spec, then NodeUnprepareResources.
+4. Stops the agent with SIGTERM and shows that both sockets are gone.
+
+Against a real cluster (``KUBECONFIG`` set) steps 1-2 publish to that cluster and step 3 only
+explains the allocation: writing a claim's allocation is the scheduler's job there.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from dra_driver import devicetable
+from dra_driver._proto.dra_v1 import api_pb2 as dra_pb2
+from dra_driver._proto.dra_v1 import api_pb2_grpc as dra_grpc
+from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
+from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.deviceclasses import default_device_classes
+from dra_driver.kube import KubeClient
+from dra_driver.simulator import explain
 
 DEMO_NODE = "demo-node"
 # The demo node: four H100 (two per PCIe root), an A100 80GB in MIG mode with pre-created
 # instances, and an L4. Every example in examples/resourceclaims/ must be satisfiable on it.
 DEMO_SIMULATE = "h100:4,a100-80gb:1:mig=3g.40gb+2g.20gb+1g.10gb+1g.10gb,l4:1"
+DRIVER = "gpu.nvidia.com"
+REPO = Path(__file__).resolve().parent.parent
+
+# What a user would write: one GPU with at least 40 GiB of memory.
+DEMO_CLAIM: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "demo-gpu", "namespace": "default"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": "gpu.nvidia.com",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": "device.capacity['gpu.nvidia.com'].memory"
+                                    ".compareTo(quantity('40Gi')) >= 0"
+                                }
+                            }
+                        ],
+                    },
+                }
+            ]
+        }
+    },
+}
+
+T = TypeVar("T")
+
+
+def _step(text: str) -> None:
+    print(f"\n\033[1m==> {text}\033[0m" if sys.stdout.isatty() else f"\n==> {text}", flush=True)
+
+
+def _wait_for(what: str, probe: Callable[[], T | None], *, timeout_s: float = 20.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@contextmanager
+def _local_api_server(workdir: Path) -> Iterator[tuple[Path, Any]]:
+    """The local API server from tests/kubeapi.py with a Node, and a kubeconfig for it."""
+    sys.path.insert(0, str(REPO))
+    from tests.kubeapi import FakeKubeApi  # noqa: PLC0415  (a repo checkout is required)
+
+    api = FakeKubeApi().start()
+    try:
+        api.add_node(DEMO_NODE)
+        yield api.write_kubeconfig(workdir / "kubeconfig"), api
+    finally:
+        api.stop()
+
+
+def _fake_driver_root(workdir: Path) -> Path:
+    """A driver install laid out like a real one, so the CDI spec shows real mounts."""
+    sys.path.insert(0, str(REPO))
+    from tests.fakedriver import make_fake_driver  # noqa: PLC0415
+
+    return make_fake_driver(workdir / "driver").root
+
+
+def main() -> int:
+    real_cluster = bool(os.environ.get("KUBECONFIG"))
+    node = os.environ.get("NODE_NAME", DEMO_NODE) if real_cluster else DEMO_NODE
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-dra-demo-")))
+        if real_cluster:
+            kubeconfig = Path(os.environ["KUBECONFIG"])
+            _step(f"Publishing to the cluster of KUBECONFIG={kubeconfig} as node {node}")
+            fake_api = None
+        else:
+            _step("Starting a local API server (no cluster needed; KUBECONFIG unset)")
+            kubeconfig, fake_api = stack.enter_context(_local_api_server(workdir))
+            print(f"    serving at {fake_api.url}")
+        driver_root = _fake_driver_root(workdir)
+        plugins, registry, cdi_root = workdir / "plugins", workdir / "registry", workdir / "cdi"
+        _step(f"Starting the node agent on simulated GPUs: --simulate {DEMO_SIMULATE}")
+        command = [
+            sys.executable, "-m", "dra_driver",
+            "--node-name", node, "--simulate", DEMO_SIMULATE, "--kubeconfig", str(kubeconfig),
+            "--nvidia-driver-root", str(driver_root),
+            "--kubelet-plugins-directory-path", str(plugins),
+            "--kubelet-registrar-directory-path", str(registry),
+            "--cdi-root", str(cdi_root), "--healthcheck-port", "0", "--log-format", "text",
+        ]  # fmt: skip
+        print("    " + " ".join(command[2:]))
+        log_path = workdir / "agent.log"
+        with log_path.open("w") as log_file:
+            agent = subprocess.Popen(command, stderr=log_file)
+        try:
+            rc = _run(agent, kubeconfig=kubeconfig, node=node, registry=registry,
+                      plugins=plugins, cdi_root=cdi_root, fake_api=fake_api)  # fmt: skip
+        finally:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(timeout=15)
+            _step("Agent log (structured logs, --log-format text)")
+            print(log_path.read_text().rstrip())
+        if agent.returncode not in (0, -signal.SIGTERM):
+            print(f"agent exited with {agent.returncode}", file=sys.stderr)
+            return 1
+        return rc
+    return 0
+
+
+def _run(
+    agent: subprocess.Popen[bytes],
+    *,
+    kubeconfig: Path,
+    node: str,
+    registry: Path,
+    plugins: Path,
+    cdi_root: Path,
+    fake_api: Any,
+) -> int:
+    kube = KubeClient.from_config(kubeconfig=kubeconfig)
+
+    def stored_slices() -> list[dict[str, Any]] | None:
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited with {agent.returncode}; see its log below")
+        items = list(kube.list_slices(driver_name=DRIVER, node_name=node).items)
+        return items or None
+
+    slices = _wait_for("the first ResourceSlice", stored_slices)
+    time.sleep(0.3)  # let a multi-slice pool finish
+    slices = stored_slices() or slices
+    _step(f"ResourceSlices stored by the API server for node {node}")
+    print(devicetable.render(devicetable.device_rows(slices)))
+
+    reg_socket = registry / f"{DRIVER}-reg.sock"
+    dra_socket = plugins / DRIVER / "dra.sock"
+    _wait_for("the registration socket", reg_socket.exists)
+    _step(f"Kubelet: GetInfo over {reg_socket}")
+    with grpc.insecure_channel(f"unix://{reg_socket}") as channel:
+        registration = reg_grpc.RegistrationStub(channel)
+        info = registration.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        print(f"    type={info.type} name={info.name}\n    endpoint={info.endpoint}")
+        print(f"    supported_versions={list(info.supported_versions)}")
+        registration.NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+
+    _step("Scheduler (gpu-dra explain's allocator): one GPU with >= 40Gi of memory")
+    result = explain.allocate(DEMO_CLAIM, default_device_classes(DRIVER), slices, node=node)
+    if result.chosen is None:
+        print("    not satisfiable on this node")
+        return 1
+    allocation = explain.result_json(result)["allocation"]["claims"][0]["allocation"]
+    for r in allocation["devices"]["results"]:
+        print(f"    request {r['request']} -> {r['driver']}/{r['pool']}/{r['device']}")
+    if fake_api is None:
+        print("    (real cluster: the scheduler allocates claims there; stopping here)")
+        return 0
+
+    claim = json.loads(json.dumps(DEMO_CLAIM))
+    claim["metadata"]["uid"] = str(uuid.uuid4())
+    claim["status"] = {
+        "allocation": {
+            **allocation,
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": "demo-pod", "uid": str(uuid.uuid4())}],
+    }
+    fake_api.add_claim(claim)  # the scheduler's write, done by hand here
+    request = dra_pb2.Claim(namespace="default", name="demo-gpu", uid=claim["metadata"]["uid"])
+    _step(f"Kubelet: NodePrepareResources over {dra_socket}")
+    with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+        dra = dra_grpc.DRAPluginStub(channel)
+        started = time.perf_counter()
+        answer = dra.NodePrepareResources(
+            dra_pb2.NodePrepareResourcesRequest(claims=[request]), timeout=45
+        )
+        took_ms = (time.perf_counter() - started) * 1000
+        for uid, entry in answer.claims.items():
+            print(f"    claim {uid}: error={entry.error!r} ({took_ms:.1f} ms)")
+            for d in entry.devices:
+                print(
+                    f"      device {d.pool_name}/{d.device_name} requests={list(d.request_names)}"
+                )
+                print(f"        cdi_device_ids={list(d.cdi_device_ids)}")
+        specs = sorted(cdi_root.glob("*.json"))
+        for spec in specs:
+            _step(f"CDI spec written for the container runtime: {spec}")
+            print(_readable_json(json.loads(spec.read_text())))
+        _step("Kubelet: NodeUnprepareResources")
+        undone = dra.NodeUnprepareResources(
+            dra_pb2.NodeUnprepareResourcesRequest(claims=[request]), timeout=45
+        )
+        print(f"    claim {request.uid}: error={undone.claims[request.uid].error!r}")
+        print(f"    CDI specs left: {[p.name for p in cdi_root.glob('*.json')]}")
+
+    _step("Stopping the agent with SIGTERM")
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(timeout=15)
+    print(f"    exit code {agent.returncode}; registration socket exists: {reg_socket.exists()}, "
+          f"DRA socket exists: {dra_socket.exists()}")  # fmt: skip
+    return 0 if not answer.claims[request.uid].error else 1
+
+
+def _readable_json(value: Any, indent: str = "") -> str:
+    """JSON with one line per list entry: long CDI specs stay scannable."""
+    nested = (dict, list)
+    if isinstance(value, dict) and any(
+        isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, nested) for x in v))
+        for v in value.values()
+    ):
+        inner = indent + "  "
+        items = [f"{inner}{json.dumps(k)}: {_readable_json(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    if isinstance(value, list) and value and any(isinstance(v, (dict, list)) for v in value):
+        inner = indent + "  "
+        items = [f"{inner}{_readable_json(v, inner)}" for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{indent}]"
+    return json.dumps(value)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

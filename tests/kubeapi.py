@@ -264,6 +264,15 @@ class FakeKubeApi:
             if node_name is None or s["spec"].get("nodeName") == node_name
         ]
 
+    def count_slice_devices(self, *, node_name: str) -> int:
+        """How many devices the node's stored slices hold (cheap: no copies, for polling)."""
+        with self._cond:
+            return sum(
+                len(o["spec"].get("devices") or ())
+                for (r, _, _), o in self._state.objects.items()
+                if r == "resourceslices" and o["spec"].get("nodeName") == node_name
+            )
+
     def delete_slices(self, *, node_name: str) -> int:
         """Delete every slice of a node, as the kubelet does at start-up (spec C.6)."""
         with self._cond:

@@ -35,7 +35,8 @@ spec:
       exactly:
         deviceClassName: gpu.nvidia.com
         selectors:
-        - cel: {expression: "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('100Gi')) >= 0"}
+        - cel: {expression: "device.capacity['gpu.nvidia.com'].memory
+                 .compareTo(quantity('100Gi')) >= 0"}
 """
 
 
@@ -120,16 +121,31 @@ spec:
 
 def test_slices_file_and_allocated_claims(tmp_path: Path) -> None:
     slices = simulated_slices(SIMULATE, node_name="n1")
-    (tmp_path / "slices.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}))
+    (tmp_path / "slices.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices})
+    )
     allocated = {
         "metadata": {"name": "busy", "namespace": "default"},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": d}
-            for d in ("gpu-0", "gpu-1")]}}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": d}
+                        for d in ("gpu-0", "gpu-1")
+                    ]
+                }
+            }
+        },
     }
     (tmp_path / "allocated.yaml").write_text(yaml.safe_dump(allocated))
-    rc, out, _ = explain(tmp_path, CLAIM, "--slices", str(tmp_path / "slices.yaml"),
-                         "--allocated", str(tmp_path / "allocated.yaml"))
+    rc, out, _ = explain(
+        tmp_path,
+        CLAIM,
+        "--slices",
+        str(tmp_path / "slices.yaml"),
+        "--allocated",
+        str(tmp_path / "allocated.yaml"),
+    )
     assert rc == 1
     assert "already allocated to claim default/busy" in out
     assert "needs 2, 1 of 3 devices usable: gpu-2" in out
@@ -144,9 +160,16 @@ def test_library_allocate_reports_every_node(tmp_path: Path) -> None:
 
 
 def test_default_classes_match_nvidia_selectors() -> None:
-    exprs = {c["metadata"]["name"]: c["spec"]["selectors"][0]["cel"]["expression"] for c in default_device_classes()}
-    assert exprs == {
-        "gpu.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
-        "mig.nvidia.com": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    exprs = {
+        c["metadata"]["name"]: c["spec"]["selectors"][0]["cel"]["expression"]
+        for c in default_device_classes()
     }
-    assert class_expression("x.io", "gpu") == "device.driver == 'x.io' && device.attributes['x.io'].type == 'gpu'"
+    nvidia = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type =="
+    assert exprs == {
+        name: f"{nvidia} '{t}'"
+        for name, t in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig"))
+    }
+    assert (
+        class_expression("x.io", "gpu")
+        == "device.driver == 'x.io' && device.attributes['x.io'].type == 'gpu'"
+    )

@@ -23,7 +23,14 @@ NODE = Node("node1")
 CLASSES = {c.name: c for c in (parse_device_class(o) for o in default_device_classes())}
 
 
-def gpu(name: str, *, memory: str = "80Gi", product: str = "NVIDIA H100", root: str = "pci0", **extra: Any) -> dict[str, Any]:
+def gpu(
+    name: str,
+    *,
+    memory: str = "80Gi",
+    product: str = "NVIDIA H100",
+    root: str = "pci0",
+    **extra: Any,
+) -> dict[str, Any]:
     dev: dict[str, Any] = {
         "name": name,
         "attributes": {
@@ -45,14 +52,23 @@ def mig(name: str, *, start: int, size: int, counter_set: str = "gpu-0-cs") -> d
         "consumesCounters": [
             {
                 "counterSet": counter_set,
-                "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(start, start + size)},
+                "counters": {
+                    f"memory-slice-{i}": {"value": "1"} for i in range(start, start + size)
+                },
             }
         ],
     }
 
 
-def slice_(devices: list[dict[str, Any]], *, name: str = "s1", generation: int = 1, count: int = 1,
-           counters: list[dict[str, Any]] | None = None, pool: str = "node1") -> dict[str, Any]:
+def slice_(
+    devices: list[dict[str, Any]],
+    *,
+    name: str = "s1",
+    generation: int = 1,
+    count: int = 1,
+    counters: list[dict[str, Any]] | None = None,
+    pool: str = "node1",
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "driver": DRIVER,
         "nodeName": "node1",
@@ -61,24 +77,45 @@ def slice_(devices: list[dict[str, Any]], *, name: str = "s1", generation: int =
     }
     if counters:
         spec["sharedCounters"] = counters
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
-def claim(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None, name: str = "c") -> dict[str, Any]:
+def claim(
+    *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None, name: str = "c"
+) -> dict[str, Any]:
     devices: dict[str, Any] = {"requests": list(requests)}
     if constraints:
         devices["constraints"] = constraints
-    return {"kind": "ResourceClaim", "metadata": {"name": name, "namespace": "ns"}, "spec": {"devices": devices}}
+    return {
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"devices": devices},
+    }
 
 
-def exactly(name: str = "gpu", *, cls: str = "gpu.nvidia.com", selectors: tuple[str, ...] = (), **fields: Any) -> dict[str, Any]:
+def exactly(
+    name: str = "gpu",
+    *,
+    cls: str = "gpu.nvidia.com",
+    selectors: tuple[str, ...] = (),
+    **fields: Any,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"deviceClassName": cls, **fields}
     if selectors:
         body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
     return {"name": name, "exactly": body}
 
 
-def run(claims: list[dict[str, Any]], slices: list[dict[str, Any]], allocated: list[dict[str, Any]] | None = None) -> AllocationResult:
+def run(
+    claims: list[dict[str, Any]],
+    slices: list[dict[str, Any]],
+    allocated: list[dict[str, Any]] | None = None,
+) -> AllocationResult:
     return allocate(
         [parse_claim(c) for c in claims],
         classes=CLASSES,
@@ -96,11 +133,26 @@ def devices_of(result: AllocationResult) -> list[str]:
 def allocated_claim(*devices: str, share: bool = False) -> dict[str, Any]:
     return {
         "metadata": {"name": "other", "namespace": "ns"},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "r", "driver": DRIVER, "pool": "node1", "device": d,
-             **({"shareID": "1", "consumedCapacity": {"memory": "30Gi"}} if share else {})}
-            for d in devices
-        ]}}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "r",
+                            "driver": DRIVER,
+                            "pool": "node1",
+                            "device": d,
+                            **(
+                                {"shareID": "1", "consumedCapacity": {"memory": "30Gi"}}
+                                if share
+                                else {}
+                            ),
+                        }
+                        for d in devices
+                    ]
+                }
+            }
+        },
     }
 
 
@@ -108,13 +160,27 @@ def test_first_fit_takes_devices_in_slice_order() -> None:
     result = run([claim(exactly(count=2))], [slice_([gpu("gpu-0"), gpu("gpu-1"), gpu("gpu-2")])])
     assert devices_of(result) == ["gpu-0", "gpu-1"]
     assert result.allocations[0].node_selector == {
-        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node1"]}]}]
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node1"]}]}
+        ]
     }
 
 
 def test_class_selector_filters_by_type() -> None:
-    result = run([claim(exactly(cls="mig.nvidia.com"))], [slice_([gpu("gpu-0"), mig("gpu-0-mig-1", start=0, size=1)],
-                 counters=[{"name": "gpu-0-cs", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}])])
+    result = run(
+        [claim(exactly(cls="mig.nvidia.com"))],
+        [
+            slice_(
+                [gpu("gpu-0"), mig("gpu-0-mig-1", start=0, size=1)],
+                counters=[
+                    {
+                        "name": "gpu-0-cs",
+                        "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)},
+                    }
+                ],
+            )
+        ],
+    )
     assert devices_of(result) == ["gpu-0-mig-1"]
 
 
@@ -133,89 +199,163 @@ def test_allocation_mode_all_takes_every_matching_device() -> None:
 
 
 def test_allocation_mode_all_fails_when_one_is_in_use() -> None:
-    result = run([claim(exactly(allocationMode="All"))], [slice_([gpu("gpu-0"), gpu("gpu-1")])],
-                 allocated=[allocated_claim("gpu-1")])
+    result = run(
+        [claim(exactly(allocationMode="All"))],
+        [slice_([gpu("gpu-0"), gpu("gpu-1")])],
+        allocated=[allocated_claim("gpu-1")],
+    )
     assert not result.satisfiable
     reasons = {v.device: v.reasons for v in result.diagnoses[0].verdicts}
     assert reasons["gpu-1"] == ("already allocated to claim ns/other",)
 
 
 def test_devices_allocated_to_other_claims_are_skipped() -> None:
-    result = run([claim(exactly())], [slice_([gpu("gpu-0"), gpu("gpu-1")])], allocated=[allocated_claim("gpu-0")])
+    result = run(
+        [claim(exactly())],
+        [slice_([gpu("gpu-0"), gpu("gpu-1")])],
+        allocated=[allocated_claim("gpu-0")],
+    )
     assert devices_of(result) == ["gpu-1"]
 
 
 def test_admin_access_may_use_allocated_devices() -> None:
-    result = run([claim(exactly(adminAccess=True, allocationMode="All"))], [slice_([gpu("gpu-0")])],
-                 allocated=[allocated_claim("gpu-0")])
+    result = run(
+        [claim(exactly(adminAccess=True, allocationMode="All"))],
+        [slice_([gpu("gpu-0")])],
+        allocated=[allocated_claim("gpu-0")],
+    )
     assert devices_of(result) == ["gpu-0"]
     assert result.allocations[0].results[0].admin_access
 
 
 def test_first_available_tries_sub_requests_in_order() -> None:
-    req = {"name": "gpu", "firstAvailable": [
-        {"name": "h200", "deviceClassName": "gpu.nvidia.com",
-         "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]},
-        {"name": "any", "deviceClassName": "gpu.nvidia.com"},
-    ]}
+    req = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "h200",
+                "deviceClassName": "gpu.nvidia.com",
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": "device.attributes['gpu.nvidia.com'].productName"
+                            " == 'NVIDIA H200'"
+                        }
+                    }
+                ],
+            },
+            {"name": "any", "deviceClassName": "gpu.nvidia.com"},
+        ],
+    }
     result = run([claim(req)], [slice_([gpu("gpu-0")])])
     assert [r.request for r in result.allocations[0].results] == ["gpu/any"]
 
 
 def test_match_attribute_backtracks_to_a_matching_pair() -> None:
     devices = [gpu("gpu-0", root="a"), gpu("gpu-1", root="b"), gpu("gpu-2", root="b")]
-    result = run([claim(exactly(count=2), constraints=[{"matchAttribute": "resource.kubernetes.io/pcieRoot"}])],
-                 [slice_(devices)])
+    result = run(
+        [
+            claim(
+                exactly(count=2),
+                constraints=[{"matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+            )
+        ],
+        [slice_(devices)],
+    )
     assert devices_of(result) == ["gpu-1", "gpu-2"]
 
 
 def test_match_attribute_finds_unqualified_attributes_of_the_driver() -> None:
     devices = [gpu("gpu-0", product="A"), gpu("gpu-1", product="B"), gpu("gpu-2", product="A")]
-    result = run([claim(exactly(count=2), constraints=[{"matchAttribute": "gpu.nvidia.com/productName"}])],
-                 [slice_(devices)])
+    result = run(
+        [claim(exactly(count=2), constraints=[{"matchAttribute": "gpu.nvidia.com/productName"}])],
+        [slice_(devices)],
+    )
     assert devices_of(result) == ["gpu-0", "gpu-2"]
 
 
 def test_match_attribute_unsatisfiable_says_which_values_exist() -> None:
     devices = [gpu("gpu-0", root="a"), gpu("gpu-1", root="b")]
-    result = run([claim(exactly(count=2), constraints=[{"matchAttribute": "resource.kubernetes.io/pcieRoot"}])],
-                 [slice_(devices)])
+    result = run(
+        [
+            claim(
+                exactly(count=2),
+                constraints=[{"matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+            )
+        ],
+        [slice_(devices)],
+    )
     assert not result.satisfiable
     assert "same resource.kubernetes.io/pcieRoot" in result.diagnoses[0].summary
 
 
 def test_distinct_attribute_needs_different_values() -> None:
     devices = [gpu("gpu-0", root="a"), gpu("gpu-1", root="a"), gpu("gpu-2", root="b")]
-    result = run([claim(exactly(count=2), constraints=[{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}])],
-                 [slice_(devices)])
+    result = run(
+        [
+            claim(
+                exactly(count=2),
+                constraints=[{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}],
+            )
+        ],
+        [slice_(devices)],
+    )
     assert devices_of(result) == ["gpu-0", "gpu-2"]
 
 
 def test_overlapping_partitions_cannot_both_be_allocated() -> None:
-    counters = [{"name": "gpu-0-cs", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}]
-    devices = [mig("big", start=0, size=4), mig("overlap", start=2, size=2), mig("free", start=4, size=2)]
-    result = run([claim(exactly(cls="mig.nvidia.com", count=2))], [slice_(devices, counters=counters)])
+    counters = [
+        {"name": "gpu-0-cs", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}
+    ]
+    devices = [
+        mig("big", start=0, size=4),
+        mig("overlap", start=2, size=2),
+        mig("free", start=4, size=2),
+    ]
+    result = run(
+        [claim(exactly(cls="mig.nvidia.com", count=2))], [slice_(devices, counters=counters)]
+    )
     assert devices_of(result) == ["big", "free"]
-    result = run([claim(exactly(cls="mig.nvidia.com", count=3))], [slice_(devices, counters=counters)])
+    result = run(
+        [claim(exactly(cls="mig.nvidia.com", count=3))], [slice_(devices, counters=counters)]
+    )
     assert not result.satisfiable
 
 
 def test_counters_used_by_allocated_devices_are_not_available() -> None:
-    counters = [{"name": "gpu-0-cs", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}]
+    counters = [
+        {"name": "gpu-0-cs", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}
+    ]
     devices = [mig("big", start=0, size=4), mig("overlap", start=2, size=2)]
-    result = run([claim(exactly(cls="mig.nvidia.com",
-                                selectors=("device.attributes['gpu.nvidia.com'].profile == '2g'",)))],
-                 [slice_(devices, counters=counters)], allocated=[allocated_claim("big")])
+    result = run(
+        [
+            claim(
+                exactly(
+                    cls="mig.nvidia.com",
+                    selectors=("device.attributes['gpu.nvidia.com'].profile == '2g'",),
+                )
+            )
+        ],
+        [slice_(devices, counters=counters)],
+        allocated=[allocated_claim("big")],
+    )
     assert not result.satisfiable
     reasons = {v.device: v.reasons for v in result.diagnoses[0].verdicts}
-    assert any("memory-slice-2: needs 1, 0 left (used by big of claim ns/other)" in r for r in reasons["overlap"])
+    assert any(
+        "memory-slice-2: needs 1, 0 left (used by big of claim ns/other)" in r
+        for r in reasons["overlap"]
+    )
 
 
 def test_taints_block_unless_tolerated() -> None:
-    tainted = gpu("gpu-0", taints=[{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}])
+    tainted = gpu(
+        "gpu-0", taints=[{"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}]
+    )
     result = run([claim(exactly())], [slice_([tainted])])
     assert not result.satisfiable
-    assert result.diagnoses[0].verdicts[0].reasons == ("taint gpu.nvidia.com/xid=48:NoSchedule is not tolerated",)
+    assert result.diagnoses[0].verdicts[0].reasons == (
+        "taint gpu.nvidia.com/xid=48:NoSchedule is not tolerated",
+    )
     tolerant = exactly(tolerations=[{"key": "gpu.nvidia.com/xid", "operator": "Exists"}])
     assert devices_of(run([claim(tolerant)], [slice_([tainted])])) == ["gpu-0"]
     none_effect = gpu("gpu-0", taints=[{"key": "k", "effect": "None"}])
@@ -224,13 +364,18 @@ def test_taints_block_unless_tolerated() -> None:
 
 def test_consumable_capacity_shares_a_device_until_it_is_full() -> None:
     shared = gpu("gpu-0", allowMultipleAllocations=True)
-    shared["capacity"]["memory"]["requestPolicy"] = {"default": "10Gi", "validRange": {"min": "10Gi", "step": "10Gi"}}
+    shared["capacity"]["memory"]["requestPolicy"] = {
+        "default": "10Gi",
+        "validRange": {"min": "10Gi", "step": "10Gi"},
+    }
     req = exactly(capacity={"requests": {"memory": "25Gi"}})
     result = run([claim(req, name="a"), claim(req, name="b")], [slice_([shared])])
     assert devices_of(result) == ["gpu-0", "gpu-0"]
     assert result.allocations[0].results[0].consumed_capacity == {"memory": "30Gi"}
     assert result.allocations[0].results[0].share_id
-    full = run([claim(req)], [slice_([shared])], allocated=[allocated_claim("gpu-0", share=True)] * 2)
+    full = run(
+        [claim(req)], [slice_([shared])], allocated=[allocated_claim("gpu-0", share=True)] * 2
+    )
     assert not full.satisfiable
     assert "capacity memory: needs 30Gi, 20Gi of 80Gi left" in full.diagnoses[0].verdicts[0].reasons
 
@@ -250,7 +395,10 @@ def test_an_incomplete_pool_is_skipped() -> None:
 
 
 def test_slices_are_tried_in_name_order() -> None:
-    result = run([claim(exactly())], [slice_([gpu("b-dev")], name="z", count=2), slice_([gpu("a-dev")], name="a", count=2)])
+    result = run(
+        [claim(exactly())],
+        [slice_([gpu("b-dev")], name="z", count=2), slice_([gpu("a-dev")], name="a", count=2)],
+    )
     assert devices_of(result) == ["a-dev"]
 
 
@@ -263,29 +411,48 @@ def test_a_cel_runtime_error_aborts_the_attempt() -> None:
 
 
 def test_v1beta1_shapes_are_normalised() -> None:
-    beta_claim = {"kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": {"requests": [
-        {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 1}]}}}
+    beta_claim = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 1}]
+            }
+        },
+    }
     beta_slice = slice_([])
-    beta_slice["spec"]["devices"] = [{"name": "gpu-0", "basic": {k: v for k, v in gpu("gpu-0").items() if k != "name"}}]
+    beta_slice["spec"]["devices"] = [
+        {"name": "gpu-0", "basic": {k: v for k, v in gpu("gpu-0").items() if k != "name"}}
+    ]
     assert devices_of(run([beta_claim], [beta_slice])) == ["gpu-0"]
 
 
 def test_class_and_claim_configs_are_copied_in_order() -> None:
     cls = dict(CLASSES)
     cls_obj = default_device_classes()[0]
-    cls_obj["spec"]["config"] = [{"opaque": {"driver": DRIVER, "parameters": {"kind": "GpuConfig"}}}]
+    cls_obj["spec"]["config"] = [
+        {"opaque": {"driver": DRIVER, "parameters": {"kind": "GpuConfig"}}}
+    ]
     cls["gpu.nvidia.com"] = parse_device_class(cls_obj)
     c = claim(exactly())
-    c["spec"]["devices"]["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {"x": 1}}}]
-    result = allocate([parse_claim(c)], classes=cls, slices=[parse_slice(slice_([gpu("gpu-0")]))], node=NODE)
+    c["spec"]["devices"]["config"] = [
+        {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {"x": 1}}}
+    ]
+    result = allocate(
+        [parse_claim(c)], classes=cls, slices=[parse_slice(slice_([gpu("gpu-0")]))], node=NODE
+    )
     assert [(c["source"], c["requests"]) for c in result.allocations[0].config] == [
-        ("FromClass", ["gpu"]), ("FromClaim", ["gpu"])]
+        ("FromClass", ["gpu"]),
+        ("FromClaim", ["gpu"]),
+    ]
 
 
 def test_unknown_class_and_bad_selector_are_input_errors() -> None:
     with pytest.raises(ExplainError, match="device class 'nope' not found"):
         run([claim(exactly(cls="nope"))], [slice_([gpu("gpu-0")])])
-    with pytest.raises(CelCompileError, match="request gpu: selectors\\[0\\]: CEL compile error: line 1, column 7"):
+    with pytest.raises(
+        CelCompileError, match="request gpu: selectors\\[0\\]: CEL compile error: line 1, column 7"
+    ):
         run([claim(exactly(selectors=("device.nope",)))], [slice_([gpu("gpu-0")])])
     with pytest.raises(ExplainError, match="count must be a positive integer"):
         parse_claim(claim(exactly(count=0)))

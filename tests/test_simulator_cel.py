@@ -38,15 +38,26 @@ def run(expression: str) -> bool:
 @pytest.mark.parametrize(
     ("expression", "expected"),
     [
-        ("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'", True),
+        (
+            "device.driver == 'gpu.nvidia.com' && "
+            "device.attributes['gpu.nvidia.com'].type == 'gpu'",
+            True,
+        ),
         ("device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')", False),
         ("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0", True),
         ("device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('40Gi'))", False),
         ("device.capacity['gpu.nvidia.com'].memory.isLessThan(quantity('80Gi'))", True),
         ("device.attributes['gpu.nvidia.com'].driverVersion.major() >= 550", True),
         ("device.attributes['gpu.nvidia.com'].driverVersion.minor() == 54", True),
-        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('7.5.0'))", True),
-        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.compareTo(semver('9.0.0')) == -1", True),
+        (
+            "device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('7.5.0'))",
+            True,
+        ),
+        (
+            "device.attributes['gpu.nvidia.com'].cudaComputeCapability"
+            ".compareTo(semver('9.0.0')) == -1",
+            True,
+        ),
         ("device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:00'", True),
         ("has(device.attributes['resource.kubernetes.io'].pciBusID)", False),
         ("device.allowMultipleAllocations == false", True),
@@ -67,7 +78,7 @@ def test_an_unknown_domain_reads_as_an_empty_map() -> None:
 
 
 def test_an_unknown_attribute_is_a_runtime_error_not_false() -> None:
-    with pytest.raises(CelRuntimeError, match="attribute gpu.nvidia.com/profile missing"):
+    with pytest.raises(CelRuntimeError, match=r"attribute gpu\.nvidia\.com/profile missing"):
         run("device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")
 
 
@@ -94,7 +105,9 @@ def test_quantities_compare_by_value() -> None:
     assert run("quantity('1.5').isInteger() == false && quantity('3k').asInteger() == 3000")
     assert run("quantity('500m').asApproximateFloat() == 0.5 && quantity('-1').sign() == -1")
     assert run("quantity('1Gi').add(quantity('1Gi')) == quantity('2Gi')")
-    assert run("quantity('1Gi').sub(1073741824).sign() == 0 && quantity('1').add(2) == quantity('3')")
+    assert run(
+        "quantity('1Gi').sub(1073741824).sign() == 0 && quantity('1').add(2) == quantity('3')"
+    )
     assert run("isQuantity('40Gi') && !isQuantity('40 GiB')")
     with pytest.raises(CelRuntimeError, match="quantity"):
         run("quantity('40 GiB').sign() == 1")
@@ -124,13 +137,14 @@ def test_optional_access_and_or_value() -> None:
     assert run("!device.attributes['gpu.nvidia.com'].?profile.hasValue()")
     assert run("device.attributes[?'other.com'].?x.orValue(1) == 1")
     assert run("optional.of(1).value() == 1 && optional.none().orValue(2) == 2")
-    with pytest.raises(CelRuntimeError, match="optional.none"):
+    with pytest.raises(CelRuntimeError, match=r"optional\.none"):
         run("optional.none().value() == 1")
 
 
 def test_cel_bind_and_macros() -> None:
     assert run(
-        "cel.bind(g, device.attributes['gpu.nvidia.com'], g.type == 'gpu' && g.architecture == 'Ampere')"
+        "cel.bind(g, device.attributes['gpu.nvidia.com'], "
+        "g.type == 'gpu' && g.architecture == 'Ampere')"
     )
     assert run("[1, 2, 3].all(x, x > 0) && [1, 2].exists(x, x == 2) && [1, 2].exists_one(x, x > 1)")
     assert run("[1, 2, 3].map(x, x * 2) == [2, 4, 6] && [1, 2, 3].filter(x, x % 2 == 1) == [1, 3]")
@@ -199,7 +213,8 @@ def test_why_false_names_the_selector_values() -> None:
     why = compile_selector("device.attributes['gpu.nvidia.com'].profile == 'x'").why_false(dev)  # type: ignore[arg-type]
     assert why[0].startswith("attribute gpu.nvidia.com/profile missing")
     why = compile_selector(
-        "cel.bind(g, device.attributes['gpu.nvidia.com'], g.type == 'gpu' && g.architecture == 'Hopper')"
+        "cel.bind(g, device.attributes['gpu.nvidia.com'], "
+        "g.type == 'gpu' && g.architecture == 'Hopper')"
     ).why_false(dev)  # type: ignore[arg-type]
     assert why == ["architecture is 'Ampere', not 'Hopper'"]
     assert compile_selector("device.driver == 'gpu.nvidia.com'").why_false(dev) == []  # type: ignore[arg-type]

@@ -1,0 +1,40 @@
+"""``make demo`` runs the whole node flow on simulated GPUs, end to end, in real processes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_demo_publishes_prepares_and_unprepares_through_the_real_agent() -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}  # no KUBECONFIG: the local API server
+    result = subprocess.run(
+        [sys.executable, "-m", "dra_driver.demo"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    # The table shows what the API server stored: 4 H100, 4 MIG devices of the A100, an L4.
+    table = out.split("ResourceSlices stored by the API server")[1].split("==>")[0]
+    assert len(re.findall(r"^gpu-[0-3] +gpu +NVIDIA H100 80GB HBM3 +79\.6 GiB", table, re.M)) == 4
+    assert re.search(r"^gpu-4-mig-3g40gb-9-\d +mig +NVIDIA A100-SXM4-80GB .* 3g\.40gb", table, re.M)
+    assert len(re.findall(r" 1g\.10gb ", table)) == 2
+    assert re.search(r"^gpu-5 +gpu +NVIDIA L4 ", table, re.M)
+    # Registration advertises v1 first; prepare answers a CDI ID; unprepare removes the spec.
+    assert "supported_versions=['v1.DRAPlugin', 'v1beta1.DRAPlugin'" in out
+    cdi_id = re.search(
+        r"cdi_device_ids=\['(k8s\.gpu\.nvidia\.com/claim=[0-9a-f-]{36}-gpu-\d)'\]", out
+    )
+    assert cdi_id is not None, out
+    assert '"cdiVersion": "0.5.0"' in out
+    assert "CDI specs left: []" in out
+    assert "exit code 0; registration socket exists: False, DRA socket exists: False" in out
