@@ -186,8 +186,7 @@ def bench_agent(tmp: Path) -> list[Row]:
                 cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
             )
             try:
-                running = proc
-                ok = wait_for(lambda: bool(api.slices()) or running.poll() is not None, 15)
+                ok = wait_for(lambda p=proc: bool(api.slices()) or p.poll() is not None, 15)
                 if ok and api.slices():
                     starts.append(time.monotonic() - began)
                     time.sleep(1.0)  # let start-up settle before reading RSS

@@ -21,6 +21,19 @@ def class_expression(driver_name: str, device_type: str) -> str:
     )
 
 
+def gpu_class_name(driver_name: str = DEFAULT_DRIVER_NAME) -> str:
+    """The whole-GPU class is named after the driver: ``gpu.nvidia.com``."""
+    return driver_name
+
+
+def mig_class_name(driver_name: str = DEFAULT_DRIVER_NAME) -> str:
+    """``gpu.nvidia.com`` -> ``mig.nvidia.com``; another driver name gets a ``mig.`` prefix
+    (the chart's ``gpu-dra.migClassName`` helper computes the same)."""
+    if driver_name.startswith("gpu."):
+        return f"mig.{driver_name.removeprefix('gpu.')}"
+    return f"mig.{driver_name}"[:253]
+
+
 def default_device_classes(driver_name: str = DEFAULT_DRIVER_NAME) -> list[dict[str, Any]]:
     """The chart's classes as resource.k8s.io/v1 DeviceClass objects."""
     return [
@@ -30,5 +43,8 @@ def default_device_classes(driver_name: str = DEFAULT_DRIVER_NAME) -> list[dict[
             "metadata": {"name": name},
             "spec": {"selectors": [{"cel": {"expression": class_expression(driver_name, kind)}}]},
         }
-        for name, kind in ((GPU_CLASS, "gpu"), (MIG_CLASS, "mig"))
+        for name, kind in (
+            (gpu_class_name(driver_name), "gpu"),
+            (mig_class_name(driver_name), "mig"),
+        )
     ]

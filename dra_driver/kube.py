@@ -16,9 +16,11 @@ chart's RBAC can be checked against it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,10 +30,6 @@ from types import TracebackType
 from typing import Any, Literal
 
 import urllib3
-from kubernetes.client import ApiClient, Configuration
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config import incluster_config, kube_config
-from kubernetes.config.config_exception import ConfigException
 
 from dra_driver.errors import (
     ConfigError,
@@ -44,6 +42,35 @@ from dra_driver.errors import (
     KubeUnavailable,
 )
 from dra_driver.slices import API_VERSIONS, GROUP, JsonDict, convert_slice, slice_to_v1
+
+
+def _without_eager_package_imports(*packages: str) -> None:
+    """Register ``packages`` without running their ``__init__`` (their submodules still import).
+
+    ``kubernetes/__init__.py`` imports dynamic, stream, watch, leaderelection and informer, and
+    ``kubernetes/config/__init__.py`` imports the kubeconfig loader with its OIDC stack (oauthlib,
+    requests): together about 20 MiB of a node agent that uses none of them. We import exactly the
+    client modules we call; any other submodule can still be imported explicitly.
+    """
+    for name in packages:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            return  # not installed: let the real import below fail with its own message
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
+
+
+_without_eager_package_imports("kubernetes", "kubernetes.config")
+
+from kubernetes.client import ApiClient, Configuration  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+from kubernetes.config import incluster_config  # noqa: E402
+from kubernetes.config.config_exception import ConfigException  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +238,9 @@ class KubeClient:
         source = str(kubeconfig) if kubeconfig is not None else os.environ.get("KUBECONFIG", "")
         try:
             if source:
+                # Loaded only for kubeconfig files: in a Pod the lighter in-cluster path is used.
+                from kubernetes.config import kube_config  # noqa: PLC0415
+
                 kube_config.load_kube_config(  # type: ignore[no-untyped-call]
                     config_file=source, client_configuration=configuration, persist_config=False
                 )

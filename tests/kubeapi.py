@@ -141,7 +141,9 @@ class FakeKubeApi:
         with self._cond:
             self._closing = False
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="kubeapi", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, args=(0.05,), name="kubeapi", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -238,15 +240,15 @@ class FakeKubeApi:
 
     def put(self, resource: str, obj: Mapping[str, Any]) -> JsonDict:
         """Create or replace an object directly (v1 shape), producing the watch event."""
-        obj = copy.deepcopy(dict(obj))
-        meta = obj.setdefault("metadata", {})
+        new: JsonDict = copy.deepcopy(dict(obj))
+        meta = new.setdefault("metadata", {})
         key = (resource, meta.get("namespace", ""), meta["name"])
         with self._cond:
             old = self._state.objects.get(key)
             meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", _now())
-            self._store(resource, key, obj, "MODIFIED" if old else "ADDED")
-        return copy.deepcopy(obj)
+            self._store(resource, key, new, "MODIFIED" if old else "ADDED")
+        return copy.deepcopy(new)
 
     def objects(self, resource: str) -> list[JsonDict]:
         """Stored objects of ``resource`` in v1 shape, sorted by (namespace, name)."""
@@ -356,6 +358,9 @@ class _Route:
 class _Handler(BaseHTTPRequestHandler):
     api: FakeKubeApi
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, the body would wait for the
+    # client's delayed ACK (~40 ms a request). Go's net/http turns Nagle off too.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
