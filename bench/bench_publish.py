@@ -6,8 +6,11 @@ Rows:
 * the publisher (kube.KubeClient over HTTP to tests/kubeapi.py): time from the kubelet-style
   deletion of all slices to all slices stored again, median of 5: <= 2 s; writes when a second
   publisher starts with unchanged devices: 0;
-* the agent process (``python -m dra_driver ... --simulate``): start of process to first slice
-  stored, median of 3: <= 1.0 s; its RSS with 8 simulated H100 (2 in MIG mode): <= 60 MiB.
+* the agent process (``python -m dra_driver ... --simulate``), run as the DaemonSet runs it (a
+  Pod's ServiceAccount files and TLS, in a private mount namespace): start of process to first
+  slice stored, median of 3: <= 1.0 s; its RSS with 8 simulated H100 (2 in MIG mode), median of
+  3: <= 60 MiB. The same with a kubeconfig file (as ``make demo`` runs it) for information: that
+  loader imports the client's OIDC stack (oauthlib, requests), about 6 MiB more.
 """
 
 from __future__ import annotations
@@ -150,12 +153,16 @@ def bench_publisher(tmp: Path) -> list[Row]:
     ]
 
 
-def bench_agent(tmp: Path) -> list[Row]:
-    api = FakeKubeApi().start()
+def bench_agent(tmp: Path, *, in_cluster: bool) -> list[Row]:
+    """Start the real agent process 3 times. ``in_cluster``: as the DaemonSet runs it (a Pod's
+    ServiceAccount files, TLS); otherwise with a kubeconfig file, as ``make demo`` runs it."""
+    tmp = tmp / ("agent-in-cluster" if in_cluster else "agent-kubeconfig")
+    tmp.mkdir()
+    api = FakeKubeApi(tls_dir=tmp / "tls" if in_cluster else None).start()
     api.add_node(NODE)
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     starts: list[float] = []
-    rss_mib = float("inf")
+    rss: list[float] = []
     problem = ""
     try:
         for run in range(3):
@@ -170,8 +177,6 @@ def bench_agent(tmp: Path) -> list[Row]:
                 NODE,
                 "--simulate",
                 AGENT_SPEC,
-                "--kubeconfig",
-                str(kubeconfig),
                 "--kubelet-plugins-directory-path",
                 str(work / "plugins"),
                 "--kubelet-registrar-directory-path",
@@ -181,16 +186,21 @@ def bench_agent(tmp: Path) -> list[Row]:
             ]
             for d in ("plugins", "plugins_registry", "cdi"):
                 (work / d).mkdir(parents=True)
+            env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+            if in_cluster:
+                cmd, pod_env = api.in_cluster_command(cmd, workdir=work)
+                env.update(pod_env)
+            else:
+                cmd += ["--kubeconfig", str(kubeconfig)]
             began = time.monotonic()
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
-            )
+            # unshare and sh exec the agent, so the PID measured is the agent's own.
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
             try:
                 ok = wait_for(lambda p=proc: bool(api.slices()) or p.poll() is not None, 15)
                 if ok and api.slices():
                     starts.append(time.monotonic() - began)
                     time.sleep(1.0)  # let start-up settle before reading RSS
-                    rss_mib = min(rss_mib, _rss_mib(proc.pid))
+                    rss.append(_rss_mib(proc.pid))
                 else:
                     problem = f"agent exited {proc.poll()} without publishing"
             finally:
@@ -207,15 +217,24 @@ def bench_agent(tmp: Path) -> list[Row]:
     finally:
         api.stop()
     start_s = statistics.median(starts) if starts and not problem else float("inf")
+    rss_mib = statistics.median(rss) if rss and not problem else float("inf")
+    mode = "in-cluster" if in_cluster else "kubeconfig file"
+    if not in_cluster:
+        # The kubeconfig loader brings the client's OIDC stack (oauthlib, requests): shown for
+        # information; the targets are for the agent as it runs on nodes.
+        return [
+            Row(f"agent ({mode}): start to first slice (median of 3)", start_s, "s", ""),
+            Row(f"agent ({mode}): RSS, median of 3", rss_mib, "MiB", ""),
+        ]
     return [
         Row(
-            "agent: process start to first slice stored (median of 3)",
+            f"agent ({mode}): start to first slice (median of 3)",
             start_s,
             "s",
             "<= 1.0 s",
             start_s <= 1.0,
         ),
-        Row(f"agent RSS ({AGENT_SPEC})", rss_mib, "MiB", "<= 60 MiB", rss_mib <= 60),
+        Row(f"agent ({mode}): RSS, median of 3", rss_mib, "MiB", "<= 60 MiB", rss_mib <= 60),
     ]
 
 
@@ -228,7 +247,12 @@ def _rss_mib(pid: int) -> float:
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as tmp:
-        rows = [bench_plan(), *bench_publisher(Path(tmp)), *bench_agent(Path(tmp))]
+        rows = [
+            bench_plan(),
+            *bench_publisher(Path(tmp)),
+            *bench_agent(Path(tmp), in_cluster=True),
+            *bench_agent(Path(tmp), in_cluster=False),
+        ]
     return 0 if print_table("ResourceSlice publishing", rows) else 1
 
 

@@ -154,6 +154,7 @@ class Claims(dict[str, ClaimRecord]):
 @dataclass
 class _Pending(Generic[T]):
     op: Callable[[Claims], T]
+    durable: bool = True
     done: bool = False
     result: T | None = None
     error: BaseException | None = None
@@ -267,9 +268,16 @@ class Checkpoint:
     def snapshot(self) -> dict[str, ClaimRecord]:
         return self.transact(dict)
 
-    def transact(self, op: Callable[[Claims], T]) -> T:
-        """Run ``op`` on the claim table and make its change durable before returning."""
-        entry: _Pending[T] = _Pending(op)
+    def transact(self, op: Callable[[Claims], T], *, durable: bool = True) -> T:
+        """Run ``op`` on the claim table; its change is on disk when this returns.
+
+        ``durable=True`` (the default) also fsyncs the file and the directory. ``durable=False``
+        only replaces the file atomically: other processes and a restarted plugin see the change,
+        a power loss may lose it. That is enough for records that matter only within this boot
+        (``PrepareStarted``): after a power loss the node reboots, and the boot ID check drops
+        every claim anyway.
+        """
+        entry: _Pending[T] = _Pending(op, durable)
         with self._cond:
             self._pending.append(entry)
             while not entry.done:
@@ -303,7 +311,7 @@ class Checkpoint:
                             entry.error = exc
                     changed = claims.changed
                 if changed:
-                    self._write_locked()
+                    self._write_locked(durable=any(e.durable for e in batch))
         except (OSError, CheckpointError) as exc:
             # memory may now be ahead of the disk: believe the disk next time
             self._force_reload = True
@@ -328,18 +336,20 @@ class Checkpoint:
         if self._force_reload or now != self._seen:
             self._reload()
 
-    def _write_locked(self) -> None:
+    def _write_locked(self, *, durable: bool = True) -> None:
         with self._cond:
             content = self._encode()
         temp = self.path.with_name(f".{self.path.name}.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, content)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(temp, self.path)
-        _fsync_dir(self.path.parent)
+        if durable:
+            _fsync_dir(self.path.parent)
         st = os.stat(self.path)
         self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 

@@ -47,9 +47,10 @@ from dra_driver.slices import API_VERSIONS, GROUP, JsonDict, convert_slice, slic
 def _without_eager_package_imports(*packages: str) -> None:
     """Register ``packages`` without running their ``__init__`` (their submodules still import).
 
-    ``kubernetes/__init__.py`` imports dynamic, stream, watch, leaderelection and informer, and
+    ``kubernetes/__init__.py`` imports dynamic, stream, watch, leaderelection and informer,
     ``kubernetes/config/__init__.py`` imports the kubeconfig loader with its OIDC stack (oauthlib,
-    requests): together about 20 MiB of a node agent that uses none of them. We import exactly the
+    requests), and ``kubernetes/utils/__init__.py`` the YAML object creator: together about
+    20 MiB of a node agent that uses none of them. We import exactly the
     client modules we call; any other submodule can still be imported explicitly.
     """
     for name in packages:
@@ -65,7 +66,7 @@ def _without_eager_package_imports(*packages: str) -> None:
             setattr(sys.modules[parent], child, module)
 
 
-_without_eager_package_imports("kubernetes", "kubernetes.config")
+_without_eager_package_imports("kubernetes", "kubernetes.config", "kubernetes.utils")
 
 from kubernetes.client import ApiClient, Configuration  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402

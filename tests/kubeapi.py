@@ -30,8 +30,12 @@ import contextlib
 import copy
 import json
 import random
+import shutil
 import socket
+import ssl
 import string
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -104,8 +108,12 @@ class FakeKubeApi:
         port: int = 0,
         token: str | None = None,
         validate: bool = True,
+        tls_dir: Path | None = None,
     ) -> None:
+        """``tls_dir``: serve HTTPS with a fresh self-signed certificate written there
+        (``ca.crt``; needed by clients that insist on TLS, like the in-cluster configuration)."""
         self.versions = tuple(versions)
+        self.tls_dir = tls_dir
         self.token = token
         self.validate = validate
         self.requests: list[Request] = []
@@ -131,13 +139,38 @@ class FakeKubeApi:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls_dir is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def _tls_context(self, tls_dir: Path) -> ssl.SSLContext:
+        cert, key = self._certificate(tls_dir)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        return context
+
+    @staticmethod
+    def _certificate(tls_dir: Path) -> tuple[Path, Path]:
+        """A self-signed certificate for 127.0.0.1 in ``tls_dir`` (made once)."""
+        cert, key = tls_dir / "ca.crt", tls_dir / "tls.key"
+        if not cert.exists():
+            tls_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                 "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                 "-keyout", str(key), "-out", str(cert)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        return cert, key
 
     def start(self) -> FakeKubeApi:
         """Listen on 127.0.0.1:<port> (kept across stop/start, state too)."""
         handler = type("Handler", (_Handler,), {"api": self})
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        server = _Server(("127.0.0.1", self.port), handler)
         server.daemon_threads = True
+        if self.tls_dir is not None:
+            server.socket = self._tls_context(self.tls_dir).wrap_socket(
+                server.socket, server_side=True
+            )
         with self._cond:
             self._closing = False
         self._server = server
@@ -172,7 +205,7 @@ class FakeKubeApi:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "fake", "cluster": self._cluster_entry()}],
             "users": [{"name": "fake", "user": user}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
             "current-context": "fake",
@@ -180,6 +213,32 @@ class FakeKubeApi:
         path.write_text(json.dumps(config, indent=2))
         self.kubeconfig_path = path
         return path
+
+    def _cluster_entry(self) -> JsonDict:
+        entry: JsonDict = {"server": self.url}
+        if self.tls_dir is not None:
+            entry["certificate-authority"] = str(self.tls_dir / "ca.crt")
+        return entry
+
+    def in_cluster_command(
+        self, argv: list[str], *, workdir: Path
+    ) -> tuple[list[str], dict[str, str]]:
+        """``argv`` wrapped to run as in a Pod: the ServiceAccount files at their fixed path and
+        KUBERNETES_SERVICE_HOST/PORT pointing here. Needs root and a TLS server; the files live
+        in a tmpfs over /run inside a private mount namespace, so the host is not touched."""
+        if self.tls_dir is None:
+            raise ValueError("in-cluster clients need TLS: create FakeKubeApi(tls_dir=...)")
+        account = workdir / "serviceaccount"
+        account.mkdir(parents=True, exist_ok=True)
+        (account / "token").write_text(self.token or "test-token")
+        (account / "namespace").write_text("gpu-dra")
+        shutil.copyfile(self._certificate(self.tls_dir)[0], account / "ca.crt")
+        target = "/run/secrets/kubernetes.io/serviceaccount"
+        script = (
+            f'mount -t tmpfs tmpfs /run && mkdir -p {target} && cp "$0"/* {target}/ && exec "$@"'
+        )
+        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
+        return ["unshare", "--mount", "sh", "-c", script, str(account), *argv], env
 
     # --- test controls ---------------------------------------------------------------------------
 
@@ -355,6 +414,14 @@ class _Route:
     name: str
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away mid-handshake or mid-request (an agent being killed, a TLS
+        # probe) is normal here; anything else is still printed.
+        if not isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError)):
+            super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     api: FakeKubeApi
     protocol_version = "HTTP/1.1"
@@ -398,7 +465,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         api = self.api
         try:
-            if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
+            # Like the API server's bearer-token authenticator, the scheme is case-insensitive
+            # (the official client's in-cluster loader sends "bearer <token>").
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if api.token and (scheme.lower() != "bearer" or token != api.token):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             discovery = self._discovery(url.path)
             if discovery is not None:

@@ -32,7 +32,9 @@ class MigProfile:
     jpeg_engines: int
     ofa_engines: int
     instance_count: int  # how many of this profile fit on the GPU at once
-    placements: tuple[MigPlacement, ...]  # every possible placement (nvmlDeviceGetGpuInstancePossiblePlacements)
+    placements: tuple[
+        MigPlacement, ...
+    ]  # every possible placement (nvmlDeviceGetGpuInstancePossiblePlacements)
 
 
 @dataclass(frozen=True)

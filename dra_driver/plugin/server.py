@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
+from typing import Any, Protocol
 
 import grpc
 
@@ -47,6 +48,28 @@ _GRPC_WORKERS = 32
 
 EventReporter = Callable[[str, str], None]
 """Report a problem as a Kubernetes Event on our Node: (reason, message)."""
+
+
+class NodeEventSink(Protocol):
+    """What node_event_reporter needs from kube.KubeClient."""
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def create_event(
+        self, *, node_name: str, node_uid: str, reason: str, message: str
+    ) -> dict[str, Any]: ...
+
+
+def node_event_reporter(kube: NodeEventSink, *, node_name: str) -> EventReporter:
+    """An EventReporter posting Warning Events on ``node_name`` (its UID is looked up once)."""
+    node_uid: list[str] = []
+
+    def report(reason: str, message: str) -> None:
+        if not node_uid:
+            node_uid.append(str(kube.get_node(node_name)["metadata"].get("uid", "")))
+        kube.create_event(node_name=node_name, node_uid=node_uid[0], reason=reason, message=message)
+
+    return report
 
 
 class KubeletPlugin:
@@ -185,7 +208,10 @@ class KubeletPlugin:
                 "the node rebooted since the last checkpoint: prepared claims were dropped",
                 extra={"claims": report.discarded_after_reboot},
             )
-        done = self.preparer.reconcile()
+        # Alone on the node (no rolling update), every temp file is a leftover of a crash.
+        done = self.preparer.reconcile(
+            **({"temp_file_max_age_s": 0.0} if self.config.pod_uid is None else {})
+        )
         log.info("reconciled prepared claims at start", extra=done)
 
     def _checkpoint_corrupt(self, moved_to: Path, reason: str) -> None:

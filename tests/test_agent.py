@@ -1,0 +1,96 @@
+"""The node agent as the DaemonSet runs it: a Pod's ServiceAccount (in-cluster configuration over
+TLS), simulated GPUs, both kubelet sockets, the HTTP probes, and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.kubeapi import FakeKubeApi, free_port
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("openssl") is None,
+    reason="needs root, unshare and openssl to give the agent a Pod's ServiceAccount files",
+)
+
+
+def _probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_path: Path) -> None:
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        api.add_node("gpu-node-1")
+        port = free_port()
+        argv = [
+            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
+            "--simulate", "h100:2,a100-40gb:1:mig=3g.20gb+2g.10gb",
+            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(port),
+        ]  # fmt: skip
+        command, env = api.in_cluster_command(argv, workdir=tmp_path)
+        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not api.slices(node_name="gpu-node-1") and time.monotonic() < deadline:
+                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+                time.sleep(0.05)
+            (stored,) = api.slices(node_name="gpu-node-1")
+            names = [d["name"] for d in stored["spec"]["devices"]]
+            assert names == ["gpu-0", "gpu-1", "gpu-2-mig-3g20gb-9-0", "gpu-2-mig-2g10gb-14-4"]
+            # The requests carried the ServiceAccount token from the Pod's mounted files.
+            assert {r.verb for r in api.requests if r.resource == "resourceslices"} >= {"create"}
+            while _probe(port, "/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _probe(port, "/healthz") == (200, "ok\n")
+            assert _probe(port, "/readyz") == (200, "ok\n")
+            registration = tmp_path / "registry" / "gpu.nvidia.com-reg.sock"
+            dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
+            assert registration.is_socket() and dra.is_socket()
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            _, stderr = agent.communicate(timeout=20)
+        assert agent.returncode == 0, stderr
+        assert not registration.exists() and not dra.exists()
+        assert '"msg": "stopped"' in stderr
+    finally:
+        api.stop()
+
+
+def test_a_missing_api_server_is_retried_not_fatal(tmp_path: Path) -> None:
+    """Unreachable API server: the agent keeps serving the kubelet and logs the retries."""
+    api = FakeKubeApi(tls_dir=tmp_path / "tls")  # never started: connection refused
+    argv = [
+        sys.executable, "-m", "dra_driver", "--node-name", "n1", "--simulate", "l4:1",
+        "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+        "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+        "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
+    ]  # fmt: skip
+    command, env = api.in_cluster_command(argv, workdir=tmp_path)
+    env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+    agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        assert agent.poll() is None, "the agent must not exit while the API server is down"
+        assert (tmp_path / "registry" / "gpu.nvidia.com-reg.sock").is_socket()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, stderr = agent.communicate(timeout=20)
+    assert agent.returncode == 0, stderr
+    assert "127.0.0.1" in stderr and "retry" in stderr.lower()

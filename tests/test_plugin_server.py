@@ -1,0 +1,361 @@
+"""KubeletPlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
+real Kubernetes client from the local API server (tests/kubeapi.py), real files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver._proto.dra_v1beta1 import api_pb2 as v1beta1
+from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver._proto.health_v1alpha1 import api_pb2 as health
+from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
+from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
+from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.config import Config
+from dra_driver.errors import ConfigError
+from dra_driver.gpus.info import Inventory
+from dra_driver.kube import KubeClient
+from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
+from tests.claimdata import allocated_claim, new_uid
+from tests.fakedriver import make_fake_driver, simulated_inventory
+from tests.kubeapi import FakeKubeApi
+
+INVENTORY: Inventory | None = None
+
+
+def inventory() -> Inventory:
+    global INVENTORY  # noqa: PLW0603 - discovery once per test session is enough
+    if INVENTORY is None:
+        INVENTORY = simulated_inventory("h100:8", node_name="node1")
+    return INVENTORY
+
+
+def make_config(tmp: Path, *, pod_uid: str | None = None) -> Config:
+    if not (tmp / "driver-root").exists():
+        make_fake_driver(tmp)
+        (tmp / "boot_id").write_text("boot-1\n")
+    return Config(
+        node_name="node1",
+        nvidia_driver_root=tmp / "driver-root",
+        kubelet_registrar_directory_path=tmp / "registry",
+        kubelet_plugins_directory_path=tmp / "plugins",
+        cdi_root=tmp / "cdi",
+        pod_uid=pod_uid,
+    )
+
+
+def start_plugin(tmp: Path, kube: KubeClient, *, pod_uid: str | None = None) -> KubeletPlugin:
+    plugin = KubeletPlugin(
+        config=make_config(tmp, pod_uid=pod_uid),
+        inventory=inventory(),
+        claims=kube,
+        report_event=node_event_reporter(kube, node_name="node1"),
+        proc_root=tmp / "proc",
+        boot_id_path=tmp / "boot_id",
+        health_interval_s=0.1,
+    )
+    plugin.start()
+    return plugin
+
+
+@pytest.fixture
+def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
+    kubeapi.add_node("node1")
+    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, kube: KubeClient) -> Iterator[KubeletPlugin]:
+    p = start_plugin(tmp_path, kube)
+    yield p
+    p.stop()
+
+
+def channel(path: Path) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{path}")
+
+
+def v1_claim(claim: dict[str, object]) -> v1.Claim:
+    meta = claim["metadata"]
+    assert isinstance(meta, dict)
+    return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlugin) -> None:
+    assert plugin.paths.registration == plugin.config.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+    assert plugin.paths.dra == plugin.config.plugin_data_dir / "dra.sock"
+    with channel(plugin.paths.registration) as ch:
+        info = reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
+    assert info.type == "DRAPlugin"
+    assert info.name == "gpu.nvidia.com"
+    assert info.endpoint == str(plugin.paths.dra)
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+
+
+def test_registration_status_is_recorded_and_a_refusal_logged(
+    plugin: KubeletPlugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    with channel(plugin.paths.registration) as ch:
+        stub = reg_grpc.RegistrationStub(ch)
+        stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=1)
+        assert plugin.registration is not None and plugin.registration.registered.is_set()
+        with caplog.at_level(logging.ERROR):
+            stub.NotifyRegistrationStatus(
+                reg.RegistrationStatus(plugin_registered=False, error="no known service"), timeout=1
+            )
+    assert not plugin.registration.registered.is_set()
+    refusal = [r for r in caplog.records if "REFUSED" in r.getMessage()]
+    assert refusal and refusal[0].kubelet_error == "no known service"  # type: ignore[attr-defined]
+
+
+def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
+    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+) -> None:
+    claim = allocated_claim(name="train", namespace="ml", devices=[("gpus/fast", "gpu-0"), "gpu-1"])
+    share = new_uid()
+    claim["status"]["allocation"]["devices"]["results"][1]["shareID"] = share
+    kubeapi.add_claim(claim)
+    uid = claim["metadata"]["uid"]
+    with channel(plugin.paths.dra) as ch:
+        answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+        )
+        beta = v1beta1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1beta1.NodePrepareResourcesRequest(
+                claims=[v1beta1.Claim(namespace="ml", name="train", uid=uid)]
+            ),
+            timeout=5,
+        )
+    entry = answer.claims[uid]
+    assert entry.error == ""
+    got = [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), d.HasField("share_id")) for d in entry.devices]
+    assert got == [
+        (["gpus"], "node1", "gpu-0", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"], False),
+        (["gpus"], "node1", "gpu-1", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-1"], True),
+    ]
+    assert entry.devices[1].share_id == share
+    assert [(list(d.request_names), d.device_name, list(d.cdi_device_ids)) for d in beta.claims[uid].devices] == [
+        (g[0], g[2], g[3]) for g in got
+    ]
+    assert ("get", "resourceclaims", "ml", "train") in kubeapi.requests
+    assert (plugin.config.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.json").exists()
+
+
+def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
+    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+) -> None:
+    claim = kubeapi.add_claim(allocated_claim(name="c1"))
+    with channel(plugin.paths.dra) as ch:
+        stub = v1_grpc.DRAPluginStub(ch)
+        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5)
+        unknown = v1.Claim(namespace="default", name="never", uid=new_uid())
+        answer = stub.NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=[v1_claim(claim), unknown]), timeout=5
+        )
+    assert {uid: e.error for uid, e in answer.claims.items()} == {claim["metadata"]["uid"]: "", unknown.uid: ""}
+    assert list(plugin.config.cdi_root.iterdir()) == []
+
+
+def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
+    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+) -> None:
+    good = kubeapi.add_claim(allocated_claim(name="good", devices=["gpu-2"]))
+    elsewhere = kubeapi.add_claim(allocated_claim(name="elsewhere", node="node2", devices=["gpu-3"]))
+    traversal = v1.Claim(namespace="default", name="x", uid="../../etc/passwd")
+    with channel(plugin.paths.dra) as ch:
+        answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(good), v1_claim(elsewhere), traversal]), timeout=5
+        )
+    assert answer.claims[good["metadata"]["uid"]].error == ""
+    assert "node2" in answer.claims[elsewhere["metadata"]["uid"]].error
+    assert "not a lowercase UUID" in answer.claims[traversal.uid].error
+    assert ("get", "resourceclaims", "default", "x") not in kubeapi.requests
+
+
+def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
+    with channel(plugin.paths.dra) as ch:
+        stub = v1_grpc.DRAPluginStub(ch)
+        assert len(stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=2).claims) == 0
+        assert len(stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(), timeout=2).claims) == 0
+
+
+def test_a_batch_of_1000_claims_gets_1000_answers(plugin: KubeletPlugin, kubeapi: FakeKubeApi) -> None:
+    claims = []
+    for i in range(1000):
+        claim = allocated_claim(name=f"admin-{i}", devices=[f"gpu-{i % 8}"])
+        claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+        claims.append(kubeapi.add_claim(claim))
+    with channel(plugin.paths.dra) as ch:
+        stub = v1_grpc.DRAPluginStub(ch)
+        answer = stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(c) for c in claims]), timeout=45
+        )
+        assert len(answer.claims) == 1000
+        assert all(e.error == "" and len(e.devices) == 1 for e in answer.claims.values())
+        assert len(list(plugin.config.cdi_root.glob("*.json"))) == 1000
+        gone = stub.NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=[v1_claim(c) for c in claims]), timeout=45
+        )
+    assert len(gone.claims) == 1000 and all(e.error == "" for e in gone.claims.values())
+    assert list(plugin.config.cdi_root.glob("*.json")) == []
+
+
+def test_health_stream_reports_every_device_healthy_and_repeats(plugin: KubeletPlugin) -> None:
+    with channel(plugin.paths.dra) as ch:
+        stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            health.NodeWatchResourcesRequest(), timeout=5
+        )
+        first, second = next(stream), next(stream)
+        stream.cancel()
+    for report in (first, second):
+        assert [(d.device.pool_name, d.device.device_name) for d in report.devices] == [
+            ("node1", f"gpu-{i}") for i in range(8)
+        ]
+        assert all(d.health == health.HEALTHY for d in report.devices)
+        assert all(d.health_check_timeout_seconds == 30 for d in report.devices)
+
+
+def test_stop_removes_both_sockets_and_start_replaces_stale_ones(tmp_path: Path, kube: KubeClient) -> None:
+    config = make_config(tmp_path)
+    stale = config.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+    stale.parent.mkdir(parents=True)
+    leftover = socket.socket(socket.AF_UNIX)
+    leftover.bind(str(stale))
+    leftover.close()  # the file stays, nobody listens: what a crashed plugin leaves
+    plugin = start_plugin(tmp_path, kube)
+    with channel(plugin.paths.registration) as ch:
+        assert reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1).name == "gpu.nvidia.com"
+    plugin.stop()
+    assert not plugin.paths.registration.exists()
+    assert not plugin.paths.dra.exists()
+
+
+def test_a_non_socket_file_at_the_socket_path_is_not_deleted(tmp_path: Path, kube: KubeClient) -> None:
+    config = make_config(tmp_path)
+    config.plugin_data_dir.mkdir(parents=True)
+    precious = config.plugin_data_dir / "dra.sock"
+    precious.write_text("not ours to delete")
+    with pytest.raises(Exception, match="is not a socket"):
+        start_plugin(tmp_path, kube)
+    assert precious.read_text() == "not ours to delete"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """pytest's tmp_path is too long for dra-<podUID>.sock (108-byte AF_UNIX limit)."""
+    with tempfile.TemporaryDirectory(prefix="dra-", dir="/tmp") as d:
+        yield Path(d)
+
+
+def test_rolling_update_instances_serve_side_by_side_and_share_state(
+    short_tmp: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    old = start_plugin(short_tmp, kube, pod_uid=new_uid())
+    new = start_plugin(short_tmp, kube, pod_uid=new_uid())
+    try:
+        assert old.paths.registration.name == f"gpu.nvidia.com-{old.config.pod_uid}-reg.sock"
+        assert old.paths.dra.name == f"dra-{old.config.pod_uid}.sock"
+        assert old.paths.dra != new.paths.dra and old.paths.registration != new.paths.registration
+        assert all(len(str(p)) < 108 for p in (old.paths.dra, old.paths.registration))
+        claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-5"]))
+        thief = kubeapi.add_claim(allocated_claim(name="c2", devices=["gpu-5"]))
+        with channel(old.paths.dra) as a, channel(new.paths.dra) as b:
+            first = v1_grpc.DRAPluginStub(a).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+            )
+            again = v1_grpc.DRAPluginStub(b).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[v1_claim(claim), v1_claim(thief)]), timeout=5
+            )
+            uid = claim["metadata"]["uid"]
+            assert again.claims[uid] == first.claims[uid]
+            assert "gpu-5 is already prepared" in again.claims[thief["metadata"]["uid"]].error
+            v1_grpc.DRAPluginStub(b).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+            )
+            retry = v1_grpc.DRAPluginStub(a).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[v1_claim(thief)]), timeout=5
+            )
+        assert retry.claims[thief["metadata"]["uid"]].error == ""
+    finally:
+        old.stop()
+        new.stop()
+
+
+def test_damaged_checkpoint_is_moved_aside_reported_and_rebuilt(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    plugin = start_plugin(tmp_path, kube)
+    claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-4"]))
+    with channel(plugin.paths.dra) as ch:
+        first = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+        )
+    plugin.stop()
+    path = plugin.config.checkpoint_path
+    data = json.loads(path.read_bytes())
+    data["data"]["claims"][claim["metadata"]["uid"]]["devices"][0]["device"] = "gpu-7"
+    path.write_text(json.dumps(data))  # content changed, checksum not: wrong checksum
+    plugin = start_plugin(tmp_path, kube)
+    try:
+        moved = list(path.parent.glob("checkpoint.json.corrupt-*"))
+        assert len(moved) == 1
+        events = kubeapi.objects("events")
+        assert [e["reason"] for e in events] == ["CheckpointCorrupt"]
+        assert events[0]["involvedObject"]["kind"] == "Node"
+        assert "checksum" in events[0]["message"]
+        with channel(plugin.paths.dra) as ch:
+            again = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+            )
+        assert again.claims[claim["metadata"]["uid"]] == first.claims[claim["metadata"]["uid"]]
+    finally:
+        plugin.stop()
+
+
+def test_claims_deleted_from_the_api_are_unprepared_at_start(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    plugin = start_plugin(tmp_path, kube)
+    claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-4"]))
+    with channel(plugin.paths.dra) as ch:
+        v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+        )
+    plugin.stop()
+    kubeapi.put("resourceclaims", replace_uid(claim))
+    plugin = start_plugin(tmp_path, kube)
+    try:
+        assert list(plugin.config.cdi_root.glob("*.json")) == []
+        assert plugin.checkpoint.snapshot() == {}
+    finally:
+        plugin.stop()
+
+
+def test_too_long_socket_paths_are_a_clear_config_error(tmp_path: Path, kube: KubeClient) -> None:
+    deep = tmp_path / ("d" * 60)
+    with pytest.raises(ConfigError, match="Unix socket path limit"):
+        KubeletPlugin(config=make_config(deep, pod_uid=new_uid()), inventory=inventory(), claims=kube)
+
+
+def replace_uid(claim: dict[str, object]) -> dict[str, object]:
+    meta = dict(claim["metadata"])  # type: ignore[arg-type]
+    meta["uid"] = new_uid()
+    return {**claim, "metadata": meta}
+
+
+def test_config_change_keeps_paths(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    assert replace(config, pod_uid=None).checkpoint_path == tmp_path / "plugins/gpu.nvidia.com/checkpoint.json"
