@@ -87,8 +87,15 @@ API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
         ("delete", GROUP, "resourceslices"),
     }
 )
-"""Every (verb, API group, resource) KubeClient may request; "" is the core group. Discovery
-(``GET /apis/resource.k8s.io``) is a non-resource URL every authenticated user may read."""
+"""Every (verb, API group, resource) the node agent requests; "" is the core group. The chart's
+ClusterRole grants exactly these. Discovery (``GET /apis/resource.k8s.io``) is a non-resource URL
+every authenticated user may read."""
+
+EXPLAIN_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {("list", GROUP, "resourceslices"), ("list", GROUP, "deviceclasses")}
+)
+"""What ``gpu-dra explain --kubeconfig`` reads, with the user's own credentials (never the
+agent's ServiceAccount): every node's slices and the cluster's DeviceClasses."""
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -401,6 +408,31 @@ class KubeClient:
         return True
 
     # --- other objects ---------------------------------------------------------------------------
+
+    def list_all_slices(self) -> list[JsonDict]:
+        """Every ResourceSlice of the cluster (all nodes, all drivers), v1 shape, sorted by name:
+        what the scheduler sees. For ``gpu-dra explain``; the agent never calls it."""
+        data = self._request("GET", self._slices_path(), verb="list", resource="resourceslices")
+        version = self.resource_api_version
+        return sorted(
+            (slice_to_v1(item, api_version=version) for item in data.get("items") or ()),
+            key=lambda s: str(s.get("metadata", {}).get("name", "")),
+        )
+
+    def list_device_classes(self) -> list[JsonDict]:
+        """Every DeviceClass of the cluster as served (v1beta1 classes have the v1 shape)."""
+        version = self.resource_api_version
+        data = self._request(
+            "GET",
+            f"/apis/{GROUP}/{version}/deviceclasses",
+            verb="list",
+            resource="deviceclasses",
+        )
+        items: list[JsonDict] = list(data.get("items") or ())
+        for item in items:
+            item.setdefault("apiVersion", f"{GROUP}/{version}")
+            item.setdefault("kind", "DeviceClass")
+        return items
 
     def get_node(self, name: str) -> JsonDict:
         """The Node object; KubeNotFound if it does not exist."""

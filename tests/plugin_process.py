@@ -23,7 +23,7 @@ from tests.fakedriver import simulated_inventory
 
 
 def child(settings: dict[str, str]) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     kube = KubeClient.from_config(kubeconfig=Path(settings["kubeconfig"]))
     plugin = KubeletPlugin(
         config=Config(
@@ -44,6 +44,7 @@ def child(settings: dict[str, str]) -> None:
 if __name__ == "__main__":
     SETTINGS = json.loads(Path(sys.argv[1]).read_text())
     INVENTORY = simulated_inventory(SETTINGS["simulate"], node_name="node1")
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # killed children are reaped at once
     for line in sys.stdin:
         if line.strip() != "spawn":
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -173,3 +174,38 @@ def test_default_classes_match_nvidia_selectors() -> None:
         class_expression("x.io", "gpu")
         == "device.driver == 'x.io' && device.attributes['x.io'].type == 'gpu'"
     )
+
+
+def test_explain_reads_slices_and_classes_live_from_a_cluster(tmp_path: Path, kubeapi: Any) -> None:
+    """--kubeconfig: every node's slices and the cluster's classes, through the real client."""
+    for node, spec in (("small", "l4:1"), ("big", "h100:2")):
+        for obj in simulated_slices(spec, node_name=node):
+            kubeapi.put("resourceslices", obj)
+    for cls in default_device_classes():
+        kubeapi.put("deviceclasses", cls)
+    claim = tmp_path / "claim.yaml"
+    claim.write_text(CLAIM)  # two GPUs: only node "big" has them
+    out = io.StringIO()
+    code = main(
+        [str(claim), "--kubeconfig", str(kubeapi.kubeconfig_path), "-o", "json"],
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    assert code == 0, out.getvalue()
+    result = json.loads(out.getvalue())
+    assert result["satisfiableNodes"] == ["big"]
+    devices = [
+        r["device"] for r in result["allocation"]["claims"][0]["allocation"]["devices"]["results"]
+    ]
+    assert devices == ["gpu-0", "gpu-1"]
+    listed = {(r.verb, r.resource) for r in kubeapi.requests}
+    assert {("list", "resourceslices"), ("list", "deviceclasses")} <= listed
+
+    big = tmp_path / "big.yaml"
+    big.write_text(BIG)  # >= 100Gi: no node has it
+    code = main(
+        [str(big), "--kubeconfig", str(kubeapi.kubeconfig_path)],
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+    )
+    assert code == 1

@@ -1,0 +1,235 @@
+"""Crash safety of prepare/unprepare: the plugin runs as a separate process and is killed with
+SIGKILL at random points; the next instance must find a consistent node. Also concurrency:
+duplicate and conflicting prepares over gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dra_driver import checkpoint
+from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
+from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from tests.claimdata import allocated_claim
+from tests.fakedriver import make_fake_driver
+from tests.kubeapi import FakeKubeApi
+
+ITERATIONS = 100
+GPUS = 8
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class PluginProcess:
+    """A zygote (tests/plugin_process.py) that forks plugin instances on demand."""
+
+    def __init__(self, settings: dict[str, str], tmp: Path) -> None:
+        (tmp / "settings.json").write_text(json.dumps(settings))
+        self.settings = settings
+        self.zygote = subprocess.Popen(
+            [sys.executable, "-m", "tests.plugin_process", str(tmp / "settings.json")],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = 0
+        self.reg_socket = Path(settings["registry"]) / "gpu.nvidia.com-reg.sock"
+        self.dra_socket = Path(settings["plugins"]) / "gpu.nvidia.com/dra.sock"
+
+    def spawn(self) -> None:
+        assert self.zygote.stdin is not None and self.zygote.stdout is not None
+        self.zygote.stdin.write("spawn\n")
+        self.zygote.stdin.flush()
+        self.pid = int(self.zygote.stdout.readline())
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # registered = both sockets serve
+            try:
+                with grpc.insecure_channel(f"unix://{self.reg_socket}") as ch:
+                    reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=0.5)
+                return
+            except grpc.RpcError:
+                time.sleep(0.005)
+        raise AssertionError("plugin did not start")
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+        # wait until the process is gone (its sockets stop answering)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if self.zygote.stdin is not None:
+            self.zygote.stdin.close()
+        self.zygote.wait(timeout=10)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dra-faults-", dir="/tmp") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def plugin_process(short_tmp: Path, kubeapi: FakeKubeApi) -> Iterator[PluginProcess]:
+    fake = make_fake_driver(short_tmp)
+    (short_tmp / "boot_id").write_text("boot-1\n")
+    assert kubeapi.kubeconfig_path is not None
+    settings = {
+        "simulate": f"h100:{GPUS}",
+        "kubeconfig": str(kubeapi.kubeconfig_path),
+        "driver_root": str(fake.root),
+        "proc_root": str(fake.proc_root),
+        "boot_id": str(short_tmp / "boot_id"),
+        "registry": str(short_tmp / "registry"),
+        "plugins": str(short_tmp / "plugins"),
+        "cdi": str(short_tmp / "cdi"),
+    }
+    process = PluginProcess(settings, short_tmp)
+    yield process
+    process.close()
+
+
+def claim_ref(claim: dict[str, Any]) -> v1.Claim:
+    meta = claim["metadata"]
+    return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
+    return [(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids)) for d in entry.devices]
+
+
+def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
+    """The invariants a freshly started plugin must have established."""
+    cdi_dir = Path(settings["cdi"])
+    files = sorted(p.name for p in cdi_dir.iterdir())
+    raw = (Path(settings["plugins"]) / "gpu.nvidia.com/checkpoint.json").read_bytes()
+    _, records = checkpoint.decode(raw)  # never damaged by a kill
+    specs = {n.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for n in files}
+    assert all(n.endswith(".json") for n in files), f"temp files left: {files}"
+    assert all(r.phase == checkpoint.PREPARE_COMPLETED for r in records.values())
+    assert specs == set(records), "every spec belongs to a recorded claim and vice versa"
+    return records
+
+
+def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
+    plugin_process: PluginProcess, kubeapi: FakeKubeApi
+) -> None:
+    rng = random.Random(1234)
+    claims = [kubeapi.add_claim(allocated_claim(name=f"c{i}", devices=[f"gpu-{i}"])) for i in range(GPUS)]
+    expected: dict[str, list[tuple[Any, ...]]] = {}
+    plugin_process.spawn()
+    with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:  # clean answers
+        stub = v1_grpc.DRAPluginStub(ch)
+        refs = [claim_ref(c) for c in claims]
+        first = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=10)
+        expected = {uid: answer_of(e) for uid, e in first.claims.items()}
+        spec_bytes = {p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()}
+        stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=10)
+    started = time.monotonic()
+    for iteration in range(ITERATIONS):
+        batch = rng.sample(claims, rng.randint(1, 4))
+        unprepare = rng.random() < 0.5
+        done = threading.Event()
+
+        def call(batch: list[dict[str, Any]] = batch, unprepare: bool = unprepare, done: threading.Event = done) -> None:
+            try:
+                with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
+                    stub = v1_grpc.DRAPluginStub(ch)
+                    refs = [claim_ref(c) for c in batch]
+                    if unprepare:
+                        stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=5)
+                    else:
+                        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=5)
+            except grpc.RpcError:
+                pass  # killed mid-call
+            finally:
+                done.set()
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(rng.uniform(0, 0.004))
+        plugin_process.kill()
+        caller.join(5)
+        plugin_process.spawn()
+        check_node(plugin_process.settings)
+        if iteration % 10 == 9:  # every claim prepares again, with the same answer and spec
+            with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
+                stub = v1_grpc.DRAPluginStub(ch)
+                refs = [claim_ref(c) for c in claims]
+                again = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=10)
+                assert {uid: answer_of(e) for uid, e in again.claims.items()} == expected
+                assert all(e.error == "" for e in again.claims.values())
+                assert {p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()} == spec_bytes
+    assert time.monotonic() - started < 60
+
+
+@pytest.fixture
+def grpc_stub(plugin_process: PluginProcess) -> Iterator[v1_grpc.DRAPluginStub]:
+    plugin_process.spawn()
+    with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
+        yield v1_grpc.DRAPluginStub(ch)
+
+
+def test_64_concurrent_prepares_with_duplicates_prepare_each_claim_once(
+    grpc_stub: v1_grpc.DRAPluginStub, kubeapi: FakeKubeApi, plugin_process: PluginProcess
+) -> None:
+    claims = []
+    for i in range(16):
+        claim = allocated_claim(name=f"dup{i}", devices=[f"gpu-{i % GPUS}"])
+        claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+        claims.append(kubeapi.add_claim(claim))
+    calls = [claims[i % 16] for i in range(64)]
+    random.Random(7).shuffle(calls)
+
+    def prepare(claim: dict[str, Any]) -> list[tuple[Any, ...]]:
+        answer = grpc_stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim_ref(claim)]), timeout=10)
+        entry = answer.claims[claim["metadata"]["uid"]]
+        assert entry.error == ""
+        return answer_of(entry)
+
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(prepare, calls))
+    by_uid: dict[str, set[str]] = {}
+    for claim, answer in zip(calls, answers, strict=True):
+        by_uid.setdefault(claim["metadata"]["uid"], set()).add(repr(answer))
+    assert all(len(a) == 1 for a in by_uid.values()) and len(by_uid) == 16
+    gets = [r for r in kubeapi.requests if r.verb == "get" and r.resource == "resourceclaims"]
+    assert sorted(r.name for r in gets) == sorted(c["metadata"]["name"] for c in claims)  # once each
+    assert len(list(Path(plugin_process.settings["cdi"]).glob("*.json"))) == 16
+
+
+def test_two_claims_allocated_the_same_device_the_second_is_refused(
+    grpc_stub: v1_grpc.DRAPluginStub, kubeapi: FakeKubeApi
+) -> None:
+    first = kubeapi.add_claim(allocated_claim(name="first", devices=["gpu-3"]))
+    second = kubeapi.add_claim(allocated_claim(name="second", devices=["gpu-3"]))
+    a = grpc_stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim_ref(first)]), timeout=5)
+    b = grpc_stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim_ref(second)]), timeout=5)
+    assert a.claims[first["metadata"]["uid"]].error == ""
+    assert "gpu-3 is already prepared for claim default/first" in b.claims[second["metadata"]["uid"]].error
