@@ -505,15 +505,22 @@ class Preparer:
             return False
         return claim is None or _get(claim, "metadata", "uid") != record.uid
 
-    def rebuild_from_specs(self) -> int:
+    def rebuild_from_specs(self, *, booted_at_s: float = 0.0) -> int:
         """After the checkpoint was lost: record every claim that has a spec of ours on disk.
 
         The spec names the claim's devices, so they stay protected against double use. The
         claim's namespace/name are unknown until the kubelet prepares it again, which then
         fetches the claim and re-answers from scratch (the spec content is deterministic).
+        Specs written before ``booted_at_s`` (the node's boot time) are from an earlier boot:
+        nothing is prepared after a reboot, so they are left for reconcile to remove.
         """
         rebuilt: dict[str, ClaimRecord] = {}
         for uid in sorted(self.specs.claim_uids()):
+            try:
+                if self.specs.path_for(uid).stat().st_mtime < booted_at_s:
+                    continue
+            except FileNotFoundError:
+                continue
             content = self.specs.read(uid)
             if content is None:
                 continue

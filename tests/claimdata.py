@@ -24,7 +24,7 @@ def allocated_claim(
     driver: str = DRIVER,
     extra_results: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A claim allocated on ``node``: each device is ``name`` (request "gpus") or (request, name)."""
+    """A claim allocated on ``node``; each device is a name (request "gpus") or (request, name)."""
     results = []
     for d in devices:
         request, device = ("gpus", d) if isinstance(d, str) else d
@@ -39,7 +39,11 @@ def allocated_claim(
             "allocation": {
                 "nodeSelector": {
                     "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
                     ]
                 },
                 "devices": {"results": results, "config": list(configs)},
@@ -56,7 +60,10 @@ def opaque(
     requests: Sequence[str] = (),
     driver: str = DRIVER,
 ) -> dict[str, Any]:
-    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
+    entry: dict[str, Any] = {
+        "source": source,
+        "opaque": {"driver": driver, "parameters": parameters},
+    }
     if requests:
         entry["requests"] = list(requests)
     return entry

@@ -4,6 +4,7 @@ duplicate and conflicting prepares over gRPC."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -80,13 +81,13 @@ class PluginProcess:
 
     def close(self) -> None:
         if self.pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         if self.zygote.stdin is not None:
             self.zygote.stdin.close()
         self.zygote.wait(timeout=10)
+        if self.zygote.stdout is not None:
+            self.zygote.stdout.close()
 
 
 @pytest.fixture
@@ -121,7 +122,10 @@ def claim_ref(claim: dict[str, Any]) -> v1.Claim:
 
 
 def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
-    return [(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids)) for d in entry.devices]
+    return [
+        (tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids))
+        for d in entry.devices
+    ]
 
 
 def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
@@ -141,7 +145,9 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
     plugin_process: PluginProcess, kubeapi: FakeKubeApi
 ) -> None:
     rng = random.Random(1234)
-    claims = [kubeapi.add_claim(allocated_claim(name=f"c{i}", devices=[f"gpu-{i}"])) for i in range(GPUS)]
+    claims = [
+        kubeapi.add_claim(allocated_claim(name=f"c{i}", devices=[f"gpu-{i}"])) for i in range(GPUS)
+    ]
     expected: dict[str, list[tuple[Any, ...]]] = {}
     plugin_process.spawn()
     with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:  # clean answers
@@ -149,7 +155,9 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
         refs = [claim_ref(c) for c in claims]
         first = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=10)
         expected = {uid: answer_of(e) for uid, e in first.claims.items()}
-        spec_bytes = {p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()}
+        spec_bytes = {
+            p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()
+        }
         stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=10)
     started = time.monotonic()
     for iteration in range(ITERATIONS):
@@ -157,15 +165,23 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
         unprepare = rng.random() < 0.5
         done = threading.Event()
 
-        def call(batch: list[dict[str, Any]] = batch, unprepare: bool = unprepare, done: threading.Event = done) -> None:
+        def call(
+            batch: list[dict[str, Any]] = batch,
+            unprepare: bool = unprepare,
+            done: threading.Event = done,
+        ) -> None:
             try:
                 with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
                     stub = v1_grpc.DRAPluginStub(ch)
                     refs = [claim_ref(c) for c in batch]
                     if unprepare:
-                        stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=5)
+                        stub.NodeUnprepareResources(
+                            v1.NodeUnprepareResourcesRequest(claims=refs), timeout=5
+                        )
                     else:
-                        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=5)
+                        stub.NodePrepareResources(
+                            v1.NodePrepareResourcesRequest(claims=refs), timeout=5
+                        )
             except grpc.RpcError:
                 pass  # killed mid-call
             finally:
@@ -182,10 +198,14 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
             with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
                 stub = v1_grpc.DRAPluginStub(ch)
                 refs = [claim_ref(c) for c in claims]
-                again = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=10)
+                again = stub.NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(claims=refs), timeout=10
+                )
                 assert {uid: answer_of(e) for uid, e in again.claims.items()} == expected
                 assert all(e.error == "" for e in again.claims.values())
-                assert {p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()} == spec_bytes
+                assert {
+                    p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()
+                } == spec_bytes
     assert time.monotonic() - started < 60
 
 
@@ -208,7 +228,9 @@ def test_64_concurrent_prepares_with_duplicates_prepare_each_claim_once(
     random.Random(7).shuffle(calls)
 
     def prepare(claim: dict[str, Any]) -> list[tuple[Any, ...]]:
-        answer = grpc_stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim_ref(claim)]), timeout=10)
+        answer = grpc_stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[claim_ref(claim)]), timeout=10
+        )
         entry = answer.claims[claim["metadata"]["uid"]]
         assert entry.error == ""
         return answer_of(entry)
@@ -220,7 +242,9 @@ def test_64_concurrent_prepares_with_duplicates_prepare_each_claim_once(
         by_uid.setdefault(claim["metadata"]["uid"], set()).add(repr(answer))
     assert all(len(a) == 1 for a in by_uid.values()) and len(by_uid) == 16
     gets = [r for r in kubeapi.requests if r.verb == "get" and r.resource == "resourceclaims"]
-    assert sorted(r.name for r in gets) == sorted(c["metadata"]["name"] for c in claims)  # once each
+    assert sorted(r.name for r in gets) == sorted(
+        c["metadata"]["name"] for c in claims
+    )  # once each
     assert len(list(Path(plugin_process.settings["cdi"]).glob("*.json"))) == 16
 
 
@@ -229,7 +253,14 @@ def test_two_claims_allocated_the_same_device_the_second_is_refused(
 ) -> None:
     first = kubeapi.add_claim(allocated_claim(name="first", devices=["gpu-3"]))
     second = kubeapi.add_claim(allocated_claim(name="second", devices=["gpu-3"]))
-    a = grpc_stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim_ref(first)]), timeout=5)
-    b = grpc_stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[claim_ref(second)]), timeout=5)
+    a = grpc_stub.NodePrepareResources(
+        v1.NodePrepareResourcesRequest(claims=[claim_ref(first)]), timeout=5
+    )
+    b = grpc_stub.NodePrepareResources(
+        v1.NodePrepareResourcesRequest(claims=[claim_ref(second)]), timeout=5
+    )
     assert a.claims[first["metadata"]["uid"]].error == ""
-    assert "gpu-3 is already prepared for claim default/first" in b.claims[second["metadata"]["uid"]].error
+    assert (
+        "gpu-3 is already prepared for claim default/first"
+        in b.claims[second["metadata"]["uid"]].error
+    )

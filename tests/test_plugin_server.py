@@ -95,14 +95,21 @@ def v1_claim(claim: dict[str, object]) -> v1.Claim:
 
 
 def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlugin) -> None:
-    assert plugin.paths.registration == plugin.config.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+    assert (
+        plugin.paths.registration
+        == plugin.config.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+    )
     assert plugin.paths.dra == plugin.config.plugin_data_dir / "dra.sock"
     with channel(plugin.paths.registration) as ch:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
     assert info.type == "DRAPlugin"
     assert info.name == "gpu.nvidia.com"
     assert info.endpoint == str(plugin.paths.dra)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1alpha1.DRAResourceHealth",
+    ]
 
 
 def test_registration_status_is_recorded_and_a_refusal_logged(
@@ -141,15 +148,25 @@ def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
         )
     entry = answer.claims[uid]
     assert entry.error == ""
-    got = [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), d.HasField("share_id")) for d in entry.devices]
+    got = [
+        (
+            list(d.request_names),
+            d.pool_name,
+            d.device_name,
+            list(d.cdi_device_ids),
+            d.HasField("share_id"),
+        )
+        for d in entry.devices
+    ]
     assert got == [
         (["gpus"], "node1", "gpu-0", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"], False),
         (["gpus"], "node1", "gpu-1", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-1"], True),
     ]
     assert entry.devices[1].share_id == share
-    assert [(list(d.request_names), d.device_name, list(d.cdi_device_ids)) for d in beta.claims[uid].devices] == [
-        (g[0], g[2], g[3]) for g in got
-    ]
+    assert [
+        (list(d.request_names), d.device_name, list(d.cdi_device_ids))
+        for d in beta.claims[uid].devices
+    ] == [(g[0], g[2], g[3]) for g in got]
     assert ("get", "resourceclaims", "ml", "train") in kubeapi.requests
     assert (plugin.config.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.json").exists()
 
@@ -160,12 +177,17 @@ def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
     claim = kubeapi.add_claim(allocated_claim(name="c1"))
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
-        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5)
+        stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+        )
         unknown = v1.Claim(namespace="default", name="never", uid=new_uid())
         answer = stub.NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(claim), unknown]), timeout=5
         )
-    assert {uid: e.error for uid, e in answer.claims.items()} == {claim["metadata"]["uid"]: "", unknown.uid: ""}
+    assert {uid: e.error for uid, e in answer.claims.items()} == {
+        claim["metadata"]["uid"]: "",
+        unknown.uid: "",
+    }
     assert list(plugin.config.cdi_root.iterdir()) == []
 
 
@@ -173,11 +195,14 @@ def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
     plugin: KubeletPlugin, kubeapi: FakeKubeApi
 ) -> None:
     good = kubeapi.add_claim(allocated_claim(name="good", devices=["gpu-2"]))
-    elsewhere = kubeapi.add_claim(allocated_claim(name="elsewhere", node="node2", devices=["gpu-3"]))
+    elsewhere = kubeapi.add_claim(
+        allocated_claim(name="elsewhere", node="node2", devices=["gpu-3"])
+    )
     traversal = v1.Claim(namespace="default", name="x", uid="../../etc/passwd")
     with channel(plugin.paths.dra) as ch:
         answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
-            v1.NodePrepareResourcesRequest(claims=[v1_claim(good), v1_claim(elsewhere), traversal]), timeout=5
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(good), v1_claim(elsewhere), traversal]),
+            timeout=5,
         )
     assert answer.claims[good["metadata"]["uid"]].error == ""
     assert "node2" in answer.claims[elsewhere["metadata"]["uid"]].error
@@ -188,11 +213,18 @@ def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
 def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
-        assert len(stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=2).claims) == 0
-        assert len(stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(), timeout=2).claims) == 0
+        assert (
+            len(stub.NodePrepareResources(v1.NodePrepareResourcesRequest(), timeout=2).claims) == 0
+        )
+        assert (
+            len(stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(), timeout=2).claims)
+            == 0
+        )
 
 
-def test_a_batch_of_1000_claims_gets_1000_answers(plugin: KubeletPlugin, kubeapi: FakeKubeApi) -> None:
+def test_a_batch_of_1000_claims_gets_1000_answers(
+    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+) -> None:
     claims = []
     for i in range(1000):
         claim = allocated_claim(name=f"admin-{i}", devices=[f"gpu-{i % 8}"])
@@ -228,7 +260,9 @@ def test_health_stream_reports_every_device_healthy_and_repeats(plugin: KubeletP
         assert all(d.health_check_timeout_seconds == 30 for d in report.devices)
 
 
-def test_stop_removes_both_sockets_and_start_replaces_stale_ones(tmp_path: Path, kube: KubeClient) -> None:
+def test_stop_removes_both_sockets_and_start_replaces_stale_ones(
+    tmp_path: Path, kube: KubeClient
+) -> None:
     config = make_config(tmp_path)
     stale = config.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
     stale.parent.mkdir(parents=True)
@@ -237,13 +271,18 @@ def test_stop_removes_both_sockets_and_start_replaces_stale_ones(tmp_path: Path,
     leftover.close()  # the file stays, nobody listens: what a crashed plugin leaves
     plugin = start_plugin(tmp_path, kube)
     with channel(plugin.paths.registration) as ch:
-        assert reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1).name == "gpu.nvidia.com"
+        assert (
+            reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1).name
+            == "gpu.nvidia.com"
+        )
     plugin.stop()
     assert not plugin.paths.registration.exists()
     assert not plugin.paths.dra.exists()
 
 
-def test_a_non_socket_file_at_the_socket_path_is_not_deleted(tmp_path: Path, kube: KubeClient) -> None:
+def test_a_non_socket_file_at_the_socket_path_is_not_deleted(
+    tmp_path: Path, kube: KubeClient
+) -> None:
     config = make_config(tmp_path)
     config.plugin_data_dir.mkdir(parents=True)
     precious = config.plugin_data_dir / "dra.sock"
@@ -347,7 +386,9 @@ def test_claims_deleted_from_the_api_are_unprepared_at_start(
 def test_too_long_socket_paths_are_a_clear_config_error(tmp_path: Path, kube: KubeClient) -> None:
     deep = tmp_path / ("d" * 60)
     with pytest.raises(ConfigError, match="Unix socket path limit"):
-        KubeletPlugin(config=make_config(deep, pod_uid=new_uid()), inventory=inventory(), claims=kube)
+        KubeletPlugin(
+            config=make_config(deep, pod_uid=new_uid()), inventory=inventory(), claims=kube
+        )
 
 
 def replace_uid(claim: dict[str, object]) -> dict[str, object]:
@@ -358,4 +399,7 @@ def replace_uid(claim: dict[str, object]) -> dict[str, object]:
 
 def test_config_change_keeps_paths(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    assert replace(config, pod_uid=None).checkpoint_path == tmp_path / "plugins/gpu.nvidia.com/checkpoint.json"
+    assert (
+        replace(config, pod_uid=None).checkpoint_path
+        == tmp_path / "plugins/gpu.nvidia.com/checkpoint.json"
+    )

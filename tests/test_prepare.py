@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,10 @@ def test_prepare_answers_one_device_per_result_with_cdi_ids(env: Env) -> None:
     assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-0", f"{uid}-gpu-1"]
     record = env.checkpoint.get(uid)
     assert record is not None and record.phase == PREPARE_COMPLETED
-    assert record.devices[0].config == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    assert record.devices[0].config == {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+    }
 
 
 def test_prepare_twice_returns_the_same_devices_without_side_effects(env: Env) -> None:
@@ -109,7 +113,9 @@ def test_results_of_other_drivers_are_ignored(env: Env) -> None:
     claim = env.store.add(
         allocated_claim(
             name="c1",
-            extra_results=[{"request": "nic", "driver": "net.example.com", "pool": "node1", "device": "eth3"}],
+            extra_results=[
+                {"request": "nic", "driver": "net.example.com", "pool": "node1", "device": "eth3"}
+            ],
         )
     )
     assert [d.device for d in env.preparer.prepare(env.ref(claim))] == ["gpu-0"]
@@ -129,11 +135,19 @@ def test_share_id_is_echoed(env: Env) -> None:
         (lambda c: c["metadata"].update(uid=new_uid()), "has UID"),
         (lambda c: c["status"].pop("allocation"), "is not allocated"),
         (
-            lambda c: c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0].update(values=["node2"]),
+            lambda c: c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0][
+                "matchFields"
+            ][0].update(values=["node2"]),
             "allocated on node node2",
         ),
-        (lambda c: c["status"]["allocation"]["devices"]["results"][0].update(device="gpu-99"), "node1/gpu-99, which this node does not have"),
-        (lambda c: c["status"]["allocation"]["devices"]["results"][0].update(pool="node2"), "node2/gpu-0"),
+        (
+            lambda c: c["status"]["allocation"]["devices"]["results"][0].update(device="gpu-99"),
+            "node1/gpu-99, which this node does not have",
+        ),
+        (
+            lambda c: c["status"]["allocation"]["devices"]["results"][0].update(pool="node2"),
+            "node2/gpu-0",
+        ),
     ],
 )
 def test_prepare_refuses_claims_that_do_not_fit(env: Env, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -161,7 +175,9 @@ def test_prepare_of_a_missing_claim_is_an_error(env: Env) -> None:
         (ClaimRef("default", "a/../b", "0f0f0f0f-0000-0000-0000-000000000000"), "claim name"),
     ],
 )
-def test_bad_claim_references_never_reach_a_path_or_the_api(env: Env, ref: ClaimRef, message: str) -> None:
+def test_bad_claim_references_never_reach_a_path_or_the_api(
+    env: Env, ref: ClaimRef, message: str
+) -> None:
     with pytest.raises(PrepareError, match=message):
         env.preparer.prepare(ref)
     assert env.store.gets == 0
@@ -169,9 +185,13 @@ def test_bad_claim_references_never_reach_a_path_or_the_api(env: Env, ref: Claim
 
 
 def test_class_configs_apply_before_claim_configs_and_the_last_wins(env: Env) -> None:
-    ts = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-          "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}  # fmt: skip
-    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    long_slices = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    ts = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": long_slices}
+    mps = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS"},
+    }
     claim = env.store.add(
         allocated_claim(
             name="c1",
@@ -187,29 +207,41 @@ def test_class_configs_apply_before_claim_configs_and_the_last_wins(env: Env) ->
 
 
 def test_a_config_for_another_request_does_not_apply(env: Env) -> None:
-    ts = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    ts = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing"},
+    }
     claim = env.store.add(
-        allocated_claim(name="c1", devices=[("a/sub", "gpu-0"), ("b", "gpu-1")], configs=[opaque(ts, requests=["a"])])
+        allocated_claim(
+            name="c1",
+            devices=[("a/sub", "gpu-0"), ("b", "gpu-1")],
+            configs=[opaque(ts, requests=["a"])],
+        )
     )
     a, b = env.preparer.prepare(env.ref(claim))
     assert a.config["sharing"] == {"strategy": "TimeSlicing"}
     assert "sharing" not in b.config
 
 
+API = "resource.nvidia.com/v1beta1"
+BAD_LIMIT = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}
+
+
 @pytest.mark.parametrize(
     ("parameters", "message"),
     [
-        ({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "TpuConfig"}, "kind 'TpuConfig' is unknown"),
-        ({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "shareing": {}}, "shareing: Extra inputs"),
+        ({"apiVersion": API, "kind": "TpuConfig"}, "kind 'TpuConfig' is unknown"),
+        ({"apiVersion": API, "kind": "GpuConfig", "shareing": {}}, "shareing: Extra inputs"),
         ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "apiVersion"),
-        (
-            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-             "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}},
-            "not a valid quantity",
-        ),
+        ({"apiVersion": API, "kind": "GpuConfig", "sharing": BAD_LIMIT}, "not a valid quantity"),
+        ({"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "Spatial"}}, "strategy"),
+        (["not", "an", "object"], "must be a JSON object"),
     ],
-)  # fmt: skip
-def test_invalid_opaque_configs_are_a_clear_claim_error(env: Env, parameters: dict[str, object], message: str) -> None:
+)
+def test_invalid_opaque_configs_are_a_clear_claim_error(
+    env: Env, parameters: dict[str, object], message: str
+) -> None:
     claim = env.store.add(allocated_claim(name="c1", configs=[opaque(parameters)]))
     with pytest.raises(ConfigDecodeError, match=message):
         env.preparer.prepare(env.ref(claim))
@@ -218,7 +250,9 @@ def test_invalid_opaque_configs_are_a_clear_claim_error(env: Env, parameters: di
 
 def test_gpu_config_on_a_mig_device_is_refused(env: Env) -> None:
     gpu_config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
-    claim = env.store.add(allocated_claim(name="c1", devices=[MIG_3G], configs=[opaque(gpu_config)]))
+    claim = env.store.add(
+        allocated_claim(name="c1", devices=[MIG_3G], configs=[opaque(gpu_config)])
+    )
     with pytest.raises(ConfigDecodeError, match="mig device: GpuConfig does not apply"):
         env.preparer.prepare(env.ref(claim))
 
@@ -229,7 +263,11 @@ def test_mig_device_gets_its_capability_nodes(env: Env) -> None:
     spec = json.loads(env.specs.path_for(claim["metadata"]["uid"]).read_bytes())
     paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     # gpu4, GPU instance 2 of the simulated layout: the kernel table's minors for it
-    assert paths == ["/dev/nvidia4", "/dev/nvidia-caps/nvidia-cap561", "/dev/nvidia-caps/nvidia-cap562"]
+    assert paths == [
+        "/dev/nvidia4",
+        "/dev/nvidia-caps/nvidia-cap561",
+        "/dev/nvidia-caps/nvidia-cap562",
+    ]
     assert device.config == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}
 
 
@@ -308,7 +346,11 @@ def test_reconcile_rolls_back_half_done_prepares_and_removes_orphaned_specs(env:
     uid = claim["metadata"]["uid"]
     record = env.checkpoint.get(uid)
     assert record is not None
-    env.checkpoint.transact(lambda claims: claims.__setitem__(uid, record.__class__(**{**record.__dict__, "phase": PREPARE_STARTED})))
+    env.checkpoint.transact(
+        lambda claims: claims.__setitem__(
+            uid, record.__class__(**{**record.__dict__, "phase": PREPARE_STARTED})
+        )
+    )
     orphan = new_uid()
     env.specs.write(orphan, b'{"cdiVersion":"0.5.0"}')
     unrelated = env.tmp / "cdi" / "other-vendor.json"
@@ -371,3 +413,12 @@ def test_damaged_checkpoint_is_rebuilt_from_the_cdi_specs(env: Env) -> None:
         assert again.preparer.prepare(again.ref(a)) == first_a
     finally:
         again.preparer.close()
+
+
+def test_specs_from_before_the_boot_are_not_rebuilt_as_prepared(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="a", devices=["gpu-0"]))
+    env.preparer.prepare(env.ref(claim))
+    env.checkpoint.transact(lambda claims: claims.discard(claim["metadata"]["uid"]))
+    assert env.preparer.rebuild_from_specs(booted_at_s=time.time() + 60) == 0
+    env.preparer.reconcile()
+    assert env.specs.claim_uids() == set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -198,7 +199,7 @@ class KubeletPlugin:
     def _recover(self, report: LoadReport) -> None:
         assert self.preparer is not None
         if report.corrupt_moved_to is not None:
-            rebuilt = self.preparer.rebuild_from_specs()
+            rebuilt = self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
             log.warning(
                 "rebuilt the prepared-claim state from the CDI specs on disk",
                 extra={"claims": rebuilt},
@@ -213,6 +214,14 @@ class KubeletPlugin:
             **({"temp_file_max_age_s": 0.0} if self.config.pod_uid is None else {})
         )
         log.info("reconciled prepared claims at start", extra=done)
+
+    def _booted_at_s(self) -> float:
+        """When the node booted (0 when <proc>/uptime cannot be read: trust every spec)."""
+        try:
+            uptime_s = float((self._proc_root / "uptime").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        return time.time() - uptime_s
 
     def _checkpoint_corrupt(self, moved_to: Path, reason: str) -> None:
         # A damaged checkpoint found later (written by another instance) is rebuilt too.
@@ -266,7 +275,7 @@ class KubeletPlugin:
             try:
                 if self._rebuild_needed:
                     self._rebuild_needed = False
-                    self.preparer.rebuild_from_specs()
+                    self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
                 done = self.preparer.reconcile()
             except (CdiError, CheckpointError, KubeError) as exc:
                 log.warning("reconcile failed; will retry", extra={"error": str(exc)})

@@ -1,0 +1,149 @@
+"""cdi.py: spec content, the lowest cdiVersion, driver-file discovery, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dra_driver import cdi
+from dra_driver.errors import CdiError
+from dra_driver.gpus.profiles import DRIVER_VERSION
+from tests.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
+
+UID = "6c0e1d2f-0000-4000-8000-00000000abcd"
+VENDOR = "k8s.gpu.nvidia.com"
+
+
+def files_for(tmp: Path) -> cdi.DriverFiles:
+    fake = make_fake_driver(tmp)
+    return cdi.find_driver_files(
+        driver_root=fake.root, driver_version=DRIVER_VERSION, proc_root=fake.proc_root
+    )
+
+
+def test_driver_libraries_are_mounted_read_only_also_under_their_sonames(tmp_path: Path) -> None:
+    files = files_for(tmp_path)
+    lib = f"/{LIB_DIR}"
+    mounts = {m.container_path: m.host_path for m in files.mounts}
+    real_cuda = str(tmp_path / "driver-root" / LIB_DIR / f"libcuda.so.{DRIVER_VERSION}")
+    assert mounts[f"{lib}/libcuda.so.1"] == real_cuda  # the real file, not the symlink
+    assert mounts[f"{lib}/libcuda.so.{DRIVER_VERSION}"] == real_cuda
+    assert mounts[f"{lib}/libnvidia-nvvm.so.4"].endswith(f"libnvidia-nvvm.so.{DRIVER_VERSION}")
+    assert f"{lib}/libnvidia-gpucomp.so.{DRIVER_VERSION}" in mounts
+    assert f"{lib}/libcuda.so.{OLD_VERSION}" not in mounts  # another driver's leftovers
+    assert f"{lib}/libc.so.6" not in mounts
+    assert {
+        "/usr/bin/nvidia-smi",
+        "/usr/bin/nvidia-debugdump",
+        "/usr/bin/nvidia-persistenced",
+    } <= set(mounts)
+    assert files.dev_root == tmp_path / "driver-root"
+
+
+def test_a_missing_soname_link_is_still_mounted_under_the_soname(tmp_path: Path) -> None:
+    fake = make_fake_driver(tmp_path)
+    (fake.root / LIB_DIR / "libnvidia-ml.so.1").unlink()
+    files = cdi.find_driver_files(
+        driver_root=fake.root, driver_version=DRIVER_VERSION, proc_root=fake.proc_root
+    )
+    assert f"/{LIB_DIR}/libnvidia-ml.so.1" in {m.container_path for m in files.mounts}
+
+
+def test_absolute_links_resolve_inside_the_driver_root(tmp_path: Path) -> None:
+    fake = make_fake_driver(tmp_path)
+    link = fake.root / LIB_DIR / "libcuda.so.1"
+    link.unlink()
+    link.symlink_to(f"/{LIB_DIR}/libcuda.so.{DRIVER_VERSION}")  # absolute, as driver containers do
+    escape = fake.root / LIB_DIR / "libnvidia-cfg.so.1"
+    escape.unlink()
+    escape.symlink_to("../../../../../../etc/hostname")
+    files = cdi.find_driver_files(
+        driver_root=fake.root, driver_version=DRIVER_VERSION, proc_root=fake.proc_root
+    )
+    mounts = {m.container_path: m.host_path for m in files.mounts}
+    assert mounts[f"/{LIB_DIR}/libcuda.so.1"] == str(fake.library("libcuda"))
+    assert all(h.startswith(str(fake.root)) for h in mounts.values())
+
+
+def test_mig_capability_minors_follow_the_kernel_table(tmp_path: Path) -> None:
+    files = files_for(tmp_path)
+    assert files.mig_cap_minor("gpu0/gi0/access") == 3
+    assert files.mig_cap_minor("gpu3/gi3/ci3/access") == 439
+    without_table = cdi.DriverFiles(dev_root=Path("/"), mounts=())
+    for name, minor in files.mig_cap_minors.items():  # the formula agrees with every table line
+        assert without_table.mig_cap_minor(name) == minor
+
+
+def test_spec_uses_the_lowest_version_its_fields_need() -> None:
+    files = cdi.DriverFiles(dev_root=Path("/"), mounts=())
+    node = (files.node("/dev/nvidia0"),)
+    plain = cdi.claim_spec(vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",
+                           devices=[cdi.ClaimDevice("gpu-0", node)], files=files)  # fmt: skip
+    assert plain["cdiVersion"] == "0.3.0"
+    digit = cdi.claim_spec(
+        vendor=VENDOR, claim_uid=UID, devices=[cdi.ClaimDevice("gpu-0", node)], files=files
+    )
+    assert digit["cdiVersion"] == "0.5.0"  # a device name starting with a digit needs 0.5.0
+    host = cdi.DriverFiles(dev_root=Path("/run/nvidia/driver"), mounts=())
+    hosted_device = cdi.ClaimDevice("gpu-0", (host.node("/dev/nvidia0"),))
+    hosted = cdi.claim_spec(
+        vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",
+        devices=[hosted_device], files=host,
+    )  # fmt: skip
+    assert hosted["cdiVersion"] == "0.5.0"
+    assert hosted["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"}
+    ]
+    assert cdi.minimum_version({"annotations": {}, "devices": []}) == "0.6.0"
+
+
+def test_spec_content_is_deterministic(tmp_path: Path) -> None:
+    files = files_for(tmp_path)
+    devices = [cdi.ClaimDevice("gpu-1", cdi.gpu_nodes(files, minor=1))]
+    a = cdi.encode_spec(cdi.claim_spec(vendor=VENDOR, claim_uid=UID, devices=devices, files=files))
+    b = cdi.encode_spec(cdi.claim_spec(vendor=VENDOR, claim_uid=UID, devices=devices, files=files))
+    assert a == b
+    spec = json.loads(a)
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
+    assert all(
+        m["options"] == ["ro", "nosuid", "nodev", "bind"] for m in spec["containerEdits"]["mounts"]
+    )
+
+
+def test_spec_dir_writes_atomically_and_touches_only_its_own_files(tmp_path: Path) -> None:
+    specs = cdi.CdiSpecDir(tmp_path, vendor=VENDOR)
+    (tmp_path / "nvidia.yaml").write_text("someone else's")
+    path = specs.write(UID, b'{"a":1}\n')
+    assert path.name == f"{VENDOR}-claim_{UID}.json"
+    specs.write(UID, b'{"a":2}\n')
+    assert path.read_bytes() == b'{"a":2}\n'
+    assert specs.claim_uids() == {UID}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "nvidia.yaml"])
+    stale = tmp_path / f".{path.name}.deadbeef.tmp"
+    stale.write_text("half")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    fresh = tmp_path / f".{path.name}.cafef00d.tmp"
+    fresh.write_text("in flight")
+    assert specs.remove_temp_files(older_than_s=60) == 1
+    assert fresh.exists() and not stale.exists()
+    assert specs.remove(UID) and not specs.remove(UID)
+    assert (tmp_path / "nvidia.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "uid", ["../../etc/x", "6C0E1D2F-0000-4000-8000-00000000ABCD", "", "x" * 36]
+)
+def test_claim_uids_that_are_not_uuids_never_become_paths(tmp_path: Path, uid: str) -> None:
+    specs = cdi.CdiSpecDir(tmp_path, vendor=VENDOR)
+    with pytest.raises(CdiError, match="not a lowercase UUID"):
+        specs.write(uid, b"{}")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,151 @@
+"""A real CDI consumer: podman (with runc) runs a busybox container with the CDI IDs a real
+prepare returned over the gRPC socket, and we look inside the container.
+
+Needs root, podman, runc and busybox-static (Debian: ``apt-get install podman runc
+busybox-static``); skipped with the reason otherwise. podman reads specs only from /etc/cdi and
+/var/run/cdi, so the spec goes to /var/run/cdi under a driver name unique to this test run (the
+plugin only ever touches its own vendor's files there) and is removed by unprepare.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver.config import Config
+from dra_driver.gpus.profiles import DRIVER_VERSION
+from dra_driver.kube import KubeClient
+from dra_driver.plugin.server import KubeletPlugin
+from tests.claimdata import allocated_claim
+from tests.fakedriver import LIB_DIR, make_fake_driver, simulated_inventory
+from tests.kubeapi import FakeKubeApi
+
+BUSYBOX = Path("/bin/busybox")
+CONTAINERS_CONF = """[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+runtime = "runc"
+"""
+
+
+def _missing() -> str:
+    if os.geteuid() != 0:
+        return "needs root (device nodes and rootful podman)"
+    for tool in ("podman", "runc"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install podman runc busybox-static)"
+    if not BUSYBOX.exists():
+        return "busybox-static is not installed (/bin/busybox)"
+    return ""
+
+
+pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(_missing()), reason=_missing() or "-")]
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dra-podman-", dir="/tmp") as d:
+        yield Path(d)
+
+
+def test_container_gets_device_nodes_environment_and_driver_files(
+    short_tmp: Path, kubeapi: FakeKubeApi
+) -> None:
+    driver = f"t{uuid.uuid4().hex[:8]}.gpu-dra.test"
+    fake = make_fake_driver(short_tmp, gpu_minors=range(2))
+    assert fake.real_nodes
+    (short_tmp / "boot_id").write_text("boot-1\n")
+    rootfs = short_tmp / "rootfs"
+    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+        (rootfs / d).mkdir(parents=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
+    conf = short_tmp / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+
+    kubeapi.add_node("node1")
+    claim = kubeapi.add_claim(allocated_claim(name="podman", driver=driver, devices=["gpu-1"]))
+    uid = claim["metadata"]["uid"]
+    kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    plugin = KubeletPlugin(
+        config=Config(
+            node_name="node1",
+            driver_name=driver,
+            nvidia_driver_root=fake.root,
+            kubelet_registrar_directory_path=short_tmp / "registry",
+            kubelet_plugins_directory_path=short_tmp / "plugins",
+            cdi_root=Path("/var/run/cdi"),
+        ),
+        inventory=simulated_inventory("h100:2", node_name="node1"),
+        claims=kube,
+        proc_root=fake.proc_root,
+        boot_id_path=short_tmp / "boot_id",
+    )
+    plugin.start()
+    spec = Path("/var/run/cdi") / f"k8s.{driver}-claim_{uid}.json"
+    try:
+        ref = v1.Claim(namespace="default", name="podman", uid=uid)
+        with grpc.insecure_channel(f"unix://{plugin.paths.dra}") as ch:
+            stub = v1_grpc.DRAPluginStub(ch)
+            answer = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[ref]), timeout=10
+            )
+            entry = answer.claims[uid]
+            assert entry.error == ""
+            cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+            assert cdi_ids == [f"k8s.{driver}/claim={uid}-gpu-1"]
+            assert spec.exists()
+
+            lib = f"/{LIB_DIR}"
+            script = (
+                "for n in /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do "
+                "[ -c $n ] && echo node-ok $n; done; "
+                "[ -e /dev/nvidia0 ] || echo no-other-gpu; "
+                'echo "env NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; '
+                f"cat {lib}/libcuda.so.1 {lib}/libcuda.so.{DRIVER_VERSION} {lib}/libnvidia-ml.so.1 "
+                f"{lib}/libnvidia-nvvm.so.4 {lib}/libnvidia-gpucomp.so.{DRIVER_VERSION}; "
+                "[ -x /usr/bin/nvidia-smi ] && echo tool-ok; "
+                f"touch {lib}/libcuda.so.1 2>/dev/null || echo read-only-ok"
+            )
+            run = subprocess.run(
+                ["podman", "run", "--rm", "--network=none", *(f"--device={i}" for i in cdi_ids),
+                 "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
+                env={**os.environ, "CONTAINERS_CONF": str(conf)},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            lines = run.stdout.splitlines()
+            assert lines == [
+                "node-ok /dev/nvidia1",
+                "node-ok /dev/nvidiactl",
+                "node-ok /dev/nvidia-uvm",
+                "node-ok /dev/nvidia-uvm-tools",
+                "no-other-gpu",
+                "env NVIDIA_VISIBLE_DEVICES=void",
+                f"libcuda {DRIVER_VERSION}",
+                f"libcuda {DRIVER_VERSION}",
+                f"libnvidia-ml {DRIVER_VERSION}",
+                f"libnvidia-nvvm {DRIVER_VERSION}",
+                f"libnvidia-gpucomp {DRIVER_VERSION}",
+                "tool-ok",
+                "read-only-ok",
+            ]
+            stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=10)
+        assert not spec.exists()
+    finally:
+        plugin.stop()
+        kube.close()
+        spec.unlink(missing_ok=True)
