@@ -11,7 +11,6 @@ within 1 s; unprepare p50 <= 2 ms; RSS growth over 1,000 prepare/unprepare cycle
 
 from __future__ import annotations
 
-import gc
 import json
 import resource
 import statistics
@@ -29,17 +28,15 @@ import grpc
 from bench.table import Row, print_table
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.config import Config
-from dra_driver.kube import KubeClient
-from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim
-from tests.fakedriver import make_fake_driver, simulated_inventory
+from tests.fakedriver import make_fake_driver
 
 GPUS = 8
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of the plugin process."""
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
@@ -90,6 +87,57 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+_PLUGIN_SERVER = """
+import json, sys
+from pathlib import Path
+from dra_driver.config import Config
+from dra_driver.kube import KubeClient
+from dra_driver.plugin.server import KubeletPlugin
+from tests.fakedriver import simulated_inventory
+s = json.loads(Path(sys.argv[1]).read_text())
+kube = KubeClient.from_config(kubeconfig=Path(s["kubeconfig"]))
+plugin = KubeletPlugin(
+    config=Config(
+        node_name="node1",
+        nvidia_driver_root=Path(s["driver_root"]),
+        kubelet_registrar_directory_path=Path(s["registry"]),
+        kubelet_plugins_directory_path=Path(s["plugins"]),
+        cdi_root=Path(s["cdi"]),
+    ),
+    inventory=simulated_inventory(f"h100:{s['gpus']}", node_name="node1"),
+    claims=kube,
+    proc_root=Path(s["proc_root"]),
+    boot_id_path=Path(s["boot_id"]),
+)
+plugin.start()
+print(plugin.paths.dra, flush=True)
+sys.stdin.read()
+plugin.stop()
+kube.close()
+"""
+
+
+def _start(script: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """Run ``script`` in its own interpreter; return it and the first line it prints."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line:
+        sys.exit(f"{script.split(chr(10))[1]}: the process did not start")
+    return proc, line
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=15)
+
+
 def main() -> int:
     claims = _Claims()
     work = _Workload(
@@ -103,45 +151,31 @@ def main() -> int:
         fake = make_fake_driver(tmp)
         (tmp / "boot_id").write_text("bench\n")
         (tmp / "claims.json").write_text(json.dumps(claims.objects))
-        api = subprocess.Popen(
-            [sys.executable, "-c", _API_SERVER, str(tmp / "claims.json"), str(tmp / "kubeconfig")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert api.stdout is not None and api.stdin is not None
-        if api.stdout.readline().strip() != "ready":
-            sys.exit("the API server process did not start")
-        kube = KubeClient.from_config(kubeconfig=tmp / "kubeconfig")
-        config = Config(
-            node_name="node1",
-            nvidia_driver_root=fake.root,
-            kubelet_registrar_directory_path=tmp / "registry",
-            kubelet_plugins_directory_path=tmp / "plugins",
-            cdi_root=tmp / "cdi",
-        )
-        plugin = KubeletPlugin(
-            config=config,
-            inventory=simulated_inventory(f"h100:{GPUS}", node_name="node1"),
-            claims=kube,
-            proc_root=fake.proc_root,
-            boot_id_path=tmp / "boot_id",
-        )
-        plugin.start()
+        # The API server, the plugin and the caller (the kubelet's part) are three processes,
+        # as on a node: none of them competes for another's interpreter lock.
+        api, _ = _start(_API_SERVER, str(tmp / "claims.json"), str(tmp / "kubeconfig"))
+        settings = {
+            "kubeconfig": str(tmp / "kubeconfig"), "driver_root": str(fake.root),
+            "registry": str(tmp / "registry"), "plugins": str(tmp / "plugins"),
+            "cdi": str(tmp / "cdi"), "proc_root": str(fake.proc_root),
+            "boot_id": str(tmp / "boot_id"), "gpus": GPUS,
+        }  # fmt: skip
+        (tmp / "plugin.json").write_text(json.dumps(settings))
         try:
-            rows = _measure(work, plugin)
+            plugin, dra_socket = _start(_PLUGIN_SERVER, str(tmp / "plugin.json"))
+            try:
+                rows = _measure(work, dra_socket=dra_socket, plugin_pid=plugin.pid)
+            finally:
+                _stop(plugin)
         finally:
-            plugin.stop()
-            kube.close()
-            api.stdin.close()
-            api.wait(timeout=10)
+            _stop(api)
     return (
         0 if print_table("prepare/unprepare over dra.sock (fsync'd CDI + checkpoint)", rows) else 1
     )
 
 
-def _measure(work: _Workload, plugin: KubeletPlugin) -> list[Row]:
-    ch = grpc.insecure_channel(f"unix://{plugin.paths.dra}")
+def _measure(work: _Workload, *, dra_socket: str, plugin_pid: int) -> list[Row]:
+    ch = grpc.insecure_channel(f"unix://{dra_socket}")
     stub = v1_grpc.DRAPluginStub(ch)
 
     def prepare(claim: v1.Claim) -> float:
@@ -192,13 +226,11 @@ def _measure(work: _Workload, plugin: KubeletPlugin) -> list[Row]:
     for c in cycle_claims[:100]:
         prepare(c)
         unprepare(c)
-    gc.collect()
-    rss_before = _rss_bytes()
+    rss_before = _rss_bytes(plugin_pid)
     for c in cycle_claims[100:]:
         prepare(c)
         unprepare(c)
-    gc.collect()
-    growth_mib = (_rss_bytes() - rss_before) / 2**20
+    growth_mib = (_rss_bytes(plugin_pid) - rss_before) / 2**20
     ch.close()
 
     p50, p99 = statistics.median(prep_ms), _pct(prep_ms, 0.99)

@@ -168,9 +168,14 @@ class Preparer:
         self.locks = locks
         self.claims = claims
         self._pool = ThreadPoolExecutor(max_workers=max_parallel_claims, thread_name_prefix="claim")
+        # Separate from _pool: a claim running in _pool waits on its spec write.
+        self._spec_writes = ThreadPoolExecutor(
+            max_workers=max_parallel_claims, thread_name_prefix="cdi-write"
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._spec_writes.shutdown(wait=True, cancel_futures=True)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -233,13 +238,21 @@ class Preparer:
             # Durability costs fsyncs (~0.3 ms each). Only the state the kubelet is told about
             # must survive a power loss: the spec and PrepareCompleted. PrepareStarted only has
             # to survive a crash of this process (atomic rename), because after a power loss
-            # the boot ID discards every claim. The spec directory is synced last, once.
+            # the boot ID discards every claim.
             self.checkpoint.transact(self._start_op(ref, planned, devices), durable=False)
             try:
                 self._apply_configs(planned)
-                self._write_spec(ref.uid, [p.target for p in planned], sync_dir=False)
-                self.checkpoint.transact(_complete_op(ref.uid))
-                self.specs.sync()
+                # The spec and PrepareCompleted are files in different directories: written at
+                # the same time, their fsyncs overlap instead of adding up. Either may reach the
+                # disk first: reconcile removes a spec no record owns and rewrites the missing
+                # spec of a completed claim. The kubelet hears of success only after both.
+                spec = self._spec_writes.submit(
+                    self._write_spec, ref.uid, [p.target for p in planned]
+                )
+                try:
+                    self.checkpoint.transact(_complete_op(ref.uid))
+                finally:
+                    spec.result()
             except BaseException:
                 self._roll_back_quietly(ref.uid)
                 raise

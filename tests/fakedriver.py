@@ -78,9 +78,9 @@ def make_fake_driver(base: Path, *, gpu_minors: range = range(8)) -> FakeDriver:
     for tool in TOOLS:
         (bindir / tool).write_text(f"#!/bin/sh\necho {tool}\n")
         (bindir / tool).chmod(0o755)
-    real = True
+    real_nodes = True
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        real = make_node(root / "dev" / name) and real
+        real_nodes = make_node(root / "dev" / name) and real_nodes
     for minor in gpu_minors:
         make_node(root / "dev" / f"nvidia{minor}")
     proc_root = base / "proc"
@@ -96,7 +96,7 @@ def make_fake_driver(base: Path, *, gpu_minors: range = range(8)) -> FakeDriver:
                 lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
                 minor += 1
     (caps / "mig-minors").write_text("\n".join(lines) + "\n")
-    return FakeDriver(root=root, proc_root=proc_root, real_nodes=real)
+    return FakeDriver(root=root, proc_root=proc_root, real_nodes=real_nodes)
 
 
 def simulated_inventory(spec: str, *, node_name: str) -> Inventory:
