@@ -334,13 +334,8 @@ class KubeClient:
             verb="list",
             resource="resourceslices",
         )
-        version = self.resource_api_version
-        items = sorted(
-            (slice_to_v1(item, api_version=version) for item in data.get("items") or ()),
-            key=lambda s: str(s.get("metadata", {}).get("name", "")),
-        )
         return SliceList(
-            items=tuple(items),
+            items=tuple(self._v1_slices(data)),
             resource_version=str(data.get("metadata", {}).get("resourceVersion", "")),
         )
 
@@ -417,9 +412,13 @@ class KubeClient:
         """Every ResourceSlice of the cluster (all nodes, all drivers), v1 shape, sorted by name:
         what the scheduler sees. For ``gpu-dra explain``; the agent never calls it."""
         data = self._request("GET", self._slices_path(), verb="list", resource="resourceslices")
+        return self._v1_slices(data)
+
+    def _v1_slices(self, listing: Mapping[str, Any]) -> list[JsonDict]:
+        """The items of a ResourceSlice list in v1 shape, sorted by name."""
         version = self.resource_api_version
         return sorted(
-            (slice_to_v1(item, api_version=version) for item in data.get("items") or ()),
+            (slice_to_v1(item, api_version=version) for item in listing.get("items") or ()),
             key=lambda s: str(s.get("metadata", {}).get("name", "")),
         )
 

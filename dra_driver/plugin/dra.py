@@ -8,6 +8,7 @@ that entry's ``error``; an RPC never fails as a whole because of one claim.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
@@ -22,14 +23,18 @@ def _refs(claims: Iterable[_Claim]) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
 
-class V1Servicer(v1_grpc.DRAPluginServicer):
+class _Servicer:
+    """Both versions in one body; a subclass names its message module and whether it has
+    ``share_id`` (v1 only, spec B.3)."""
+
+    _pb2: Any
+    _share_ids: bool
+
     def __init__(self, preparer: Preparer) -> None:
         self._preparer = preparer
 
-    def NodePrepareResources(  # noqa: N802
-        self, request: v1_pb2.NodePrepareResourcesRequest, context: object
-    ) -> v1_pb2.NodePrepareResourcesResponse:
-        response = v1_pb2.NodePrepareResourcesResponse()
+    def NodePrepareResources(self, request: Any, context: object) -> Any:  # noqa: N802
+        response = self._pb2.NodePrepareResourcesResponse()
         for uid, outcome in self._preparer.prepare_batch(_refs(request.claims)).items():
             entry = response.claims[uid]
             if outcome.error:
@@ -42,45 +47,22 @@ class V1Servicer(v1_grpc.DRAPluginServicer):
                     device_name=d.device,
                     cdi_device_ids=list(d.cdi_device_ids),
                 )
-                if d.share_id is not None:
+                if self._share_ids and d.share_id is not None:
                     device.share_id = d.share_id
         return response
 
-    def NodeUnprepareResources(  # noqa: N802
-        self, request: v1_pb2.NodeUnprepareResourcesRequest, context: object
-    ) -> v1_pb2.NodeUnprepareResourcesResponse:
-        response = v1_pb2.NodeUnprepareResourcesResponse()
+    def NodeUnprepareResources(self, request: Any, context: object) -> Any:  # noqa: N802
+        response = self._pb2.NodeUnprepareResourcesResponse()
         for uid, outcome in self._preparer.unprepare_batch(_refs(request.claims)).items():
             response.claims[uid].error = outcome.error
         return response
 
 
-class V1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: Preparer) -> None:
-        self._preparer = preparer
+class V1Servicer(_Servicer, v1_grpc.DRAPluginServicer):
+    _pb2 = v1_pb2
+    _share_ids = True
 
-    def NodePrepareResources(  # noqa: N802
-        self, request: v1beta1_pb2.NodePrepareResourcesRequest, context: object
-    ) -> v1beta1_pb2.NodePrepareResourcesResponse:
-        response = v1beta1_pb2.NodePrepareResourcesResponse()
-        for uid, outcome in self._preparer.prepare_batch(_refs(request.claims)).items():
-            entry = response.claims[uid]
-            if outcome.error:
-                entry.error = outcome.error
-                continue
-            for d in outcome.devices:
-                entry.devices.add(
-                    request_names=list(d.request_names),
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=list(d.cdi_device_ids),
-                )
-        return response
 
-    def NodeUnprepareResources(  # noqa: N802
-        self, request: v1beta1_pb2.NodeUnprepareResourcesRequest, context: object
-    ) -> v1beta1_pb2.NodeUnprepareResourcesResponse:
-        response = v1beta1_pb2.NodeUnprepareResourcesResponse()
-        for uid, outcome in self._preparer.unprepare_batch(_refs(request.claims)).items():
-            response.claims[uid].error = outcome.error
-        return response
+class V1beta1Servicer(_Servicer, v1beta1_grpc.DRAPluginServicer):
+    _pb2 = v1beta1_pb2
+    _share_ids = False
