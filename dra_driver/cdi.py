@@ -23,7 +23,6 @@ import os
 import platform
 import re
 import secrets
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,7 +422,7 @@ class CdiSpecDir:
         self._prefix = f"{vendor}-{CDI_CLASS}_"
         self._spec_name = re.compile(rf"^{re.escape(self._prefix)}({_UUID_PATTERN})\.json$")
         self._temp_name = re.compile(
-            rf"^\.{re.escape(self._prefix)}{_UUID_PATTERN}\.json\.[0-9a-f]+\.tmp$"
+            rf"^\.{re.escape(self._prefix)}({_UUID_PATTERN})\.json\.[0-9a-f]+\.tmp$"
         )
 
     def ensure(self) -> None:
@@ -483,29 +482,29 @@ class CdiSpecDir:
             return set()
         return {m[1] for n in names if (m := self._spec_name.match(n))}
 
-    def remove_temp_files(self, *, older_than_s: float) -> int:
-        """Delete temp files a killed writer left behind; return how many.
+    def temp_files(self) -> list[tuple[str, Path]]:
+        """``(claim UID, path)`` of every temp file of ours: writes in flight or crash leftovers.
 
-        Only files older than ``older_than_s`` go: a younger one may belong to a write that
-        another plugin instance is doing right now.
+        Writes happen only under the claim's lock, so a caller holding that lock knows the file
+        is a leftover and may delete it with :meth:`remove_temp_file`.
         """
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:
-            return 0
-        removed = 0
-        cutoff = time.time() - older_than_s
-        for name in names:
-            if not self._temp_name.match(name):
-                continue
-            path = self.root / name
-            try:
-                if path.stat().st_mtime <= cutoff:
-                    path.unlink()
-                    removed += 1
-            except FileNotFoundError:
-                continue
-        return removed
+            return []
+        return [(m[1], self.root / n) for n in names if (m := self._temp_name.match(n))]
+
+    def remove_temp_file(self, path: Path) -> bool:
+        """Delete one temp file found by :meth:`temp_files`; False when it was already gone."""
+        if not self._temp_name.match(path.name) or path.parent != self.root:
+            raise CdiError(f"{path} is not a temp file of ours")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise CdiError(f"cannot remove temp file {path}: {exc}") from exc
+        return True
 
     def sync(self) -> None:
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

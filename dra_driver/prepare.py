@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_TEMP_FILE_MAX_AGE_S = 60.0
 
 
 class ClaimSource(Protocol):
@@ -467,9 +466,10 @@ class Preparer:
 
     # -- repair ------------------------------------------------------------------------------
 
-    def reconcile(self, *, temp_file_max_age_s: float = _TEMP_FILE_MAX_AGE_S) -> dict[str, int]:
+    def reconcile(self) -> dict[str, int]:
         """Repair the node's state; run at start and periodically. Returns what it did.
 
+        - temp files of spec writes a crash interrupted are deleted;
         - claims left ``PrepareStarted`` by a crash are rolled back;
         - CDI specs of ours that no claim in the checkpoint owns are removed;
         - claims whose spec disappeared (or rebuilt ones) get their spec written again;
@@ -478,7 +478,10 @@ class Preparer:
         """
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
                 "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
-        done["temp_files_removed"] = self.specs.remove_temp_files(older_than_s=_TEMP_FILE_MAX_AGE_S)
+        for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
+            with self.locks.try_hold(uid) as held:
+                if held and self.specs.remove_temp_file(temp):
+                    done["temp_files_removed"] += 1
         records = self.checkpoint.snapshot()
         for uid, record in records.items():
             if record.phase != PREPARE_STARTED:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -130,11 +128,11 @@ def test_spec_dir_writes_atomically_and_touches_only_its_own_files(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "nvidia.yaml"])
     stale = tmp_path / f".{path.name}.deadbeef.tmp"
     stale.write_text("half")
-    os.utime(stale, (time.time() - 120, time.time() - 120))
-    fresh = tmp_path / f".{path.name}.cafef00d.tmp"
-    fresh.write_text("in flight")
-    assert specs.remove_temp_files(older_than_s=60) == 1
-    assert fresh.exists() and not stale.exists()
+    (tmp_path / f".{path.name}.notatemp").write_text("not ours")
+    assert specs.temp_files() == [(UID, stale)]
+    assert specs.remove_temp_file(stale) and not specs.remove_temp_file(stale)
+    with pytest.raises(CdiError, match="not a temp file of ours"):
+        specs.remove_temp_file(tmp_path / "nvidia.yaml")
     assert specs.remove(UID) and not specs.remove(UID)
     assert (tmp_path / "nvidia.yaml").exists()
 

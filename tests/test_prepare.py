@@ -364,6 +364,35 @@ def test_reconcile_rolls_back_half_done_prepares_and_removes_orphaned_specs(env:
     assert env.preparer.prepare(env.ref(claim))[0].device == "gpu-0"
 
 
+def test_reconcile_removes_temp_files_of_crashed_writes_but_not_of_writes_in_flight(
+    env: Env,
+) -> None:
+    crashed, busy = new_uid(), new_uid()
+    cdi_dir = env.tmp / "cdi"
+    leftover = cdi_dir / f".k8s.gpu.nvidia.com-claim_{crashed}.json.0badf00d.tmp"
+    in_flight = cdi_dir / f".k8s.gpu.nvidia.com-claim_{busy}.json.cafef00d.tmp"
+    leftover.write_text("half")
+    in_flight.write_text("being written")
+    holding, release = threading.Event(), threading.Event()
+
+    def writer() -> None:  # a prepare of `busy` holds its claim lock while it writes
+        with env.preparer.locks.hold(busy):
+            holding.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert holding.wait(5)
+        assert env.preparer.reconcile()["temp_files_removed"] == 1
+        assert not leftover.exists() and in_flight.exists()
+    finally:
+        release.set()
+        thread.join()
+    assert env.preparer.reconcile()["temp_files_removed"] == 1
+    assert not in_flight.exists()
+
+
 def test_reconcile_unprepares_claims_deleted_or_replaced_in_the_api(env: Env) -> None:
     deleted = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
     replaced = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))

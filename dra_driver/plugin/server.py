@@ -209,10 +209,7 @@ class KubeletPlugin:
                 "the node rebooted since the last checkpoint: prepared claims were dropped",
                 extra={"claims": report.discarded_after_reboot},
             )
-        # Alone on the node (no rolling update), every temp file is a leftover of a crash.
-        done = self.preparer.reconcile(
-            **({"temp_file_max_age_s": 0.0} if self.config.pod_uid is None else {})
-        )
+        done = self.preparer.reconcile()
         log.info("reconciled prepared claims at start", extra=done)
 
     def _booted_at_s(self) -> float:
