@@ -1,23 +1,43 @@
-"""Which claims this node has prepared: a versioned, checksummed file shared by plugin instances.
+"""Which claims this node has prepared: a versioned, checksummed snapshot plus a journal, shared
+by plugin instances.
 
 Sits under prepare.py: every prepare and unprepare records its progress here before it answers
 the kubelet, so that a restarted plugin (or the second instance of a rolling update) knows what is
-prepared. File: ``<plugin data dir>/checkpoint.json``::
+prepared. Files in the plugin data dir:
 
-    {"version": 1, "checksum": "<sha256 of data>", "data": {"bootId": ..., "claims": {uid: ...}}}
+- ``checkpoint.json``, the snapshot, written atomically (temp file, fsync, rename, fsync of the
+  directory)::
+
+    {"version": 2, "checksum": "<sha256 of data>",
+     "data": {"bootId": ..., "seq": <last change>, "claims": {uid: record}}}
+
+- ``checkpoint.journal``, the changes since the snapshot, one JSON line per commit, appended
+  and fdatasync'd::
+
+    {"checksum": "<sha256 of entry>", "entry": {"seq": n, "put": {uid: record}, "del": [uid]}}
+
+  An append costs one small fdatasync where rewriting the snapshot costs a new file, two fsyncs
+  and a rename; that is most of a prepare's disk time. When the journal passes
+  ``COMPACT_AFTER_BYTES`` (and on a clean stop) it is folded into a new snapshot.
+
+Rules:
 
 - Two phases per claim (nvidia-compat.md "Checkpoint"): ``PrepareStarted`` is recorded before
   anything is changed on the node, ``PrepareCompleted`` once the CDI spec is on disk. A claim
   left in ``PrepareStarted`` is rolled back by the next reconcile.
 - The node's boot ID is recorded: after a reboot nothing counts as prepared.
-- Writes are atomic (temp file, fsync, rename, fsync of the directory). Writers that arrive while
-  a write is in flight are committed together by the next write (group commit), so concurrent
-  claims share fsyncs.
-- Two plugin instances share the file: every read-modify-write holds ``checkpoint.lock``
-  (flock) and re-reads the file when another process replaced it since we last saw it.
-- A damaged file (truncated, not JSON, wrong checksum, unknown future version) never stops the
-  plugin: it is moved aside as ``checkpoint.json.corrupt-<ts>`` and reported; the caller
-  rebuilds the state (prepare.py: from the CDI specs on disk and the API).
+- Snapshots of the earlier snapshot-only format (version 1) are read, so an upgrade keeps the
+  prepared claims; the next snapshot is written as version 2.
+- Writers that arrive while a write is in flight are committed together by the next append
+  (group commit), so concurrent claims share fdatasyncs.
+- Two plugin instances share the files: every read-modify-write holds ``checkpoint.lock``
+  (flock) and first reads what the other process appended (or its new snapshot).
+- A last journal line without its newline is a write a kill interrupted (appends happen under
+  the lock, so its writer is dead and never answered the kubelet): it is cut off.
+- Damage (snapshot truncated, not JSON, wrong checksum, unknown future version; a journal line
+  with a wrong checksum, or a gap in the sequence numbers) never stops the plugin: snapshot and
+  journal are moved aside as ``<name>.corrupt-<ts>`` and reported; the caller rebuilds the
+  state (prepare.py: from the CDI specs on disk and the API).
 
 ``ClaimLocks`` serialises work on one claim across threads and processes (byte-range locks on
 ``claims.lock``), so the same claim is never prepared and unprepared at once.
@@ -43,7 +63,9 @@ from dra_driver.errors import CheckpointCorrupt, CheckpointError
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: the snapshot-only format of earlier releases (no "seq")
+COMPACT_AFTER_BYTES = 256 * 1024  # journal size at which it is folded into the snapshot
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 Phase = Literal["PrepareStarted", "PrepareCompleted"]
 PREPARE_STARTED: Phase = "PrepareStarted"
@@ -131,16 +153,22 @@ class LoadReport:
 
 
 class Claims(dict[str, ClaimRecord]):
-    """The claim table handed to a transaction; remembers whether it was changed."""
+    """The claim table handed to a transaction; remembers which claims were changed."""
 
-    changed = False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.touched: set[str] = set()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.touched)
 
     def __setitem__(self, key: str, value: ClaimRecord) -> None:
-        self.changed = True
+        self.touched.add(key)
         super().__setitem__(key, value)
 
     def __delitem__(self, key: str) -> None:
-        self.changed = True
+        self.touched.add(key)
         super().__delitem__(key)
 
     def discard(self, key: str) -> ClaimRecord | None:
@@ -160,6 +188,15 @@ class _Pending(Generic[T]):
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """One journal line: the claims a group commit put and deleted."""
+
+    seq: int
+    put: dict[str, ClaimRecord]
+    delete: tuple[str, ...]
+
+
 def read_boot_id(path: Path) -> str:
     try:
         return path.read_text().strip()
@@ -168,93 +205,182 @@ def read_boot_id(path: Path) -> str:
 
 
 class Checkpoint:
-    """The checkpoint file and its in-memory copy. Thread-safe; safe across processes.
+    """The checkpoint (snapshot + journal) and its in-memory copy. Thread-safe; safe across
+    processes.
 
     Changes go through ``transact(op)``: ``op`` gets the current claim table (fresh from disk if
-    another process wrote it) and may change it; the change is durable when ``transact``
+    another process wrote it) and may change it; the change is on disk when ``transact``
     returns. An ``op`` that raises must not have changed the table; its error is re-raised to
     its caller only, other transactions of the same group commit are unaffected.
     """
 
-    def __init__(self, path: Path, *, boot_id_path: Path = BOOT_ID_PATH) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        boot_id_path: Path = BOOT_ID_PATH,
+        compact_after_bytes: int = COMPACT_AFTER_BYTES,
+    ) -> None:
         self.path = path
+        self.journal_path = path.with_name(path.stem + ".journal")
         self.boot_id = read_boot_id(boot_id_path)
+        self.compact_after_bytes = compact_after_bytes
         self._lock_path = path.with_name(path.stem + ".lock")
         self._claims = Claims()
         self._fragments: dict[str, tuple[ClaimRecord, str]] = {}
-        self._seen: tuple[int, int, int] | None = None  # (inode, mtime_ns, size) last read/written
+        self._seq = 0  # sequence number of the last change applied to memory
+        self._snapshot_seen: tuple[int, int, int] | None = None  # (inode, mtime_ns, size)
+        self._journal_ino = 0
+        self._journal_end = 0  # bytes of the journal applied to memory
         self._force_reload = False
         self._cond = threading.Condition()
         self._pending: list[_Pending[Any]] = []
         self._writing = False
         self._lock_fd = -1
+        self._journal_fd = -1
         self.on_corrupt: Callable[[Path, str], None] | None = None
 
-    # -- opening ---------------------------------------------------------------------------
+    # -- opening and closing ----------------------------------------------------------------
 
     def open(self) -> LoadReport:
-        """Create the directory and read the file; never fails because the file is damaged."""
+        """Create the directory and read the files; never fails because they are damaged."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         with self._file_lock():
-            return self._reload()
+            report = self._reload()
+            _fsync_dir(self.path.parent)  # the journal and lock files, if just created
+            return report
 
     def close(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        """Fold the journal into the snapshot (a clean stop leaves one file), release files."""
+        if self._lock_fd >= 0 and self._journal_fd >= 0:
+            try:
+                with self._cond:
+                    while self._writing:
+                        self._cond.wait()
+                    self._writing = True
+                try:
+                    with self._file_lock():
+                        self._reload_if_replaced()
+                        if self._journal_end:
+                            self._compact_locked()
+                finally:
+                    with self._cond:
+                        self._writing = False
+                        self._cond.notify_all()
+            except (OSError, CheckpointError) as exc:
+                log.warning(
+                    "could not compact the checkpoint journal on stop; it is replayed at start",
+                    extra={"path": str(self.journal_path), "error": str(exc)},
+                )
+        for attr in ("_journal_fd", "_lock_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, attr, -1)
+
+    def _open_journal(self) -> None:
+        """(Re)open the journal file (created empty if missing); file lock held."""
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+        self._journal_fd = os.open(
+            self.journal_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+        self._journal_ino = os.fstat(self._journal_fd).st_ino
 
     def _reload(self) -> LoadReport:
-        """Read the file into memory (file lock held). Damaged -> moved aside, empty table."""
+        """Read snapshot and journal into memory (file lock held).
+
+        Damaged -> both moved aside, empty table, ``on_corrupt`` told. From an earlier boot ->
+        empty table. A torn last journal line (a writer killed mid-append, never acknowledged)
+        is cut off.
+        """
         self._force_reload = False
+        self._open_journal()
+        self._journal_end = 0
         try:
             raw = self.path.read_bytes()
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._set_claims({}, seen=None)
-            return LoadReport(claims=0)
+            raw, st = None, None
         except OSError as exc:
             raise CheckpointError(f"cannot read {self.path}: {exc}") from exc
+        journal = self._read_journal(0)
+        if raw is None or st is None:
+            if journal.strip():
+                return self._corrupt(self.journal_path, "the journal has no snapshot to apply to")
+            self._set_claims({}, seq=0)
+            self._write_snapshot_locked()
+            return LoadReport(claims=0)
         try:
-            boot_id, claims = decode(raw)
+            boot_id, seq, claims = _decode_snapshot(raw)
         except CheckpointCorrupt as exc:
-            moved = self._move_aside()
-            log.error(
-                "checkpoint is damaged; moved it aside and rebuilding the state",
-                extra={"path": str(self.path), "moved_to": str(moved), "reason": str(exc)},
-            )
-            self._set_claims({}, seen=None)
-            if self.on_corrupt is not None:
-                self.on_corrupt(moved, str(exc))
-            return LoadReport(claims=0, corrupt_moved_to=moved, corrupt_reason=str(exc))
+            return self._corrupt(self.path, str(exc))
         if boot_id != self.boot_id:
+            try:
+                entries, _, _ = parse_journal(journal, after_seq=seq)
+                seq = _apply(claims, entries, seq)
+            except CheckpointCorrupt:
+                pass  # an earlier boot's journal: counted as far as it reads, then dropped
             log.info(
                 "checkpoint is from an earlier boot; no claim counts as prepared",
                 extra={"claims": len(claims), "checkpoint_boot_id": boot_id},
             )
-            self._set_claims({}, seen=(st.st_ino, st.st_mtime_ns, st.st_size))
-            self._write_locked()
+            self._set_claims({}, seq=seq)
+            self._compact_locked()
             return LoadReport(claims=0, discarded_after_reboot=len(claims))
-        self._set_claims(claims, seen=(st.st_ino, st.st_mtime_ns, st.st_size))
+        try:
+            entries, end, torn = parse_journal(journal, after_seq=seq)
+        except CheckpointCorrupt as exc:
+            return self._corrupt(self.journal_path, str(exc))
+        seq = _apply(claims, entries, seq)
+        self._set_claims(claims, seq=seq)
+        self._snapshot_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        self._journal_end = end
+        if torn:
+            self._cut_torn_tail(end)
         return LoadReport(claims=len(claims))
 
-    def _move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        n = 1
-        while target.exists():
-            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
-            n += 1
-        os.rename(self.path, target)
-        _fsync_dir(self.path.parent)
-        return target
+    def _corrupt(self, damaged: Path, reason: str) -> LoadReport:
+        moved = self._move_aside()
+        moved_damaged = moved.get(damaged, damaged)
+        log.error(
+            "checkpoint is damaged; moved it aside and rebuilding the state",
+            extra={"path": str(damaged), "moved_to": str(moved_damaged), "reason": reason},
+        )
+        self._open_journal()
+        self._journal_end = 0
+        self._set_claims({}, seq=0)
+        self._write_snapshot_locked()
+        if self.on_corrupt is not None:
+            self.on_corrupt(moved_damaged, reason)
+        return LoadReport(claims=0, corrupt_moved_to=moved_damaged, corrupt_reason=reason)
 
-    def _set_claims(
-        self, claims: Mapping[str, ClaimRecord], *, seen: tuple[int, int, int] | None
-    ) -> None:
+    def _move_aside(self) -> dict[Path, Path]:
+        """Rename snapshot, then journal, to ``<name>.corrupt-<ts>``; return old -> new."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        n = 0
+        while any(
+            p.with_name(f"{p.name}.corrupt-{stamp}{f'-{n}' if n else ''}").exists()
+            for p in (self.path, self.journal_path)
+        ):
+            n += 1
+        suffix = f".corrupt-{stamp}{f'-{n}' if n else ''}"
+        moved = {}
+        # snapshot first: a crash in between leaves a journal without a snapshot, which is
+        # itself reported as damage, never a good snapshot that silently lost its journal
+        for p in (self.path, self.journal_path):
+            if p.exists():
+                target = p.with_name(p.name + suffix)
+                os.rename(p, target)
+                moved[p] = target
+        _fsync_dir(self.path.parent)
+        return moved
+
+    def _set_claims(self, claims: Mapping[str, ClaimRecord], *, seq: int) -> None:
         with self._cond:
             self._claims = Claims(claims)
-            self._seen = seen
+            self._seq = seq
             self._fragments = {
                 uid: frag for uid, frag in self._fragments.items() if claims.get(uid) is frag[0]
             }
@@ -271,11 +397,10 @@ class Checkpoint:
     def transact(self, op: Callable[[Claims], T], *, durable: bool = True) -> T:
         """Run ``op`` on the claim table; its change is on disk when this returns.
 
-        ``durable=True`` (the default) also fsyncs the file and the directory. ``durable=False``
-        only replaces the file atomically: other processes and a restarted plugin see the change,
-        a power loss may lose it. That is enough for records that matter only within this boot
-        (``PrepareStarted``): after a power loss the node reboots, and the boot ID check drops
-        every claim anyway.
+        ``durable=True`` (the default) also fdatasyncs the journal. ``durable=False`` only
+        appends: other processes and a restarted plugin see the change, a power loss may lose
+        it. That is enough for records that matter only within this boot (``PrepareStarted``):
+        after a power loss the node reboots, and the boot ID check drops every claim anyway.
         """
         entry: _Pending[T] = _Pending(op, durable)
         with self._cond:
@@ -303,22 +428,22 @@ class Checkpoint:
                 self._reload_if_replaced()
                 with self._cond:
                     claims = self._claims
-                    claims.changed = False
+                    claims.touched = set()
                     for entry in batch:
                         try:
                             entry.result = entry.op(claims)
                         except Exception as exc:  # noqa: BLE001 - handed back to its caller
                             entry.error = exc
-                    changed = claims.changed
-                if changed:
-                    self._write_locked(durable=any(e.durable for e in batch))
+                    touched = claims.touched
+                if touched:
+                    self._append_locked(touched, durable=any(e.durable for e in batch))
         except (OSError, CheckpointError) as exc:
             # memory may now be ahead of the disk: believe the disk next time
             self._force_reload = True
             error = (
                 exc
                 if isinstance(exc, CheckpointError)
-                else CheckpointError(f"cannot write {self.path}: {exc}")
+                else CheckpointError(f"cannot write {self.journal_path}: {exc}")
             )
             for entry in batch:
                 if entry.error is None:
@@ -328,46 +453,122 @@ class Checkpoint:
                 entry.done = True
 
     def _reload_if_replaced(self) -> None:
+        """Catch up with what another process wrote since we last looked (file lock held)."""
         try:
             st = os.stat(self.path)
-            now: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+            snapshot: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
-            now = None
-        if self._force_reload or now != self._seen:
+            snapshot = None
+        try:
+            jst = os.stat(self.journal_path)
+            journal_ino, journal_size = jst.st_ino, jst.st_size
+        except FileNotFoundError:
+            journal_ino, journal_size = 0, 0
+        if (
+            self._force_reload
+            or snapshot != self._snapshot_seen
+            or journal_ino != self._journal_ino
+            or journal_size < self._journal_end
+        ):
             self._reload()
+        elif journal_size > self._journal_end:
+            tail = self._read_journal(self._journal_end)
+            try:
+                entries, end, torn = parse_journal(tail, after_seq=self._seq, strict=True)
+            except CheckpointCorrupt as exc:
+                self._corrupt(self.journal_path, str(exc))
+                return
+            with self._cond:
+                self._seq = _apply(self._claims, entries, self._seq)
+            self._journal_end += end
+            if torn:
+                self._cut_torn_tail(self._journal_end)
 
-    def _write_locked(self, *, durable: bool = True) -> None:
+    def _read_journal(self, offset: int) -> bytes:
+        size = os.fstat(self._journal_fd).st_size
+        chunks = []
+        while offset < size:
+            chunk = os.pread(self._journal_fd, size - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+
+    def _cut_torn_tail(self, end: int) -> None:
+        # Appends happen under the file lock, which we hold: the writer of a line without its
+        # newline is dead, and the kubelet never heard of that change.
+        log.warning(
+            "cut off a torn last line of the checkpoint journal (a writer was killed mid-write)",
+            extra={"path": str(self.journal_path), "kept_bytes": end},
+        )
+        os.ftruncate(self._journal_fd, end)
+
+    def _append_locked(self, touched: set[str], *, durable: bool) -> None:
         with self._cond:
-            content = self._encode()
+            seq = self._seq + 1
+            put = ",".join(
+                f"{json.dumps(uid)}:{self._fragment(uid)}"
+                for uid in sorted(touched)
+                if uid in self._claims
+            )
+            delete = _canonical(sorted(uid for uid in touched if uid not in self._claims))
+        entry = f'{{"del":{delete},"put":{{{put}}},"seq":{seq}}}'
+        checksum = hashlib.sha256(entry.encode()).hexdigest()
+        line = f'{{"checksum":"{checksum}","entry":{entry}}}\n'.encode()
+        view = memoryview(line)
+        while view:
+            view = view[os.write(self._journal_fd, view) :]
+        if durable:
+            os.fdatasync(self._journal_fd)
+        self._seq = seq
+        self._journal_end += len(line)
+        if self._journal_end >= self.compact_after_bytes:
+            self._compact_locked()
+
+    def _compact_locked(self) -> None:
+        """Write the whole table as a new snapshot, then empty the journal (file lock held).
+
+        A crash between the two leaves journal lines the snapshot already contains; their
+        sequence numbers say so and the next load skips them.
+        """
+        self._write_snapshot_locked()
+        os.ftruncate(self._journal_fd, 0)
+        os.fsync(self._journal_fd)
+        self._journal_end = 0
+
+    def _write_snapshot_locked(self) -> None:
+        with self._cond:
+            content = self._encode_snapshot()
         temp = self.path.with_name(f".{self.path.name}.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, content)
-            if durable:
-                os.fsync(fd)
+            os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(temp, self.path)
-        if durable:
-            _fsync_dir(self.path.parent)
+        _fsync_dir(self.path.parent)
         st = os.stat(self.path)
-        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        self._snapshot_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _encode(self) -> bytes:
-        # Each claim's JSON is cached while its record is unchanged, so a write costs one join
-        # plus a checksum, not a re-serialisation of every claim.
-        parts = []
-        fragments = self._fragments
-        for uid in sorted(self._claims):
-            record = self._claims[uid]
-            cached = fragments.get(uid)
-            if cached is None or cached[0] is not record:
-                cached = (record, _canonical(record.to_json()))
-                fragments[uid] = cached
-            parts.append(f"{json.dumps(uid)}:{cached[1]}")
-        for uid in [u for u in fragments if u not in self._claims]:
-            del fragments[uid]
-        data = f'{{"bootId":{json.dumps(self.boot_id)},"claims":{{{",".join(parts)}}}}}'
+    def _fragment(self, uid: str) -> str:
+        """The claim's canonical JSON, cached while its record is unchanged (lock held)."""
+        record = self._claims[uid]
+        cached = self._fragments.get(uid)
+        if cached is None or cached[0] is not record:
+            cached = (record, _canonical(record.to_json()))
+            self._fragments[uid] = cached
+        return cached[1]
+
+    def _encode_snapshot(self) -> bytes:
+        parts = [f"{json.dumps(uid)}:{self._fragment(uid)}" for uid in sorted(self._claims)]
+        for uid in [u for u in self._fragments if u not in self._claims]:
+            del self._fragments[uid]
+        data = (
+            f'{{"bootId":{json.dumps(self.boot_id)},"claims":{{{",".join(parts)}}},'
+            f'"seq":{self._seq}}}'
+        )
         checksum = hashlib.sha256(data.encode()).hexdigest()
         return f'{{"version":{VERSION},"checksum":"{checksum}","data":{data}}}\n'.encode()
 
@@ -383,7 +584,27 @@ class Checkpoint:
 
 
 def decode(raw: bytes) -> tuple[str, dict[str, ClaimRecord]]:
-    """Parse and verify a checkpoint file; CheckpointCorrupt says why it cannot be used."""
+    """Parse and verify a snapshot file; CheckpointCorrupt says why it cannot be used."""
+    boot_id, _, claims = _decode_snapshot(raw)
+    return boot_id, claims
+
+
+def read_state(path: Path) -> tuple[str, dict[str, ClaimRecord]]:
+    """Boot ID and claims recorded by the snapshot at ``path`` and its journal (read-only).
+
+    For tools and tests; a torn last journal line is ignored as the plugin would.
+    """
+    boot_id, seq, claims = _decode_snapshot(path.read_bytes())
+    try:
+        journal = path.with_name(path.stem + ".journal").read_bytes()
+    except FileNotFoundError:
+        journal = b""
+    entries, _, _ = parse_journal(journal, after_seq=seq)
+    _apply(claims, entries, seq)
+    return boot_id, claims
+
+
+def _decode_snapshot(raw: bytes) -> tuple[str, int, dict[str, ClaimRecord]]:
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -391,9 +612,10 @@ def decode(raw: bytes) -> tuple[str, dict[str, ClaimRecord]]:
     if not isinstance(obj, dict):
         raise CheckpointCorrupt("not a JSON object")
     version = obj.get("version")
-    if not isinstance(version, int) or version != VERSION:
+    if not isinstance(version, int) or version not in READABLE_VERSIONS:
         raise CheckpointCorrupt(
-            f"version {version!r} is not supported (this plugin reads {VERSION})"
+            f"version {version!r} is not supported (this plugin reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
     data = obj.get("data")
     checksum = obj.get("checksum")
@@ -403,12 +625,79 @@ def decode(raw: bytes) -> tuple[str, dict[str, ClaimRecord]]:
         raise CheckpointCorrupt("checksum does not match the content")
     try:
         boot_id = str(data["bootId"])
+        seq = data["seq"] if version >= 2 else 0
+        if not isinstance(seq, int) or seq < 0:
+            raise ValueError(f"bad sequence number {seq!r}")
         claims = {
             str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in data["claims"].items()
         }
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointCorrupt(f"malformed content ({exc!r})") from exc
-    return boot_id, claims
+    return boot_id, seq, claims
+
+
+def parse_journal(
+    raw: bytes, *, after_seq: int, strict: bool = False
+) -> tuple[list[_Entry], int, bool]:
+    """Verified entries of journal bytes that follow snapshot/entry ``after_seq``.
+
+    Returns the entries, how many bytes of complete lines were read, and whether the bytes end
+    in a torn line (no newline: a writer killed mid-append). Lines the snapshot already holds
+    (``seq <= after_seq``, left by a compaction interrupted before it emptied the journal) are
+    skipped, unless ``strict`` (reading on from a known point, where every line must be new).
+    A damaged complete line or a gap in the sequence raises CheckpointCorrupt.
+    """
+    entries: list[_Entry] = []
+    expected = after_seq + 1
+    pos = 0
+    while pos < len(raw):
+        newline = raw.find(b"\n", pos)
+        if newline < 0:
+            return entries, pos, True
+        entry = _decode_entry(raw[pos:newline], where=f"journal line at byte {pos}")
+        if entry.seq != expected:
+            if entry.seq < expected and not entries and not strict:
+                pos = newline + 1
+                continue
+            raise CheckpointCorrupt(
+                f"journal line at byte {pos} has sequence number {entry.seq}, "
+                f"expected {expected} (lines are missing or out of order)"
+            )
+        entries.append(entry)
+        expected += 1
+        pos = newline + 1
+    return entries, pos, False
+
+
+def _decode_entry(line: bytes, *, where: str) -> _Entry:
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointCorrupt(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("entry"), dict):
+        raise CheckpointCorrupt(f"{where}: not a journal entry")
+    entry = obj["entry"]
+    if hashlib.sha256(_canonical(entry).encode()).hexdigest() != obj.get("checksum"):
+        raise CheckpointCorrupt(f"{where}: checksum does not match the content")
+    try:
+        seq = entry["seq"]
+        if not isinstance(seq, int):
+            raise TypeError(f"bad sequence number {seq!r}")
+        put = {str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in entry["put"].items()}
+        delete = tuple(str(uid) for uid in entry["del"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointCorrupt(f"{where}: malformed content ({exc!r})") from exc
+    return _Entry(seq=seq, put=put, delete=delete)
+
+
+def _apply(claims: dict[str, ClaimRecord], entries: list[_Entry], seq: int) -> int:
+    """Apply journal entries to ``claims`` in order; return the last sequence number."""
+    for entry in entries:
+        claims.update(entry.put)
+        for uid in entry.delete:
+            claims.pop(uid, None)
+        seq = entry.seq
+    return seq
 
 
 def _canonical(obj: Any) -> str:

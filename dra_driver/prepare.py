@@ -234,17 +234,15 @@ class Preparer:
             claim = self._fetch(ref)
             planned = self._plan(ref, claim)
             devices = tuple(self._answer(ref, p) for p in planned)
-            # Durability costs fsyncs (~0.3 ms each). Only the state the kubelet is told about
-            # must survive a power loss: the spec and PrepareCompleted. PrepareStarted only has
-            # to survive a crash of this process (atomic rename), because after a power loss
-            # the boot ID discards every claim.
+            # PrepareStarted only has to survive a crash of this process (a journal append
+            # without fdatasync): after a power loss the boot ID discards every claim anyway.
             self.checkpoint.transact(self._start_op(ref, planned, devices), durable=False)
             try:
                 self._apply_configs(planned)
-                # The spec and PrepareCompleted are files in different directories: written at
-                # the same time, their fsyncs overlap instead of adding up. Either may reach the
-                # disk first: reconcile removes a spec no record owns and rewrites the missing
-                # spec of a completed claim. The kubelet hears of success only after both.
+                # The spec and PrepareCompleted are written at the same time, so their syncs
+                # overlap instead of adding up. Either may reach the disk first: reconcile
+                # removes a spec no record owns and rewrites the missing spec of a completed
+                # claim. The kubelet hears of success only after both.
                 spec = self._spec_writes.submit(
                     self._write_spec, ref.uid, [p.target for p in planned]
                 )
@@ -432,9 +430,15 @@ class Preparer:
     def _undo_configs(self, record: ClaimRecord) -> None:
         del record
 
-    def _write_spec(
-        self, claim_uid: str, targets: Iterable[DeviceTarget], *, sync_dir: bool = True
-    ) -> None:
+    def _write_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> None:
+        """Write the claim's spec: content fsync'd before the rename, so no reader (a runtime
+        scanning the CDI directory, even after a power loss) ever sees a partial spec.
+
+        The directory is not fsync'd: whether the rename itself survives a power loss does not
+        matter, because after the reboot the boot ID check drops every prepared claim and
+        reconcile removes the specs (and temp files) left behind. That saves a journal commit
+        on the prepare path.
+        """
         unique = {t.name: t for t in targets}
         devices = [
             cdi.ClaimDevice(name=t.name, nodes=t.nodes(self.files))
@@ -443,7 +447,7 @@ class Preparer:
         spec = cdi.claim_spec(
             vendor=self.cdi_vendor, claim_uid=claim_uid, devices=devices, files=self.files
         )
-        self.specs.write(claim_uid, cdi.encode_spec(spec), sync_dir=sync_dir)
+        self.specs.write(claim_uid, cdi.encode_spec(spec), sync_dir=False)
 
     def _roll_back(self, record: ClaimRecord) -> None:
         """Undo a half-done prepare (lock held): spec and config first, then the record."""

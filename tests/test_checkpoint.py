@@ -1,7 +1,8 @@
-"""checkpoint.py on real files: format, damage handling, group commit, two instances."""
+"""checkpoint.py on real files: format, journal, damage handling, group commit, two instances."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import threading
@@ -18,6 +19,7 @@ from dra_driver.checkpoint import (
     ClaimRecord,
     PreparedDevice,
     decode,
+    read_state,
 )
 from dra_driver.errors import CheckpointCorrupt
 
@@ -46,9 +48,159 @@ def test_records_survive_a_restart_with_checksum_and_boot_id(tmp_path: Path) -> 
     cp.close()
     raw = (tmp_path / "plugin/checkpoint.json").read_bytes()
     obj = json.loads(raw)
-    assert obj["version"] == 1 and len(obj["checksum"]) == 64 and obj["data"]["bootId"] == "boot-1"
+    assert obj["version"] == 2 and len(obj["checksum"]) == 64 and obj["data"]["bootId"] == "boot-1"
+    assert (tmp_path / "plugin/checkpoint.journal").read_bytes() == b""  # folded in on close
     again = open_checkpoint(tmp_path)
     assert again.snapshot() == {"u1": record("u1")}
+
+
+def test_a_snapshot_of_the_earlier_format_is_read_after_an_upgrade(tmp_path: Path) -> None:
+    data = {"bootId": "boot-1", "claims": {"u1": record("u1").to_json()}}
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    checksum = hashlib.sha256(canonical.encode()).hexdigest()
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin/checkpoint.json").write_text(
+        json.dumps({"version": 1, "checksum": checksum, "data": data})
+    )
+    cp = open_checkpoint(tmp_path)
+    assert cp.snapshot() == {"u1": record("u1")}  # no "corrupt" report, nothing rebuilt
+    cp.transact(lambda claims: claims.__setitem__("u2", record("u2")))
+    cp.close()
+    assert json.loads((tmp_path / "plugin/checkpoint.json").read_bytes())["version"] == 2
+    assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"u1", "u2"}
+
+
+def test_changes_are_journal_appends_that_a_killed_process_leaves_readable(tmp_path: Path) -> None:
+    cp = open_checkpoint(tmp_path)
+    snapshot = (tmp_path / "plugin/checkpoint.json").read_bytes()
+    cp.transact(lambda claims: claims.__setitem__("u1", record("u1", PREPARE_STARTED)))
+    cp.transact(lambda claims: claims.__setitem__("u1", record("u1")), durable=False)
+    cp.transact(lambda claims: claims.__setitem__("u2", record("u2")))
+    cp.transact(lambda claims: claims.discard("u2"))
+    # no close: as after kill -9, the snapshot is untouched and the journal holds the changes
+    assert (tmp_path / "plugin/checkpoint.json").read_bytes() == snapshot
+    lines = (tmp_path / "plugin/checkpoint.journal").read_bytes().splitlines()
+    entries = [json.loads(line)["entry"] for line in lines]
+    assert [e["seq"] for e in entries] == [1, 2, 3, 4]
+    assert entries[3] == {"seq": 4, "put": {}, "del": ["u2"]}
+    assert read_state(tmp_path / "plugin/checkpoint.json") == ("boot-1", {"u1": record("u1")})
+    again = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    assert again.open().claims == 1
+    assert again.snapshot() == {"u1": record("u1")}
+    again.transact(lambda claims: claims.__setitem__("u3", record("u3")))
+    assert (
+        json.loads((tmp_path / "plugin/checkpoint.journal").read_bytes().splitlines()[-1])["entry"][
+            "seq"
+        ]
+        == 5
+    )
+
+
+def test_a_torn_last_journal_line_is_cut_off_and_nothing_else_is_lost(tmp_path: Path) -> None:
+    cp = open_checkpoint(tmp_path)
+    cp.transact(lambda claims: claims.__setitem__("u1", record("u1")))
+    journal = tmp_path / "plugin/checkpoint.journal"
+    good = journal.read_bytes()
+    cp.transact(lambda claims: claims.__setitem__("u2", record("u2")))
+    whole = journal.read_bytes()
+    journal.write_bytes(whole[: len(good) + (len(whole) - len(good)) // 2])  # killed mid-append
+    reported: list[str] = []
+    again = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    again.on_corrupt = lambda moved, why: reported.append(why)
+    report = again.open()
+    assert report.corrupt_moved_to is None and reported == []
+    assert again.snapshot() == {"u1": record("u1")}
+    assert journal.read_bytes() == good  # cut back to the last complete line
+    again.transact(lambda claims: claims.__setitem__("u3", record("u3")))
+    assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"u1", "u3"}
+
+
+def test_another_instance_reads_a_torn_tail_as_cut_and_goes_on(tmp_path: Path) -> None:
+    a = open_checkpoint(tmp_path)
+    b = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    b.open()
+    a.transact(lambda claims: claims.__setitem__("u1", record("u1")))
+    with (tmp_path / "plugin/checkpoint.journal").open("ab") as f:
+        f.write(b'{"checksum":"ab')  # a third instance died mid-append
+    assert b.snapshot() == {"u1": record("u1")}
+    b.transact(lambda claims: claims.__setitem__("u2", record("u2")))
+    assert set(a.snapshot()) == {"u1", "u2"}
+    assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"u1", "u2"}
+
+
+def _journal_lines(tmp: Path) -> list[bytes]:
+    return (tmp / "plugin/checkpoint.journal").read_bytes().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda lines: [lines[0], lines[1].replace(b"gpu-0", b"gpu-1"), lines[2]], "checksum"),
+        (lambda lines: [lines[0], b"\x00\xff garbage\n", lines[2]], "not valid JSON"),
+        (lambda lines: [lines[0], lines[2]], "expected 2"),
+        (lambda lines: [lines[0], b'{"entry": 1}\n'], "not a journal entry"),
+    ],
+)
+def test_a_damaged_journal_is_moved_aside_with_its_snapshot(
+    tmp_path: Path, damage, reason: str
+) -> None:  # type: ignore[no-untyped-def]
+    cp = open_checkpoint(tmp_path)
+    for uid in ("u1", "u2", "u3"):
+        cp.transact(lambda claims, uid=uid: claims.__setitem__(uid, record(uid)))
+    journal = tmp_path / "plugin/checkpoint.journal"
+    journal.write_bytes(b"".join(damage(_journal_lines(tmp_path))))
+    reported: list[str] = []
+    again = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    again.on_corrupt = lambda moved, why: reported.append(why)
+    report = again.open()
+    assert report.corrupt_moved_to is not None
+    assert report.corrupt_moved_to.name.startswith("checkpoint.journal.corrupt-")
+    assert reason in report.corrupt_reason and reported == [report.corrupt_reason]
+    assert len(list((tmp_path / "plugin").glob("checkpoint.json.corrupt-*"))) == 1
+    assert again.snapshot() == {}
+    again.transact(lambda claims: claims.__setitem__("u9", record("u9")))
+    assert read_state(tmp_path / "plugin/checkpoint.json")[1] == {"u9": record("u9")}
+
+
+def test_a_journal_without_its_snapshot_is_damage(tmp_path: Path) -> None:
+    cp = open_checkpoint(tmp_path)
+    cp.transact(lambda claims: claims.__setitem__("u1", record("u1")))
+    (tmp_path / "plugin/checkpoint.json").unlink()
+    again = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    report = again.open()
+    assert "no snapshot" in report.corrupt_reason and again.snapshot() == {}
+
+
+def test_the_journal_is_folded_into_the_snapshot_and_an_interrupted_fold_is_harmless(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    path = tmp_path / "plugin/checkpoint.json"
+    cp = Checkpoint(path, boot_id_path=tmp_path / "boot_id", compact_after_bytes=4096)
+    cp.open()
+    journal = tmp_path / "plugin/checkpoint.journal"
+    sizes = []
+    for i in range(40):
+        cp.transact(lambda claims, i=i: claims.__setitem__(f"u{i}", record(f"u{i}")))
+        sizes.append(journal.stat().st_size)
+    assert max(sizes) < 4096 + 1024 and 0 in sizes  # emptied whenever it passed 4 KiB
+    expected = {f"u{i}": record(f"u{i}") for i in range(40)}
+    assert read_state(path) == ("boot-1", expected)
+    assert json.loads(path.read_bytes())["data"]["seq"] >= 1
+    # A crash after the new snapshot but before the journal was emptied: the old lines are
+    # already in the snapshot; their sequence numbers say so and they are skipped.
+    before = journal.read_bytes()
+    cp.transact(lambda claims: claims.discard("u0"))
+    stale = journal.read_bytes()
+    cp.close()  # folds the journal
+    assert journal.read_bytes() == b""
+    journal.write_bytes(stale)
+    again = Checkpoint(path, boot_id_path=tmp_path / "boot_id")
+    report = again.open()
+    assert report.corrupt_moved_to is None
+    del expected["u0"]
+    assert again.snapshot() == expected
+    assert len(stale) > len(before)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +209,7 @@ def test_records_survive_a_restart_with_checksum_and_boot_id(tmp_path: Path) -> 
         (lambda raw: raw[: len(raw) // 2], "not valid JSON"),
         (lambda raw: b"\x00\xff garbage", "not valid JSON"),
         (lambda raw: raw.replace(b"gpu-0", b"gpu-1"), "checksum"),
-        (lambda raw: raw.replace(b'"version":1', b'"version":7'), "version 7 is not supported"),
+        (lambda raw: raw.replace(b'"version":2', b'"version":7'), "version 7 is not supported"),
         (lambda raw: b"", "not valid JSON"),
     ],
 )
@@ -79,16 +231,31 @@ def test_a_damaged_checkpoint_is_moved_aside_and_never_stops_the_start(
     assert reason in report.corrupt_reason and reported == [report.corrupt_reason]
     assert again.snapshot() == {}
     again.transact(lambda claims: claims.__setitem__("u2", record("u2")))
-    assert decode(path.read_bytes())[1] == {"u2": record("u2")}
+    assert read_state(path)[1] == {"u2": record("u2")}
 
 
 def test_a_checkpoint_from_an_earlier_boot_counts_nothing_as_prepared(tmp_path: Path) -> None:
     cp = open_checkpoint(tmp_path)
     cp.transact(lambda claims: claims.__setitem__("u1", record("u1")))
-    cp.close()
-    again = open_checkpoint(tmp_path, boot="boot-2")
+    cp.close()  # u1 in the snapshot
+    cp = open_checkpoint(tmp_path)
+    cp.transact(lambda claims: claims.__setitem__("u2", record("u2")))  # u2 in the journal
+    (tmp_path / "boot_id").write_text("boot-2\n")
+    again = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    assert again.open().discarded_after_reboot == 2
     assert again.snapshot() == {}
-    assert decode((tmp_path / "plugin/checkpoint.json").read_bytes())[0] == "boot-2"
+    assert read_state(tmp_path / "plugin/checkpoint.json") == ("boot-2", {})
+    assert (tmp_path / "plugin/checkpoint.journal").read_bytes() == b""
+
+
+def test_an_earlier_boots_damaged_journal_is_dropped_not_reported(tmp_path: Path) -> None:
+    cp = open_checkpoint(tmp_path)
+    cp.transact(lambda claims: claims.__setitem__("u1", record("u1")))
+    (tmp_path / "plugin/checkpoint.journal").write_bytes(b"zeros after a power loss\n")
+    (tmp_path / "boot_id").write_text("boot-2\n")
+    again = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    report = again.open()
+    assert report.corrupt_moved_to is None and again.snapshot() == {}
 
 
 def test_a_failing_transaction_changes_nothing_and_does_not_fail_the_others(tmp_path: Path) -> None:
@@ -106,15 +273,15 @@ def test_a_failing_transaction_changes_nothing_and_does_not_fail_the_others(tmp_
 def test_concurrent_transactions_are_all_applied_and_share_writes(tmp_path: Path) -> None:
     cp = open_checkpoint(tmp_path)
     writes = 0
-    original = cp._write_locked
+    original = cp._append_locked
 
-    def counting(*, durable: bool = True) -> None:
+    def counting(touched: set[str], *, durable: bool = True) -> None:
         nonlocal writes
         writes += 1
         time.sleep(0.002)  # a slow disk makes the next writers queue up
-        original(durable=durable)
+        original(touched, durable=durable)
 
-    cp._write_locked = counting  # type: ignore[method-assign]
+    cp._append_locked = counting  # type: ignore[method-assign]
     threads = [
         threading.Thread(
             target=cp.transact, args=(lambda c, i=i: c.__setitem__(f"u{i}", record(f"u{i}")),)
@@ -125,10 +292,9 @@ def test_concurrent_transactions_are_all_applied_and_share_writes(tmp_path: Path
         t.start()
     for t in threads:
         t.join()
-    assert set(decode((tmp_path / "plugin/checkpoint.json").read_bytes())[1]) == {
-        f"u{i}" for i in range(50)
-    }
+    assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {f"u{i}" for i in range(50)}
     assert writes < 50  # group commit
+    assert len(_journal_lines(tmp_path)) == writes  # one line per group
 
 
 def test_two_instances_see_each_others_changes(tmp_path: Path) -> None:
@@ -139,6 +305,9 @@ def test_two_instances_see_each_others_changes(tmp_path: Path) -> None:
     assert b.get("u1") == record("u1", PREPARE_STARTED)
     b.transact(lambda claims: claims.discard("u1"))
     assert a.get("u1") is None
+    b.close()  # folds the journal into a new snapshot: a reads that, not stale lines
+    a.transact(lambda claims: claims.__setitem__("u2", record("u2")))
+    assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"u2"}
 
 
 def _hold_claim_lock(
@@ -180,4 +349,4 @@ def test_claim_locks_exclude_other_processes(tmp_path: Path) -> None:
 
 def test_decode_rejects_a_file_that_is_not_ours() -> None:
     with pytest.raises(CheckpointCorrupt, match="missing data or checksum"):
-        decode(b'{"version": 1}')
+        decode(b'{"version": 2}')
