@@ -8,6 +8,7 @@ look like a change. Parsing is exact (``fractions.Fraction``) so that CEL compar
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -46,7 +47,16 @@ class Quantity:
 
 
 def parse_quantity(text: str) -> Quantity:
-    """Parse ``text`` as a Kubernetes quantity; raise QuantityError naming it if invalid."""
+    """Parse ``text`` as a Kubernetes quantity; raise QuantityError naming it if invalid.
+
+    Results are cached (Quantity is immutable): a cluster's slices repeat the same few strings
+    ("80Gi", "132") thousands of times, and exact Fraction arithmetic is the costly part.
+    """
+    return _parse_quantity(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_quantity(text: str) -> Quantity:
     m = _QUANTITY_RE.match(text.strip()) if len(text) <= 128 else None
     if m is None or text != text.strip():
         raise QuantityError(f"{text!r} is not a valid quantity (expected e.g. 40Gi, 500m, 1e3)")

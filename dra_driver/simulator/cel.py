@@ -2386,6 +2386,12 @@ class _Why:
         return f"{self.text(target)}.{field}"
 
 
+@functools.lru_cache(maxsize=1024)
+def _attribute_semver(text: str) -> Semver:
+    """A published version attribute, parsed once per distinct string (never mutated)."""
+    return Semver.parse(text)
+
+
 def attribute_value(value: Mapping[str, Any]) -> Any:
     """One ResourceSlice attribute (``{string: ...}``, ``{version: ...}``, lists) as a CEL value."""
     if "string" in value:
@@ -2395,7 +2401,7 @@ def attribute_value(value: Mapping[str, Any]) -> Any:
     if "int" in value:
         return int(value["int"])
     if "version" in value:
-        return Semver.parse(str(value["version"]))
+        return _attribute_semver(str(value["version"]))
     if "strings" in value:
         return [str(x) for x in value["strings"]]
     if "ints" in value:
@@ -2403,5 +2409,5 @@ def attribute_value(value: Mapping[str, Any]) -> Any:
     if "bools" in value:
         return [bool(x) for x in value["bools"]]
     if "versions" in value:
-        return [Semver.parse(str(x)) for x in value["versions"]]
+        return [_attribute_semver(str(x)) for x in value["versions"]]
     raise ValueError(f"attribute value {dict(value)!r} has none of int/bool/string/version")
