@@ -1,7 +1,8 @@
 """The node agent: starts and supervises discovery, publishing, the kubelet plugin and probes.
 
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
-Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes. Then it
+Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
+Prometheus metrics (``--metrics-port``, off by default). Then it
 re-discovers periodically so that GPUs appearing or disappearing and MIG layout changes reach the
 slices. Background tasks retry on their own; what cannot be retried ends the process with a
 non-zero code so the DaemonSet restarts it. SIGTERM/SIGINT stop everything and remove the sockets.
@@ -17,14 +18,16 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from types import FrameType
 
-from dra_driver import devices, log
+from dra_driver import devices, log, metrics
 from dra_driver.config import Config
 from dra_driver.errors import DiscoveryError, DraError, KubeError, NoGpusFound
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.health import ProbeServer, SocketChecker
+from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publisher import Publisher
 
 logger = logging.getLogger("dra_driver.agent")
@@ -109,14 +112,35 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             node_name=config.node_name,
             node_devices=node_devices,
         )
+        driver_metrics: metrics.DriverMetrics | None = None
+        scrapes: HttpServer | None = None
+        if config.metrics_port:
+            registry = metrics.Registry()
+            driver_metrics = metrics.DriverMetrics(
+                registry,
+                driver_name=config.driver_name,
+                node_name=config.node_name,
+                error_types=ERROR_TYPES,
+            )
+            # Bound before anything is served: a port in use fails the start with a clear error.
+            scrapes = metrics_server(registry, port=config.metrics_port)
+            stack.callback(scrapes.stop)
         plugin = KubeletPlugin(
-            config=config, inventory=inventory, claims=kube, report_event=report_event
+            config=config,
+            inventory=inventory,
+            claims=kube,
+            report_event=report_event,
+            metrics=driver_metrics,
         )
         with _stop_on_signals(stop):
             publisher.start()
             stack.callback(publisher.stop)
             plugin.start()
             stack.callback(plugin.stop)
+            if driver_metrics is not None and scrapes is not None:
+                driver_metrics.set_published_devices(len(node_devices.devices))
+                scrapes.start()
+                stack.callback(scrapes.stop)  # before plugin.stop: scrapes read its checkpoint
             if config.healthcheck_port:
                 probes = ProbeServer(
                     SocketChecker(
@@ -134,11 +158,14 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     "registration_socket": str(plugin.paths.registration),
                     "dra_socket": str(plugin.paths.dra),
                     "healthcheck_port": config.healthcheck_port,
+                    "metrics_port": config.metrics_port,
                 },
             )
             _release_freed_memory()
             while not stop.wait(config.rediscover_interval_s):
                 node_devices = _rediscover(discovery, config, node_devices, publisher)
+                if driver_metrics is not None:
+                    driver_metrics.set_published_devices(len(node_devices.devices))
     logger.info("stopped")
     return 0
 

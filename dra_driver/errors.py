@@ -17,7 +17,10 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   └── KubeUnavailable       connection refused, timeouts, 5xx: retried with backoff
     ├── PublishError              the desired pool is invalid (duplicate names, bad counters)
     ├── PrepareError              one claim could not be prepared (becomes a per-claim error)
-    ├── ConfigDecodeError         an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
+    │   ├── ClaimNotFound         the ResourceClaim is gone (or was re-created with another UID)
+    │   ├── ClaimFetchFailed      the ResourceClaim could not be read from the API
+    │   ├── DeviceConflict        a device is already prepared for another claim
+    │   └── ConfigDecodeError     an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
     │   └── CheckpointCorrupt     truncated, garbage, wrong checksum or unknown version
@@ -107,6 +110,18 @@ class PublishError(DraError):
 
 class PrepareError(DraError):
     """One claim could not be prepared or unprepared; reported as that claim's error."""
+
+
+class ClaimNotFound(PrepareError):
+    """The ResourceClaim does not exist, or exists with another UID (deleted and re-created)."""
+
+
+class ClaimFetchFailed(PrepareError):
+    """The ResourceClaim could not be read from the API server (the KubeError is the cause)."""
+
+
+class DeviceConflict(PrepareError):
+    """A device of the claim is already prepared for another claim (admin access aside)."""
 
 
 class ConfigDecodeError(PrepareError):

@@ -8,9 +8,6 @@ Anything else answers 503 with the reason in the body. Port: ``--healthcheck-por
 
 from __future__ import annotations
 
-import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -19,8 +16,8 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-
-log = logging.getLogger(__name__)
+from dra_driver.errors import DraError
+from dra_driver.http_server import Answer, HttpServer
 
 PROBE_TIMEOUT_S = 1.0
 
@@ -78,43 +75,31 @@ class ProbeServer:
     def __init__(self, checker: SocketChecker, *, port: int, host: str = "") -> None:
         self.checker = checker
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path not in ("/healthz", "/readyz"):
-                    self._answer(404, "not found: use /healthz or /readyz\n")
-                    return
-                problems = checker.problems()
-                if problems:
-                    self._answer(503, "".join(f"{p}\n" for p in problems))
-                else:
-                    self._answer(200, "ok\n")
+        def probe() -> Answer:
+            problems = checker.problems()
+            if problems:
+                return Answer(503, "".join(f"{p}\n" for p in problems))
+            return Answer(200, "ok\n")
 
-            def _answer(self, status: int, body: str) -> None:
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: object) -> None:
-                log.debug("probe " + format, *args)
-
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="probes", daemon=True
-        )
+        try:
+            self._server = HttpServer(
+                {"/healthz": probe, "/readyz": probe},
+                port=port,
+                host=host,
+                flag="--healthcheck-port (HEALTHCHECK_PORT)",
+                name="probes",
+            )
+        except DraError:
+            checker.close()
+            raise
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return self._server.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        self._server.stop()
         self.checker.close()

@@ -39,7 +39,17 @@ from dra_driver.checkpoint import (
     PreparedDevice,
 )
 from dra_driver.devices import gpu_device_name, mig_device_name
-from dra_driver.errors import CdiError, CheckpointError, ConfigDecodeError, KubeError, PrepareError
+from dra_driver.errors import (
+    CdiError,
+    CheckpointError,
+    ClaimFetchFailed,
+    ClaimNotFound,
+    ConfigDecodeError,
+    DeviceConflict,
+    DraError,
+    KubeError,
+    PrepareError,
+)
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
 
 log = logging.getLogger(__name__)
@@ -121,12 +131,36 @@ class _Planned:
     config: deviceconfig.DeviceConfig
 
 
+# What failed, as a short fixed label (the ``error_type`` of the error metrics); the first
+# class that matches wins, so subclasses come before their base.
+_ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
+    (ClaimNotFound, "claim_not_found"),
+    (ClaimFetchFailed, "api_error"),
+    (DeviceConflict, "device_conflict"),
+    (ConfigDecodeError, "config"),
+    (PrepareError, "invalid_claim"),
+    (CdiError, "cdi"),
+    (CheckpointError, "checkpoint"),
+)
+ERROR_TYPES = tuple(label for _, label in _ERROR_TYPES)
+
+
+def error_type(exc: DraError) -> str:
+    """The ``error_type`` of a claim's failure: one of ``ERROR_TYPES``."""
+    for cls, label in _ERROR_TYPES:
+        if isinstance(exc, cls):
+            return label
+    raise TypeError(f"no error type for {type(exc).__name__}")  # a new class needs a label
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """Result of one claim in a batch: its devices, or the error that refused it."""
+    """Result of one claim in a batch: its devices, or the error that refused it and what kind
+    of error that was (``error_type``, one of ``ERROR_TYPES``)."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    error_type: str = ""
 
 
 def validate_ref(ref: ClaimRef, *, need_names: bool = True) -> None:
@@ -205,7 +239,7 @@ class Preparer:
                     "error": str(exc),
                 },
             )
-            return Outcome(error=str(exc))
+            return Outcome(error=str(exc), error_type=error_type(exc))
 
     def _unprepare_outcome(self, ref: ClaimRef) -> Outcome:
         try:
@@ -213,7 +247,7 @@ class Preparer:
             return Outcome()
         except (PrepareError, CdiError, CheckpointError) as exc:
             log.warning("unprepare failed", extra={"claim_uid": ref.uid, "error": str(exc)})
-            return Outcome(error=str(exc))
+            return Outcome(error=str(exc), error_type=error_type(exc))
 
     # -- one claim ---------------------------------------------------------------------------
 
@@ -285,18 +319,18 @@ class Preparer:
         try:
             claim = self.claims.get_resource_claim(namespace=ref.namespace, name=ref.name)
         except KubeError as exc:
-            raise PrepareError(
+            raise ClaimFetchFailed(
                 f"cannot get ResourceClaim {ref.namespace}/{ref.name}: {exc}"
             ) from exc
         if claim is None:
-            raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} does not exist")
+            raise ClaimNotFound(f"ResourceClaim {ref.namespace}/{ref.name} does not exist")
         return claim
 
     def _plan(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[_Planned]:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = _get(claim, "metadata", "uid")
         if uid != ref.uid:
-            raise PrepareError(
+            raise ClaimNotFound(
                 f"{where} has UID {uid!r}, not {ref.uid!r} (it was deleted and re-created)"
             )
         allocation = _get(claim, "status", "allocation")
@@ -409,7 +443,7 @@ class Preparer:
                             if other.namespace
                             else other.uid
                         )
-                        raise PrepareError(
+                        raise DeviceConflict(
                             f"device {held.device} is already prepared for claim {owner}"
                         )
             claims[ref.uid] = ClaimRecord(
@@ -467,6 +501,23 @@ class Preparer:
                 "rolling back a failed prepare failed; reconcile will retry",
                 extra={"claim_uid": uid, "error": str(exc)},
             )
+
+    # -- state -------------------------------------------------------------------------------
+
+    def prepared_devices_by_type(self) -> dict[str, int]:
+        """How many of our devices ``PrepareCompleted`` claims hold, as ``{"gpu": n, "mig": m}``
+        (both keys always present). A device shared by admin-access claims counts once. Read
+        from the checkpoint, so it includes claims another instance prepared (rolling update);
+        a device this node no longer has is typed by its name."""
+        held: set[str] = set()
+        for record in self.checkpoint.snapshot().values():
+            if record.phase == PREPARE_COMPLETED:
+                held.update(d.device for d in record.devices)
+        counts = {"gpu": 0, "mig": 0}
+        for name in held:
+            target = self.targets.get(name)
+            counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
+        return counts
 
     # -- repair ------------------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """The node agent as the DaemonSet runs it: a Pod's ServiceAccount (in-cluster configuration over
-TLS), simulated GPUs, both kubelet sockets, the HTTP probes, and a clean SIGTERM."""
+TLS), simulated GPUs, both kubelet sockets, the HTTP probes, Prometheus metrics, and a clean
+SIGTERM."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,8 +15,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 
+from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from tests.claimdata import allocated_claim
 from tests.kubeapi import FakeKubeApi, free_port
 
 pytestmark = pytest.mark.skipif(
@@ -31,17 +37,24 @@ def _probe(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _scrape(port: int) -> tuple[str, list[str]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+        assert answer.status == 200
+        return answer.headers["Content-Type"], answer.read().decode().splitlines()
+
+
 def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_path: Path) -> None:
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
         api.add_node("gpu-node-1")
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         argv = [
             sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
             "--simulate", "h100:2,a100-40gb:1:mig=3g.20gb+2g.10gb",
             "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
             "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
             "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(port),
+            "--metrics-port", str(metrics_port),
         ]  # fmt: skip
         command, env = api.in_cluster_command(argv, workdir=tmp_path)
         env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
@@ -63,6 +76,32 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
             registration = tmp_path / "registry" / "gpu.nvidia.com-reg.sock"
             dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
             assert registration.is_socket() and dra.is_socket()
+
+            content_type, lines = _scrape(metrics_port)
+            assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+            labels = 'driver="gpu.nvidia.com",operation="NodePrepareResources"'
+            # the probes above called dra.sock with empty requests: not counted as traffic
+            assert f"nvidia_dra_requests_total{{{labels}}} 0" in lines
+            assert 'gpu_dra_published_devices{node="gpu-node-1",driver="gpu.nvidia.com"} 4' in lines
+            claim = api.add_claim(
+                allocated_claim(name="c1", node="gpu-node-1", devices=["gpu-2-mig-3g20gb-9-0"])
+            )
+            with grpc.insecure_channel(f"unix://{dra}") as channel:
+                answer = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(
+                        claims=[
+                            v1.Claim(namespace="default", name="c1", uid=claim["metadata"]["uid"])
+                        ]
+                    ),
+                    timeout=10,
+                )
+            assert answer.claims[claim["metadata"]["uid"]].error == ""
+            _, lines = _scrape(metrics_port)
+            assert f"nvidia_dra_requests_total{{{labels}}} 1" in lines
+            assert f"nvidia_dra_request_duration_seconds_count{{{labels}}} 1" in lines
+            prepared = 'nvidia_dra_prepared_devices{node="gpu-node-1",driver="gpu.nvidia.com",'
+            assert prepared + 'device_type="mig"} 1' in lines
+            assert prepared + 'device_type="gpu"} 0' in lines
         finally:
             agent.send_signal(signal.SIGTERM)
             _, stderr = agent.communicate(timeout=20)
@@ -94,3 +133,34 @@ def test_a_missing_api_server_is_retried_not_fatal(tmp_path: Path) -> None:
         _, stderr = agent.communicate(timeout=20)
     assert agent.returncode == 0, stderr
     assert "127.0.0.1" in stderr and "retry" in stderr.lower()
+
+
+def test_a_metrics_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
+    api = FakeKubeApi(tls_dir=tmp_path / "tls").start()
+    try:
+        api.add_node("n1")
+        with socket.socket() as taken:
+            taken.bind(("0.0.0.0", 0))  # where the agent binds
+            taken.listen()
+            port = taken.getsockname()[1]
+            argv = [
+                sys.executable, "-m", "dra_driver", "--node-name", "n1", "--simulate", "l4:1",
+                "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+                "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+                "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
+                "--metrics-port", str(port),
+            ]  # fmt: skip
+            command, env = api.in_cluster_command(argv, workdir=tmp_path)
+            env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=60, check=False
+            )
+        assert done.returncode == 1, done.stderr
+        assert (
+            f"gpu-dra-kubelet-plugin: --metrics-port (METRICS_PORT): cannot listen on port {port}"
+            in done.stderr
+        )
+        # it failed before serving anything: no socket for the kubelet to find
+        assert not (tmp_path / "registry" / "gpu.nvidia.com-reg.sock").exists()
+    finally:
+        api.stop()

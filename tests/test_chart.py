@@ -515,6 +515,38 @@ def test_metrics_port_is_exposed_and_passed_to_the_agent() -> None:
     assert env_of(container)["METRICS_PORT"]["value"] == "9400"
 
 
+def pod_annotations(objects: list[dict[str, Any]]) -> dict[str, str] | None:
+    return one(objects, "DaemonSet")["spec"]["template"]["metadata"].get("annotations")
+
+
+def test_pods_carry_prometheus_scrape_annotations_only_while_metrics_are_served() -> None:
+    assert pod_annotations(render("--set", "metricsPort=9400")) == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9400",
+        "prometheus.io/path": "/metrics",
+    }
+    assert pod_annotations(render("--set", "metricsPort=0")) is None
+    assert "prometheus.io/port" not in yaml.safe_dump(render("--set", "metricsPort=0"))
+    assert pod_annotations(
+        render("--set", "metricsPort=0", "--set", "kubeletPlugin.podAnnotations.team=ml")
+    ) == {"team": "ml"}
+
+
+def test_pod_annotations_from_values_are_kept_and_win_over_the_scrape_defaults() -> None:
+    annotations = pod_annotations(
+        render(
+            "--set-string", "kubeletPlugin.podAnnotations.prometheus\\.io/scrape=false",
+            "--set", "kubeletPlugin.podAnnotations.team=ml",
+        )
+    )  # fmt: skip
+    assert annotations == {
+        "prometheus.io/scrape": "false",
+        "prometheus.io/port": "8080",
+        "prometheus.io/path": "/metrics",
+        "team": "ml",
+    }
+
+
 def test_agent_has_resource_requests_and_limits() -> None:
     resources = agent_container(render())["resources"]
     assert set(resources["requests"]) == {"cpu", "memory"}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.errors import DraError
 from dra_driver.health import ProbeServer, SocketChecker
 from dra_driver.kube import KubeClient
 from tests.kubeapi import FakeKubeApi
@@ -61,3 +62,17 @@ def test_probes_pass_while_both_sockets_answer_and_fail_when_one_does_not(
     finally:
         probes.stop()
         plugin.stop()
+
+
+def test_a_probe_port_in_use_is_a_clear_error_naming_the_flag(tmp_path: Path) -> None:
+    checker = SocketChecker(
+        registration_socket=tmp_path / "reg.sock",
+        dra_socket=tmp_path / "dra.sock",
+        driver_name="gpu.nvidia.com",
+    )
+    first = ProbeServer(checker, port=0, host="127.0.0.1")
+    try:
+        with pytest.raises(DraError, match=r"--healthcheck-port \(HEALTHCHECK_PORT\): .*in use"):
+            ProbeServer(checker, port=first.port, host="127.0.0.1")
+    finally:
+        first.stop()

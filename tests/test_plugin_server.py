@@ -26,6 +26,7 @@ from dra_driver.config import Config
 from dra_driver.errors import ConfigError
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
+from dra_driver.metrics import DriverMetrics
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from tests.claimdata import allocated_claim, new_uid
 from tests.fakedriver import make_fake_driver, simulated_inventory
@@ -55,12 +56,19 @@ def make_config(tmp: Path, *, pod_uid: str | None = None) -> Config:
     )
 
 
-def start_plugin(tmp: Path, kube: KubeClient, *, pod_uid: str | None = None) -> KubeletPlugin:
+def start_plugin(
+    tmp: Path,
+    kube: KubeClient,
+    *,
+    pod_uid: str | None = None,
+    metrics: DriverMetrics | None = None,
+) -> KubeletPlugin:
     plugin = KubeletPlugin(
         config=make_config(tmp, pod_uid=pod_uid),
         inventory=inventory(),
         claims=kube,
         report_event=node_event_reporter(kube, node_name="node1"),
+        metrics=metrics,
         proc_root=tmp / "proc",
         boot_id_path=tmp / "boot_id",
         health_interval_s=0.1,

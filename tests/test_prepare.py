@@ -16,8 +16,15 @@ from pathlib import Path
 import pytest
 
 from dra_driver import cdi
-from dra_driver.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, Checkpoint, ClaimLocks
-from dra_driver.errors import ConfigDecodeError, PrepareError
+from dra_driver.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    PreparedDevice,
+)
+from dra_driver.errors import ConfigDecodeError, KubeUnavailable, PrepareError
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
 from tests.fakedriver import make_fake_driver, simulated_inventory
@@ -317,6 +324,96 @@ def test_one_bad_claim_never_fails_the_others_in_a_batch(env: Env) -> None:
         **{c["metadata"]["uid"]: False for c in good},
         bad["metadata"]["uid"]: True,
     }
+
+
+def test_each_failed_claim_of_a_batch_says_what_kind_of_error_it_was(env: Env) -> None:
+    held = env.store.add(allocated_claim(name="held", devices=["gpu-1"]))
+    env.preparer.prepare(env.ref(held))
+    unallocated = allocated_claim(name="unallocated")
+    del unallocated["status"]["allocation"]
+    recreated = allocated_claim(name="recreated")
+    env.store.add({**recreated, "metadata": {**recreated["metadata"], "uid": new_uid()}})
+    bad_config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "TpuConfig"}
+    cases = {
+        "ok": (env.store.add(allocated_claim(name="ok", devices=["gpu-0"])), ""),
+        "missing": (allocated_claim(name="missing"), "claim_not_found"),
+        "recreated": (recreated, "claim_not_found"),
+        "unallocated": (env.store.add(unallocated), "invalid_claim"),
+        "elsewhere": (env.store.add(allocated_claim(name="elsewhere", node="n2")), "invalid_claim"),
+        "conflict": (
+            env.store.add(allocated_claim(name="conflict", devices=["gpu-1"])),
+            "device_conflict",
+        ),
+        "config": (
+            env.store.add(
+                allocated_claim(name="config", devices=["gpu-2"], configs=[opaque(bad_config)])
+            ),
+            "config",
+        ),
+    }
+    outcomes = env.preparer.prepare_batch([env.ref(claim) for claim, _ in cases.values()])
+    got = {
+        name: (
+            outcomes[claim["metadata"]["uid"]].error_type,
+            bool(outcomes[claim["metadata"]["uid"]].error),
+        )
+        for name, (claim, _) in cases.items()
+    }
+    assert got == {name: (kind, bool(kind)) for name, (_, kind) in cases.items()}
+
+
+def test_a_claim_the_api_cannot_show_is_an_api_error(env: Env) -> None:
+    class Failing(ClaimStore):
+        def get_resource_claim(self, *, namespace: str, name: str) -> dict[str, object] | None:
+            raise KubeUnavailable("connection refused", verb="get", resource="resourceclaims")
+
+    failing = build_env(env.tmp / "other", Failing())
+    try:
+        ref = ClaimRef("default", "c1", new_uid())
+        (outcome,) = failing.preparer.prepare_batch([ref]).values()
+        assert outcome.error_type == "api_error"
+        assert "connection refused" in outcome.error
+        (outcome,) = failing.preparer.unprepare_batch([ClaimRef("", "", "BAD")]).values()
+        assert outcome.error_type == "invalid_claim"
+    finally:
+        failing.preparer.close()
+
+
+def test_prepared_devices_are_counted_by_type_once_each(env: Env) -> None:
+    assert env.preparer.prepared_devices_by_type() == {"gpu": 0, "mig": 0}
+    both = env.store.add(allocated_claim(name="c1", devices=["gpu-0", MIG_3G]))
+    env.preparer.prepare(env.ref(both))
+    admin = allocated_claim(name="admin", devices=["gpu-0"])
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    env.preparer.prepare(env.ref(env.store.add(admin)))
+    one = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
+    env.preparer.prepare(env.ref(one))
+    assert env.preparer.prepared_devices_by_type() == {"gpu": 2, "mig": 1}
+    # a claim still being prepared holds nothing yet
+    uid = one["metadata"]["uid"]
+    record = env.checkpoint.get(uid)
+    assert record is not None
+    env.checkpoint.transact(
+        lambda claims: claims.__setitem__(
+            uid, record.__class__(**{**record.__dict__, "phase": PREPARE_STARTED})
+        )
+    )
+    assert env.preparer.prepared_devices_by_type() == {"gpu": 1, "mig": 1}
+    env.preparer.unprepare(env.ref(both))
+    assert env.preparer.prepared_devices_by_type() == {"gpu": 1, "mig": 0}  # the admin claim
+    # devices this node no longer has (a GPU gone since the claim was prepared): typed by name
+    gone = ClaimRecord(
+        uid=new_uid(),
+        namespace="default",
+        name="old",
+        phase=PREPARE_COMPLETED,
+        devices=tuple(
+            PreparedDevice(request_names=("gpus",), pool="node1", device=name, cdi_device_ids=())
+            for name in ("gpu-9", "gpu-9-mig-1g10gb-19-6")
+        ),
+    )
+    env.checkpoint.transact(lambda claims: claims.__setitem__(gone.uid, gone))
+    assert env.preparer.prepared_devices_by_type() == {"gpu": 2, "mig": 1}
 
 
 def test_empty_batch_gives_an_empty_answer(env: Env) -> None:

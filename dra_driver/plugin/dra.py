@@ -3,17 +3,24 @@
 Both versions have the same semantics; v1beta1 has no ``share_id``. Every claim of a request gets
 an entry in the answer (the kubelet treats a missing entry as an error), per-claim failures go in
 that entry's ``error``; an RPC never fails as a whole because of one claim.
+
+With metrics on, each call is counted once (``nvidia_dra_requests_total``), timed around the
+whole handler and counted in flight meanwhile; each failed claim counts one error of its type.
+An empty request (the agent's own readiness probe; the kubelet never sends one) is not counted,
+so probes do not show up as kubelet traffic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from dra_driver.metrics import DriverMetrics, RequestMetrics
 from dra_driver.prepare import ClaimRef, Preparer
 
 _Claim = v1_pb2.Claim | v1beta1_pb2.Claim
@@ -30,15 +37,25 @@ class _Servicer:
     _pb2: Any
     _share_ids: bool
 
-    def __init__(self, preparer: Preparer) -> None:
+    def __init__(self, preparer: Preparer, metrics: DriverMetrics | None = None) -> None:
         self._preparer = preparer
+        self._prepare_metrics = metrics.prepare if metrics else None
+        self._unprepare_metrics = metrics.unprepare if metrics else None
 
     def NodePrepareResources(self, request: Any, context: object) -> Any:  # noqa: N802
+        return _measured(self._prepare, request, self._prepare_metrics)
+
+    def NodeUnprepareResources(self, request: Any, context: object) -> Any:  # noqa: N802
+        return _measured(self._unprepare, request, self._unprepare_metrics)
+
+    def _prepare(self, request: Any, metrics: RequestMetrics | None) -> Any:
         response = self._pb2.NodePrepareResourcesResponse()
         for uid, outcome in self._preparer.prepare_batch(_refs(request.claims)).items():
             entry = response.claims[uid]
             if outcome.error:
                 entry.error = outcome.error
+                if metrics is not None:
+                    metrics.failed(outcome.error_type)
                 continue
             for d in outcome.devices:
                 device = entry.devices.add(
@@ -51,11 +68,29 @@ class _Servicer:
                     device.share_id = d.share_id
         return response
 
-    def NodeUnprepareResources(self, request: Any, context: object) -> Any:  # noqa: N802
+    def _unprepare(self, request: Any, metrics: RequestMetrics | None) -> Any:
         response = self._pb2.NodeUnprepareResourcesResponse()
         for uid, outcome in self._preparer.unprepare_batch(_refs(request.claims)).items():
             response.claims[uid].error = outcome.error
+            if outcome.error and metrics is not None:
+                metrics.failed(outcome.error_type)
         return response
+
+
+def _measured(
+    handler: Callable[[Any, RequestMetrics | None], Any],
+    request: Any,
+    metrics: RequestMetrics | None,
+) -> Any:
+    """``handler(request)``, counted, timed and counted in flight (empty requests are not)."""
+    if metrics is None or not request.claims:
+        return handler(request, None)
+    metrics.started()
+    started_s = time.perf_counter()
+    try:
+        return handler(request, metrics)
+    finally:
+        metrics.finished(time.perf_counter() - started_s)
 
 
 class V1Servicer(_Servicer, v1_grpc.DRAPluginServicer):

@@ -9,6 +9,9 @@ start() (spec A.3 order, checklist H):
    soon as it registers us); both stay up for the life of the process;
 5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
 
+With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
+and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.
+
 stop() stops both servers and removes both socket files (the kubelet then deregisters us at
 once instead of after two failed 10 s probes).
 """
@@ -36,6 +39,7 @@ from dra_driver.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadRepo
 from dra_driver.config import Config
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
+from dra_driver.metrics import DriverMetrics
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer
@@ -77,8 +81,9 @@ class KubeletPlugin:
     """The registration and DRA services of one node, backed by prepare.Preparer.
 
     ``claims`` is where ResourceClaims are read (kube.KubeClient). ``report_event`` posts a
-    Warning Event on the Node (used when the checkpoint was damaged). ``proc_root`` and
-    ``boot_id_path`` exist so tests can point them at fake files.
+    Warning Event on the Node (used when the checkpoint was damaged). ``metrics``, when
+    given, is updated by the DRA services. ``proc_root`` and ``boot_id_path`` exist so tests
+    can point them at fake files.
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class KubeletPlugin:
         inventory: Inventory,
         claims: ClaimSource,
         report_event: EventReporter | None = None,
+        metrics: DriverMetrics | None = None,
         proc_root: Path = Path("/proc"),
         boot_id_path: Path = BOOT_ID_PATH,
         health_interval_s: float = DEFAULT_INTERVAL_S,
@@ -103,6 +109,7 @@ class KubeletPlugin:
         )
         self._claims = claims
         self._report_event = report_event
+        self.metrics = metrics
         self._proc_root = proc_root
         self._health_interval_s = health_interval_s
         self._reconcile_interval_s = reconcile_interval_s
@@ -151,6 +158,8 @@ class KubeletPlugin:
             claims=self._claims,
         )
         self._recover(report)
+        if self.metrics is not None:
+            self.metrics.prepared_devices.set_collector(self._prepared_devices)
         self._start_dra_server()
         self._start_registration_server()
         self._reconciler = threading.Thread(
@@ -212,6 +221,15 @@ class KubeletPlugin:
         done = self.preparer.reconcile()
         log.info("reconciled prepared claims at start", extra=done)
 
+    def _prepared_devices(self) -> dict[tuple[str, ...], float]:
+        """``nvidia_dra_prepared_devices`` at scrape time: (node, driver, device_type) -> n."""
+        assert self.preparer is not None
+        cfg = self.config
+        return {
+            (cfg.node_name, cfg.driver_name, device_type): float(n)
+            for device_type, n in self.preparer.prepared_devices_by_type().items()
+        }
+
     def _booted_at_s(self) -> float:
         """When the node booted (0 when <proc>/uptime cannot be read: trust every spec)."""
         try:
@@ -240,8 +258,10 @@ class KubeletPlugin:
         server = grpc.server(
             ThreadPoolExecutor(max_workers=_GRPC_WORKERS, thread_name_prefix="dra-grpc")
         )
-        v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.preparer), server)
-        v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.preparer), server)
+        v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.preparer, self.metrics), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(
+            V1beta1Servicer(self.preparer, self.metrics), server
+        )
         targets = self.preparer.targets
         health_grpc.add_DRAResourceHealthServicer_to_server(
             HealthServicer(
