@@ -17,8 +17,9 @@ prepared. Files in the plugin data dir:
     {"checksum": "<sha256 of entry>", "entry": {"seq": n, "put": {uid: record}, "del": [uid]}}
 
   An append costs one small fdatasync where rewriting the snapshot costs a new file, two fsyncs
-  and a rename; that is most of a prepare's disk time. When the journal passes
-  ``COMPACT_AFTER_BYTES`` (and on a clean stop) it is folded into a new snapshot.
+  and a rename; that is most of a prepare's disk time. ``compact()`` folds the journal into a
+  new snapshot once it passes ``COMPACT_AFTER_BYTES``; the plugin calls it from its periodic
+  repair (off the prepare path) and on a clean stop.
 
 Rules:
 
@@ -65,7 +66,8 @@ log = logging.getLogger(__name__)
 
 VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: the snapshot-only format of earlier releases (no "seq")
-COMPACT_AFTER_BYTES = 256 * 1024  # journal size at which it is folded into the snapshot
+COMPACT_AFTER_BYTES = 256 * 1024  # journal size at which compact() folds it into the snapshot
+COMPACT_HARD_LIMIT_FACTOR = 8  # an append folds it itself past 8 x that (2 MiB)
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 Phase = Literal["PrepareStarted", "PrepareCompleted"]
 PREPARE_STARTED: Phase = "PrepareStarted"
@@ -255,19 +257,7 @@ class Checkpoint:
         """Fold the journal into the snapshot (a clean stop leaves one file), release files."""
         if self._lock_fd >= 0 and self._journal_fd >= 0:
             try:
-                with self._cond:
-                    while self._writing:
-                        self._cond.wait()
-                    self._writing = True
-                try:
-                    with self._file_lock():
-                        self._reload_if_replaced()
-                        if self._journal_end:
-                            self._compact_locked()
-                finally:
-                    with self._cond:
-                        self._writing = False
-                        self._cond.notify_all()
+                self.compact(force=True)
             except (OSError, CheckpointError) as exc:
                 log.warning(
                     "could not compact the checkpoint journal on stop; it is replayed at start",
@@ -278,6 +268,27 @@ class Checkpoint:
             if fd >= 0:
                 os.close(fd)
                 setattr(self, attr, -1)
+
+    def compact(self, *, force: bool = False) -> bool:
+        """Fold the journal into a new snapshot if it passed ``compact_after_bytes`` (any size
+        with ``force``); return whether it did. Called off the prepare path (the plugin's
+        periodic repair), so prepares do not pay for it; an append folds the journal itself
+        only past ``COMPACT_HARD_LIMIT_FACTOR`` times that size."""
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._writing = True
+        try:
+            with self._file_lock():
+                self._reload_if_replaced()
+                if self._journal_end and (force or self._journal_end >= self.compact_after_bytes):
+                    self._compact_locked()
+                    return True
+                return False
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
     def _open_journal(self) -> None:
         """(Re)open the journal file (created empty if missing); file lock held."""
@@ -523,8 +534,8 @@ class Checkpoint:
             os.fdatasync(self._journal_fd)
         self._seq = seq
         self._journal_end += len(line)
-        if self._journal_end >= self.compact_after_bytes:
-            self._compact_locked()
+        if self._journal_end >= self.compact_after_bytes * COMPACT_HARD_LIMIT_FACTOR:
+            self._compact_locked()  # compact() was not called in time: bound the journal
 
     def _compact_locked(self) -> None:
         """Write the whole table as a new snapshot, then empty the journal (file lock held).

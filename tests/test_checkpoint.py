@@ -179,12 +179,22 @@ def test_the_journal_is_folded_into_the_snapshot_and_an_interrupted_fold_is_harm
     cp = Checkpoint(path, boot_id_path=tmp_path / "boot_id", compact_after_bytes=4096)
     cp.open()
     journal = tmp_path / "plugin/checkpoint.journal"
+    assert not cp.compact()  # empty journal: nothing to fold
+    for i in range(5):
+        cp.transact(lambda claims, i=i: claims.__setitem__(f"u{i}", record(f"u{i}")))
+    assert not cp.compact() and journal.stat().st_size > 0  # below the threshold: kept
     sizes = []
-    for i in range(40):
+    for i in range(5, 120):  # never compacted by the caller: appends bound the journal
         cp.transact(lambda claims, i=i: claims.__setitem__(f"u{i}", record(f"u{i}")))
         sizes.append(journal.stat().st_size)
-    assert max(sizes) < 4096 + 1024 and 0 in sizes  # emptied whenever it passed 4 KiB
-    expected = {f"u{i}": record(f"u{i}") for i in range(40)}
+    assert max(sizes) < 8 * 4096 + 1024 and 0 in sizes
+    for i in range(120, 130):
+        cp.transact(lambda claims, i=i: claims.__setitem__(f"u{i}", record(f"u{i}")))
+    assert journal.stat().st_size >= 4096 and cp.compact()
+    assert journal.read_bytes() == b""
+    for i in range(130, 140):
+        cp.transact(lambda claims, i=i: claims.__setitem__(f"u{i}", record(f"u{i}")))
+    expected = {f"u{i}": record(f"u{i}") for i in range(140)}
     assert read_state(path) == ("boot-1", expected)
     assert json.loads(path.read_bytes())["data"]["seq"] >= 1
     # A crash after the new snapshot but before the journal was emptied: the old lines are

@@ -294,7 +294,8 @@ class KubeletPlugin:
                     self._rebuild_needed = False
                     self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
                 done = self.preparer.reconcile()
-            except (CdiError, CheckpointError, KubeError) as exc:
+                self.checkpoint.compact()  # off the prepare path
+            except (CdiError, CheckpointError, KubeError, OSError) as exc:
                 log.warning("reconcile failed; will retry", extra={"error": str(exc)})
                 continue
             if any(done.values()):
