@@ -412,8 +412,11 @@ class CdiSpecDir:
 
     Spec file: ``<vendor>-claim_<claimUID>.json``. A write goes to a hidden temp file in the same
     directory (``.<spec name>.<random>.tmp``: runtimes only read ``*.json``/``*.yaml``), is
-    fsync'd, renamed over the final name, and the directory is fsync'd, so a reader sees the old
-    spec or the new one, never a mix. Files not named like our specs are never touched.
+    fsync'd and renamed over the final name, so a reader sees the old spec or the new one, never
+    a mix or a partial file, even after a power loss. The directory is not fsync'd: after a power
+    loss the boot ID drops every prepared claim and reconcile removes the specs and temp files
+    left behind, so whether a rename survived does not matter. Files not named like our specs
+    are never touched.
     """
 
     def __init__(self, root: Path, *, vendor: str) -> None:
@@ -434,7 +437,7 @@ class CdiSpecDir:
             raise CdiError(f"claim UID {claim_uid!r} is not a lowercase UUID")
         return self.root / f"{self._prefix}{claim_uid}.json"
 
-    def write(self, claim_uid: str, content: bytes, *, sync_dir: bool = True) -> Path:
+    def write(self, claim_uid: str, content: bytes) -> Path:
         """Atomically replace the spec of ``claim_uid`` with ``content``."""
         final = self.path_for(claim_uid)
         temp = self.root / f".{final.name}.{secrets.token_hex(4)}.tmp"
@@ -446,8 +449,6 @@ class CdiSpecDir:
             finally:
                 os.close(fd)
             os.rename(temp, final)
-            if sync_dir:
-                self.sync()
         except OSError as exc:
             temp.unlink(missing_ok=True)
             raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc

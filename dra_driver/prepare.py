@@ -465,14 +465,7 @@ class Preparer:
         del record
 
     def _write_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> None:
-        """Write the claim's spec: content fsync'd before the rename, so no reader (a runtime
-        scanning the CDI directory, even after a power loss) ever sees a partial spec.
-
-        The directory is not fsync'd: whether the rename itself survives a power loss does not
-        matter, because after the reboot the boot ID check drops every prepared claim and
-        reconcile removes the specs (and temp files) left behind. That saves a journal commit
-        on the prepare path.
-        """
+        """Write the claim's spec (atomically; see cdi.CdiSpecDir for what is synced)."""
         unique = {t.name: t for t in targets}
         devices = [
             cdi.ClaimDevice(name=t.name, nodes=t.nodes(self.files))
@@ -481,7 +474,7 @@ class Preparer:
         spec = cdi.claim_spec(
             vendor=self.cdi_vendor, claim_uid=claim_uid, devices=devices, files=self.files
         )
-        self.specs.write(claim_uid, cdi.encode_spec(spec), sync_dir=False)
+        self.specs.write(claim_uid, cdi.encode_spec(spec))
 
     def _roll_back(self, record: ClaimRecord) -> None:
         """Undo a half-done prepare (lock held): spec and config first, then the record."""
