@@ -144,6 +144,7 @@ class WatchStream:
         self._resource = resource
         self._convert = convert
         self._closed = threading.Event()
+        self._close_lock = threading.Lock()
 
     def __enter__(self) -> WatchStream:
         return self
@@ -158,15 +159,17 @@ class WatchStream:
 
     def close(self) -> None:
         """Unblock a reader in another thread and release the connection. Idempotent."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        # shutdown() wakes a thread blocked in a socket read; close() alone would not.
-        # (It refuses once the stream was read to the end and the connection went back to the
-        # pool; then there is nothing to wake.)
-        with contextlib.suppress(RuntimeError, OSError):
-            self._response.shutdown()
-        self._response.release_conn()
+        with self._close_lock:  # the reader's cleanup and stop() may close at the same time
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            # shutdown() wakes a thread blocked in a socket read; close() alone would not.
+            # It refuses when there is nothing to wake: RuntimeError once the stream was read to
+            # the end and the connection went back to the pool, ValueError once urllib3 closed
+            # the response itself (the server broke the stream mid-chunk).
+            with contextlib.suppress(RuntimeError, ValueError, OSError):
+                self._response.shutdown()
+            self._response.release_conn()
 
     def __iter__(self) -> Iterator[WatchEvent]:
         try:

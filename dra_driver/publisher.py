@@ -265,6 +265,17 @@ class Publisher:
             except KubeError as exc:  # 401, 422 and others: will not fix themselves quickly
                 wait_s = self._forbidden_retry_s
                 self._fail(exc, wait_s, level=logging.ERROR)
+            except Exception as exc:  # a bug must not end publishing for good
+                attempt += 1
+                wait_s = self._backoff.delay_s(attempt, self._rng)
+                with self._lock:
+                    self._last_error = f"unexpected error: {exc!r}"
+                    self._lock.notify_all()
+                log.exception(
+                    "publishing ResourceSlices failed unexpectedly, retrying in %.1f s",
+                    wait_s,
+                    extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
+                )
             else:
                 attempt, wait_s = 0, None
 
@@ -428,6 +439,16 @@ class Publisher:
                 if isinstance(exc, KubeForbidden):
                     with self._lock:
                         self._last_error = str(exc)
+                self._stop.wait(wait_s)
+            except Exception:  # a dead watch would leave deleted slices missing
+                attempt += 1
+                wait_s = self._backoff.delay_s(attempt, self._rng)
+                log.exception(
+                    "watching ResourceSlices failed unexpectedly, listing again in %.1f s",
+                    wait_s,
+                    extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
+                )
+                resource_version = ""
                 self._stop.wait(wait_s)
 
     def _watch_from(self, resource_version: str) -> str:

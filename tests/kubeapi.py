@@ -188,16 +188,21 @@ class FakeKubeApi:
         if self._server is not None:
             self._server.shutdown()
             # Keep-alive connections would otherwise go on being served by their threads.
-            with self._cond:
-                connections = list(self._connections)
-            for connection in connections:
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
+            self.kill_connections()
             self._server.server_close()
             self._server = None
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+
+    def kill_connections(self) -> None:
+        """Cut every open connection (watches included) mid-stream, as a crashing API server
+        or a dropped network would; the server goes on listening."""
+        with self._cond:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def write_kubeconfig(self, path: Path, *, token: str | None = None) -> Path:
         """Write a kubeconfig for this server to ``path`` and return it."""

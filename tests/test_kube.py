@@ -404,3 +404,34 @@ def test_without_kubeconfig_outside_a_pod_the_error_says_so(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="not running in a Pod"):
         KubeClient.from_config()
+
+
+def test_a_watch_broken_by_the_server_raises_unavailable_and_closes_cleanly(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    start = kube.list_slices(driver_name=DRIVER, node_name="node1").resource_version
+    stream = kube.watch_slices(
+        driver_name=DRIVER, node_name="node1", resource_version=start, timeout_s=30
+    )
+    outcome: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            list(stream)
+            outcome.append(None)
+        except BaseException as exc:  # recorded and asserted below
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.1)
+    kubeapi.kill_connections()  # the API server goes away mid-watch (no final chunk)
+    reader.join(5)
+    assert not reader.is_alive()
+    (error,) = outcome
+    assert isinstance(error, KubeUnavailable), repr(error)
+    assert "watch resourceslices" in str(error)
+    # The reader's cleanup closes the stream after the break, and so may stop() from another
+    # thread: neither may raise (a raise here killed the publisher's watch thread).
+    stream.close()
+    stream.close()

@@ -7,6 +7,7 @@ import json
 import logging
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -411,3 +412,38 @@ def test_config_change_keeps_paths(tmp_path: Path) -> None:
         replace(config, pod_uid=None).checkpoint_path
         == tmp_path / "plugins/gpu.nvidia.com/checkpoint.json"
     )
+
+
+def test_the_reconcile_loop_survives_an_unexpected_error(
+    tmp_path: Path, kube: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = KubeletPlugin(
+        config=make_config(tmp_path),
+        inventory=inventory(),
+        claims=kube,
+        proc_root=tmp_path / "proc",
+        boot_id_path=tmp_path / "boot_id",
+        reconcile_interval_s=0.02,
+    )
+    caplog.set_level(logging.ERROR, logger="dra_driver.plugin.server")
+    plugin.start()
+    try:
+        assert plugin.preparer is not None
+        real = plugin.preparer.reconcile
+        passes: list[str] = []
+
+        def reconcile() -> dict[str, int]:
+            passes.append("pass")
+            if len(passes) == 1:
+                raise RuntimeError("a bug in one pass")
+            return real()
+
+        plugin.preparer.reconcile = reconcile  # type: ignore[method-assign]
+        deadline = time.monotonic() + 5
+        while len(passes) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(passes) >= 3  # the loop went on after the failed pass
+    finally:
+        plugin.stop()
+    (record,) = [r for r in caplog.records if "unexpectedly" in r.getMessage()]
+    assert record.exc_info is not None and "a bug in one pass" in str(record.exc_info[1])

@@ -263,6 +263,68 @@ def test_a_watch_that_expired_is_relisted_and_keeps_working(
     assert wait_for(lambda: device_names(kubeapi) == ["gpu-0"], timeout_s=2)
 
 
+def test_a_watch_cut_by_the_api_server_is_reopened_and_keeps_working(
+    kubeapi: FakeKubeApi, start: Callable[..., Publisher]
+) -> None:
+    publisher = start(NodeDevices(devices=(gpu(0),)))
+    assert publisher.wait_synced(5)
+    watches = lambda: [r for r in kubeapi.requests if r.verb == "watch"]  # noqa: E731
+    assert wait_for(lambda: len(watches()) == 1)
+    kubeapi.kill_connections()  # mid-stream, no final chunk
+    assert wait_for(lambda: len(watches()) >= 2)
+    kubeapi.delete_slices(node_name=NODE)
+    assert wait_for(lambda: device_names(kubeapi) == ["gpu-0"], timeout_s=2)
+
+
+class _Buggy:
+    """The real client, but the first watch and the first create raise what no KubeError
+    covers (as a library bug or an unforeseen failure would)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self.raised: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._kube, name)
+        if name in ("watch_slices", "create_slice") and name not in self.raised:
+            self.raised.append(name)
+
+            def boom(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError(f"unforeseen failure in {name}")
+
+            return boom
+        return attr
+
+
+def test_unexpected_errors_are_logged_and_retried_instead_of_ending_the_threads(
+    kubeapi: FakeKubeApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubeapi.add_node(NODE)
+    api = _Buggy(KubeClient.from_config(kubeconfig=kubeapi.write_kubeconfig(tmp_path / "kc")))
+    publisher = Publisher(
+        api,
+        driver_name=DRIVER,
+        node_name=NODE,
+        node_devices=NodeDevices(devices=(gpu(0),)),
+        backoff=FAST,
+    )
+    caplog.set_level(logging.ERROR, logger="dra_driver.publisher")
+    publisher.start()
+    try:
+        assert publisher.wait_synced(5), publisher.status().last_error
+        assert sorted(api.raised) == ["create_slice", "watch_slices"]
+        assert wait_for(lambda: any(r.verb == "watch" for r in kubeapi.requests))
+        # Both threads are alive: the syncer published, the watcher still sees deletions.
+        kubeapi.delete_slices(node_name=NODE)
+        assert wait_for(lambda: device_names(kubeapi) == ["gpu-0"], timeout_s=2)
+    finally:
+        publisher.stop()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("publishing ResourceSlices failed unexpectedly") for m in messages)
+    assert any(m.startswith("watching ResourceSlices failed unexpectedly") for m in messages)
+    assert all(r.exc_info is not None for r in caplog.records if "unexpectedly" in r.msg)
+
+
 def test_stop_ends_the_threads_promptly(start: Callable[..., Publisher]) -> None:
     publisher = start(NodeDevices(devices=(gpu(0),)))
     assert publisher.wait_synced(5)

@@ -298,6 +298,9 @@ class KubeletPlugin:
             except (CdiError, CheckpointError, KubeError, OSError) as exc:
                 log.warning("reconcile failed; will retry", extra={"error": str(exc)})
                 continue
+            except Exception:  # the repair loop must outlive a bug in one pass
+                log.exception("reconcile failed unexpectedly; will retry")
+                continue
             if any(done.values()):
                 log.info("reconciled prepared claims", extra=done)
 
