@@ -18,6 +18,7 @@ Only files named like our claim specs are ever written or removed in the CDI dir
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -179,41 +180,69 @@ def claim_spec(
     *, vendor: str, claim_uid: str, devices: Sequence[ClaimDevice], files: DriverFiles
 ) -> dict[str, Any]:
     """The CDI spec of one claim. Deterministic: the same input gives the same bytes."""
-    if not devices:
-        raise CdiError(f"claim {claim_uid}: a CDI spec needs at least one device")
-    spec_devices = []
-    for dev in devices:
-        edits: dict[str, Any] = {}
-        if dev.env:
-            edits["env"] = list(dev.env)
-        edits["deviceNodes"] = [_node_json(n) for n in dev.nodes]
-        spec_devices.append(
-            {
-                "name": cdi_device_name(claim_uid=claim_uid, device_name=dev.name),
-                "containerEdits": edits,
-            }
+    return ClaimSpecEncoder(vendor=vendor, files=files).spec(claim_uid, devices)
+
+
+class ClaimSpecEncoder:
+    """Claim specs for one vendor and driver install.
+
+    The edits every claim shares (control device nodes, driver mounts: most of a spec's bytes)
+    are built and JSON-encoded once; :meth:`encode` splices them in, giving exactly the bytes
+    ``encode_spec(claim_spec(...))`` gives. A prepare waits for these bytes before its spec's
+    fsync can start.
+    """
+
+    def __init__(self, *, vendor: str, files: DriverFiles) -> None:
+        self.kind = f"{vendor}/{CDI_CLASS}"
+        common: dict[str, Any] = {
+            "env": [NO_SECOND_INJECTION_ENV],
+            "deviceNodes": [_node_json(files.node(p)) for p in CONTROL_DEVICE_NODES],
+        }
+        if files.mounts:
+            common["mounts"] = [
+                {
+                    "hostPath": m.host_path,
+                    "containerPath": m.container_path,
+                    "options": list(MOUNT_OPTIONS),
+                }
+                for m in files.mounts
+            ]
+        self._common = common
+        self._common_json = json.dumps(common, separators=(",", ":"))
+
+    def spec(self, claim_uid: str, devices: Sequence[ClaimDevice]) -> dict[str, Any]:
+        """The spec as a mapping (its ``containerEdits`` is shared: do not change it)."""
+        if not devices:
+            raise CdiError(f"claim {claim_uid}: a CDI spec needs at least one device")
+        spec_devices = []
+        for dev in devices:
+            edits: dict[str, Any] = {}
+            if dev.env:
+                edits["env"] = list(dev.env)
+            edits["deviceNodes"] = [_node_json(n) for n in dev.nodes]
+            spec_devices.append(
+                {
+                    "name": cdi_device_name(claim_uid=claim_uid, device_name=dev.name),
+                    "containerEdits": edits,
+                }
+            )
+        spec: dict[str, Any] = {
+            "cdiVersion": "",
+            "kind": self.kind,
+            "devices": spec_devices,
+            "containerEdits": self._common,
+        }
+        spec["cdiVersion"] = minimum_version(spec)
+        return spec
+
+    def encode(self, claim_uid: str, devices: Sequence[ClaimDevice]) -> bytes:
+        """The spec's bytes on disk (see :func:`encode_spec`)."""
+        spec = self.spec(claim_uid, devices)
+        head = json.dumps(
+            {"cdiVersion": spec["cdiVersion"], "kind": spec["kind"], "devices": spec["devices"]},
+            separators=(",", ":"),
         )
-    common: dict[str, Any] = {
-        "env": [NO_SECOND_INJECTION_ENV],
-        "deviceNodes": [_node_json(files.node(p)) for p in CONTROL_DEVICE_NODES],
-    }
-    if files.mounts:
-        common["mounts"] = [
-            {
-                "hostPath": m.host_path,
-                "containerPath": m.container_path,
-                "options": list(MOUNT_OPTIONS),
-            }
-            for m in files.mounts
-        ]
-    spec: dict[str, Any] = {
-        "cdiVersion": "",
-        "kind": f"{vendor}/{CDI_CLASS}",
-        "devices": spec_devices,
-        "containerEdits": common,
-    }
-    spec["cdiVersion"] = minimum_version(spec)
-    return spec
+        return f'{head[:-1]},"containerEdits":{self._common_json}}}\n'.encode()
 
 
 def minimum_version(spec: Mapping[str, Any]) -> str:
@@ -407,6 +436,45 @@ def _resolve_dir_in_root(driver_root: Path, directory: Path) -> Path | None:
 # The spec directory
 
 
+class PendingSpec:
+    """A spec written to its temp file but not yet synced and renamed (see CdiSpecDir.begin)."""
+
+    def __init__(self, *, fd: int, temp: Path, final: Path) -> None:
+        self.final = final
+        self._fd = fd
+        self._temp = temp
+        self._done = False
+
+    def sync(self) -> None:
+        """fsync the temp file (blocking; may run in another thread than the rest)."""
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise CdiError(f"cannot write CDI spec {self.final}: {exc}") from exc
+
+    def commit(self) -> Path:
+        """Rename the synced temp file over the spec: readers see the new spec from now on."""
+        try:
+            os.close(self._fd)
+            self._fd = -1
+            os.rename(self._temp, self.final)
+        except OSError as exc:
+            raise CdiError(f"cannot write CDI spec {self.final}: {exc}") from exc
+        self._done = True
+        return self.final
+
+    def abort(self) -> None:
+        """Drop the temp file unless committed. Idempotent; never raises."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        if not self._done:
+            self._done = True
+            with contextlib.suppress(OSError):
+                self._temp.unlink(missing_ok=True)
+
+
 class CdiSpecDir:
     """Our claim specs in the CDI directory: atomic writes, removal, listing.
 
@@ -439,20 +507,32 @@ class CdiSpecDir:
 
     def write(self, claim_uid: str, content: bytes) -> Path:
         """Atomically replace the spec of ``claim_uid`` with ``content``."""
+        pending = self.begin(claim_uid, content)
+        try:
+            pending.sync()
+            return pending.commit()
+        finally:
+            pending.abort()
+
+    def begin(self, claim_uid: str, content: bytes) -> PendingSpec:
+        """Write ``content`` to a temp file; the caller then calls ``sync()`` (from any thread)
+        and ``commit()``, or ``abort()``. Splitting the write lets the slow part (the fsync)
+        overlap other work without the rest of the write leaving the caller's thread."""
         final = self.path_for(claim_uid)
         temp = self.root / f".{final.name}.{secrets.token_hex(4)}.tmp"
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, content)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(temp, final)
         except OSError as exc:
-            temp.unlink(missing_ok=True)
             raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
-        return final
+        pending = PendingSpec(fd=fd, temp=temp, final=final)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            pending.abort()
+            raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
+        return pending
 
     def read(self, claim_uid: str) -> bytes | None:
         """The spec's bytes, or None when the claim has no spec."""

@@ -399,7 +399,15 @@ class Checkpoint:
     # -- reading and changing -------------------------------------------------------------
 
     def get(self, uid: str) -> ClaimRecord | None:
-        """The claim's record as of now (re-read from disk if another process changed it)."""
+        """The claim's record as of now (re-read from disk if another process changed it).
+
+        Callers hold the claim's lock, so nobody changes this claim meanwhile; if neither file
+        changed since this process last read or wrote them, memory is current and the answer
+        needs no file lock (the common case: it saves a lock round trip on every prepare).
+        """
+        if self._unchanged_on_disk():
+            with self._cond:
+                return self._claims.get(uid)
         return self.transact(lambda claims: claims.get(uid))
 
     def snapshot(self) -> dict[str, ClaimRecord]:
@@ -465,16 +473,7 @@ class Checkpoint:
 
     def _reload_if_replaced(self) -> None:
         """Catch up with what another process wrote since we last looked (file lock held)."""
-        try:
-            st = os.stat(self.path)
-            snapshot: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            snapshot = None
-        try:
-            jst = os.stat(self.journal_path)
-            journal_ino, journal_size = jst.st_ino, jst.st_size
-        except FileNotFoundError:
-            journal_ino, journal_size = 0, 0
+        snapshot, journal_ino, journal_size = self._disk_state()
         if (
             self._force_reload
             or snapshot != self._snapshot_seen
@@ -494,6 +493,31 @@ class Checkpoint:
             self._journal_end += end
             if torn:
                 self._cut_torn_tail(self._journal_end)
+
+    def _unchanged_on_disk(self) -> bool:
+        """Lock-free check that no other process wrote since we last looked. A write racing
+        with it is no different from one right after a locked read."""
+        if self._force_reload or self._writing:
+            return False
+        snapshot, journal_ino, journal_size = self._disk_state()
+        return (
+            snapshot == self._snapshot_seen
+            and journal_ino == self._journal_ino
+            and journal_size == self._journal_end
+        )
+
+    def _disk_state(self) -> tuple[tuple[int, int, int] | None, int, int]:
+        """(snapshot inode, mtime, size) or None, journal inode and size (0, 0 when absent)."""
+        try:
+            st = os.stat(self.path)
+            snapshot: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            snapshot = None
+        try:
+            jst = os.stat(self.journal_path)
+        except FileNotFoundError:
+            return snapshot, 0, 0
+        return snapshot, jst.st_ino, jst.st_size
 
     def _read_journal(self, offset: int) -> bytes:
         size = os.fstat(self._journal_fd).st_size

@@ -117,6 +117,25 @@ def test_spec_content_is_deterministic(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("uid", [UID, "0bcdef00-0000-4000-8000-000000000000"])
+def test_the_encoder_gives_the_same_bytes_as_encoding_the_spec(tmp_path: Path, uid: str) -> None:
+    files = files_for(tmp_path)
+    encoder = cdi.ClaimSpecEncoder(vendor=VENDOR, files=files)
+    mig = cdi.mig_nodes(files, parent_minor=0, gpu_instance_id=1, compute_instance_id=0)
+    for devices in (
+        [cdi.ClaimDevice("gpu-1", cdi.gpu_nodes(files, minor=1))],
+        [
+            cdi.ClaimDevice("gpu-0-mig-1g10gb-1", mig),
+            cdi.ClaimDevice("gpu-2", cdi.gpu_nodes(files, minor=2)),
+        ],
+    ):
+        spec = cdi.claim_spec(vendor=VENDOR, claim_uid=uid, devices=devices, files=files)
+        assert encoder.encode(uid, devices) == cdi.encode_spec(spec)
+        assert json.loads(encoder.encode(uid, devices)) == spec
+    with pytest.raises(CdiError, match="needs at least one device"):
+        encoder.encode(uid, [])
+
+
 def test_spec_dir_writes_atomically_and_touches_only_its_own_files(tmp_path: Path) -> None:
     specs = cdi.CdiSpecDir(tmp_path, vendor=VENDOR)
     (tmp_path / "nvidia.yaml").write_text("someone else's")
@@ -135,6 +154,26 @@ def test_spec_dir_writes_atomically_and_touches_only_its_own_files(tmp_path: Pat
         specs.remove_temp_file(tmp_path / "nvidia.yaml")
     assert specs.remove(UID) and not specs.remove(UID)
     assert (tmp_path / "nvidia.yaml").exists()
+
+
+def test_a_spec_write_in_steps_shows_nothing_until_commit_and_abort_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    specs = cdi.CdiSpecDir(tmp_path, vendor=VENDOR)
+    old = specs.write(UID, b'{"old":1}\n')
+    pending = specs.begin(UID, b'{"new":1}\n')
+    assert [uid for uid, _ in specs.temp_files()] == [UID]
+    assert old.read_bytes() == b'{"old":1}\n'  # readers still see the old spec
+    pending.sync()
+    assert pending.commit() == old
+    assert old.read_bytes() == b'{"new":1}\n'
+    pending.abort()  # after commit: nothing to undo
+    assert old.exists() and specs.temp_files() == []
+
+    dropped = specs.begin(UID, b'{"never":1}\n')
+    dropped.abort()
+    dropped.abort()
+    assert specs.temp_files() == [] and old.read_bytes() == b'{"new":1}\n'
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import multiprocessing
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -315,7 +316,10 @@ def test_two_instances_see_each_others_changes(tmp_path: Path) -> None:
     assert b.get("u1") == record("u1", PREPARE_STARTED)
     b.transact(lambda claims: claims.discard("u1"))
     assert a.get("u1") is None
+    b.transact(lambda claims: claims.__setitem__("u3", record("u3")))
     b.close()  # folds the journal into a new snapshot: a reads that, not stale lines
+    assert a.get("u3") == record("u3")
+    a.transact(lambda claims: claims.discard("u3"))
     a.transact(lambda claims: claims.__setitem__("u2", record("u2")))
     assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"u2"}
 
@@ -360,3 +364,26 @@ def test_claim_locks_exclude_other_processes(tmp_path: Path) -> None:
 def test_decode_rejects_a_file_that_is_not_ours() -> None:
     with pytest.raises(CheckpointCorrupt, match="missing data or checksum"):
         decode(b'{"version": 2}')
+
+
+def test_get_needs_no_file_lock_while_nothing_changed_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = open_checkpoint(tmp_path)
+    b = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    b.open()
+    a.transact(lambda claims: claims.__setitem__("u1", record("u1")))
+    locks: list[str] = []
+    real = a._file_lock
+
+    def counted() -> Any:
+        locks.append("lock")
+        return real()
+
+    monkeypatch.setattr(a, "_file_lock", counted)
+    assert a.get("u1") == record("u1") and a.get("u2") is None
+    assert locks == []  # answered from memory: its own append is all the disk holds
+    b.transact(lambda claims: claims.__setitem__("u2", record("u2")))
+    assert a.get("u2") == record("u2")  # another process appended: read under the lock
+    assert locks == ["lock"]
+    assert a.get("u2") == record("u2") and locks == ["lock"]

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,13 @@ from dra_driver.checkpoint import (
     ClaimRecord,
     PreparedDevice,
 )
-from dra_driver.errors import ConfigDecodeError, KubeUnavailable, PrepareError
+from dra_driver.errors import (
+    CdiError,
+    CheckpointError,
+    ConfigDecodeError,
+    KubeUnavailable,
+    PrepareError,
+)
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
 from tests.fakedriver import make_fake_driver, simulated_inventory
@@ -285,6 +292,40 @@ def test_a_device_held_by_another_claim_is_refused(env: Env) -> None:
     with pytest.raises(PrepareError, match=r"gpu-2 is already prepared for claim default/c1"):
         env.preparer.prepare(env.ref(second))
     assert env.specs.claim_uids() == {first["metadata"]["uid"]}
+    assert env.specs.temp_files() == []  # its spec was being written: dropped with the claim
+    assert set(env.checkpoint.snapshot()) == {first["metadata"]["uid"]}
+
+
+@pytest.mark.parametrize("failing", ["spec fsync", "PrepareCompleted append"])
+def test_a_failed_write_leaves_no_spec_temp_file_or_record(
+    env: Env, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    claim = env.store.add(allocated_claim(name="c1", devices=["gpu-1"]))
+    if failing == "spec fsync":
+
+        def sync(self: cdi.PendingSpec) -> None:
+            raise CdiError(f"cannot write CDI spec {self.final}: [Errno 5] Input/output error")
+
+        monkeypatch.setattr(cdi.PendingSpec, "sync", sync)
+        error: type[Exception] = CdiError
+    else:
+        real = env.checkpoint.transact
+
+        def transact(op: Any, *, durable: bool = True) -> Any:
+            if durable and op.__qualname__.startswith("_complete_op"):
+                raise CheckpointError("cannot write checkpoint.journal: [Errno 28] No space left")
+            return real(op, durable=durable)
+
+        monkeypatch.setattr(env.checkpoint, "transact", transact)
+        error = CheckpointError
+    with pytest.raises(error):
+        env.preparer.prepare(env.ref(claim))
+    assert list(env.specs.root.iterdir()) == []
+    assert env.checkpoint.snapshot() == {}
+    monkeypatch.undo()
+    # nothing left half-done: the kubelet's retry prepares it normally
+    assert [d.device for d in env.preparer.prepare(env.ref(claim))] == ["gpu-1"]
+    assert env.specs.claim_uids() == {claim["metadata"]["uid"]}
 
 
 def test_admin_access_may_share_a_prepared_device(env: Env) -> None:
