@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.errors import CdiError
+from dra_driver.fsutil import fsync_dir, write_all
 
 CDI_CLASS = "claim"
 
@@ -176,20 +177,13 @@ def cdi_device_id(*, vendor: str, claim_uid: str, device_name: str) -> str:
     return f"{vendor}/{CDI_CLASS}={cdi_device_name(claim_uid=claim_uid, device_name=device_name)}"
 
 
-def claim_spec(
-    *, vendor: str, claim_uid: str, devices: Sequence[ClaimDevice], files: DriverFiles
-) -> dict[str, Any]:
-    """The CDI spec of one claim. Deterministic: the same input gives the same bytes."""
-    return ClaimSpecEncoder(vendor=vendor, files=files).spec(claim_uid, devices)
-
-
 class ClaimSpecEncoder:
     """Claim specs for one vendor and driver install.
 
-    The edits every claim shares (control device nodes, driver mounts: most of a spec's bytes)
-    are built and JSON-encoded once; :meth:`encode` splices them in, giving exactly the bytes
-    ``encode_spec(claim_spec(...))`` gives. A prepare waits for these bytes before its spec's
-    fsync can start.
+    Deterministic: the same input gives the same bytes. The edits every claim shares (control
+    device nodes, driver mounts: most of a spec's bytes) are built and JSON-encoded once;
+    :meth:`encode` splices them in, giving exactly the compact JSON of :meth:`spec` in its own
+    key order. A prepare waits for these bytes before its spec's fsync can start.
     """
 
     def __init__(self, *, vendor: str, files: DriverFiles) -> None:
@@ -236,7 +230,7 @@ class ClaimSpecEncoder:
         return spec
 
     def encode(self, claim_uid: str, devices: Sequence[ClaimDevice]) -> bytes:
-        """The spec's bytes on disk (see :func:`encode_spec`)."""
+        """The spec's bytes on disk: compact JSON of :meth:`spec`, newline-terminated."""
         spec = self.spec(claim_uid, devices)
         head = json.dumps(
             {"cdiVersion": spec["cdiVersion"], "kind": spec["kind"], "devices": spec["devices"]},
@@ -275,11 +269,6 @@ def _node_json(node: DeviceNode) -> dict[str, str]:
     if node.host_path == node.path:
         return {"path": node.path}
     return {"path": node.path, "hostPath": node.host_path}
-
-
-def encode_spec(spec: Mapping[str, Any]) -> bytes:
-    """The bytes written to disk: compact JSON in the spec's own key order."""
-    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,9 +515,7 @@ class CdiSpecDir:
             raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
         pending = PendingSpec(fd=fd, temp=temp, final=final)
         try:
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, content)
         except OSError as exc:
             pending.abort()
             raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
@@ -588,11 +575,7 @@ class CdiSpecDir:
         return True
 
     def sync(self) -> None:
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.root)
 
 
 def device_names_in_spec(content: bytes, *, claim_uid: str) -> list[str]:

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from dra_driver.errors import CheckpointCorrupt, CheckpointError
+from dra_driver.fsutil import fsync_dir, write_all
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ class Checkpoint:
         self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         with self._file_lock():
             report = self._reload()
-            _fsync_dir(self.path.parent)  # the journal and lock files, if just created
+            fsync_dir(self.path.parent)  # the journal and lock files, if just created
             return report
 
     def close(self) -> None:
@@ -385,7 +386,7 @@ class Checkpoint:
                 target = p.with_name(p.name + suffix)
                 os.rename(p, target)
                 moved[p] = target
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         return moved
 
     def _set_claims(self, claims: Mapping[str, ClaimRecord], *, seq: int) -> None:
@@ -551,9 +552,7 @@ class Checkpoint:
         entry = f'{{"del":{delete},"put":{{{put}}},"seq":{seq}}}'
         checksum = hashlib.sha256(entry.encode()).hexdigest()
         line = f'{{"checksum":"{checksum}","entry":{entry}}}\n'.encode()
-        view = memoryview(line)
-        while view:
-            view = view[os.write(self._journal_fd, view) :]
+        write_all(self._journal_fd, line)
         if durable:
             os.fdatasync(self._journal_fd)
         self._seq = seq
@@ -578,12 +577,12 @@ class Checkpoint:
         temp = self.path.with_name(f".{self.path.name}.tmp")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, content)
+            write_all(fd, content)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(temp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         st = os.stat(self.path)
         self._snapshot_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
 
@@ -737,14 +736,6 @@ def _apply(claims: dict[str, ClaimRecord], entries: list[_Entry], seq: int) -> i
 
 def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ClaimLocks:

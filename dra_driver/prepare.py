@@ -275,7 +275,9 @@ class Preparer:
             # turns). Order on disk does not matter: a spec no record owns is removed by
             # reconcile (under the claim's lock, which we hold), the missing spec of a completed
             # claim is rewritten, and the kubelet hears of success only after both are durable.
-            pending = self.specs.begin(ref.uid, self._spec_bytes(ref.uid, planned))
+            pending = self.specs.begin(
+                ref.uid, self._encode_spec(ref.uid, [p.target for p in planned])
+            )
             try:
                 synced = self._spec_writes.submit(pending.sync)
                 try:
@@ -472,9 +474,6 @@ class Preparer:
     def _write_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> None:
         """Write the claim's spec (atomically; see cdi.CdiSpecDir for what is synced)."""
         self.specs.write(claim_uid, self._encode_spec(claim_uid, targets))
-
-    def _spec_bytes(self, claim_uid: str, planned: Sequence[_Planned]) -> bytes:
-        return self._encode_spec(claim_uid, [p.target for p in planned])
 
     def _encode_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> bytes:
         unique = {t.name: t for t in targets}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,19 +77,30 @@ def test_mig_capability_minors_follow_the_kernel_table(tmp_path: Path) -> None:
         assert without_table.mig_cap_minor(name) == minor
 
 
+def claim_spec(
+    *, vendor: str, claim_uid: str, devices: list[cdi.ClaimDevice], files: cdi.DriverFiles
+) -> dict[str, Any]:
+    return cdi.ClaimSpecEncoder(vendor=vendor, files=files).spec(claim_uid, devices)
+
+
+def whole_json(spec: dict[str, Any]) -> bytes:
+    """The reference encoding: the whole spec as compact JSON, nothing spliced."""
+    return json.dumps(spec, separators=(",", ":")).encode() + b"\n"
+
+
 def test_spec_uses_the_lowest_version_its_fields_need() -> None:
     files = cdi.DriverFiles(dev_root=Path("/"), mounts=())
     node = (files.node("/dev/nvidia0"),)
-    plain = cdi.claim_spec(vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",
+    plain = claim_spec(vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",
                            devices=[cdi.ClaimDevice("gpu-0", node)], files=files)  # fmt: skip
     assert plain["cdiVersion"] == "0.3.0"
-    digit = cdi.claim_spec(
+    digit = claim_spec(
         vendor=VENDOR, claim_uid=UID, devices=[cdi.ClaimDevice("gpu-0", node)], files=files
     )
     assert digit["cdiVersion"] == "0.5.0"  # a device name starting with a digit needs 0.5.0
     host = cdi.DriverFiles(dev_root=Path("/run/nvidia/driver"), mounts=())
     hosted_device = cdi.ClaimDevice("gpu-0", (host.node("/dev/nvidia0"),))
-    hosted = cdi.claim_spec(
+    hosted = claim_spec(
         vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",
         devices=[hosted_device], files=host,
     )  # fmt: skip
@@ -102,8 +114,8 @@ def test_spec_uses_the_lowest_version_its_fields_need() -> None:
 def test_spec_content_is_deterministic(tmp_path: Path) -> None:
     files = files_for(tmp_path)
     devices = [cdi.ClaimDevice("gpu-1", cdi.gpu_nodes(files, minor=1))]
-    a = cdi.encode_spec(cdi.claim_spec(vendor=VENDOR, claim_uid=UID, devices=devices, files=files))
-    b = cdi.encode_spec(cdi.claim_spec(vendor=VENDOR, claim_uid=UID, devices=devices, files=files))
+    a = cdi.ClaimSpecEncoder(vendor=VENDOR, files=files).encode(UID, devices)
+    b = cdi.ClaimSpecEncoder(vendor=VENDOR, files=files).encode(UID, devices)
     assert a == b
     spec = json.loads(a)
     assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
@@ -129,8 +141,8 @@ def test_the_encoder_gives_the_same_bytes_as_encoding_the_spec(tmp_path: Path, u
             cdi.ClaimDevice("gpu-2", cdi.gpu_nodes(files, minor=2)),
         ],
     ):
-        spec = cdi.claim_spec(vendor=VENDOR, claim_uid=uid, devices=devices, files=files)
-        assert encoder.encode(uid, devices) == cdi.encode_spec(spec)
+        spec = claim_spec(vendor=VENDOR, claim_uid=uid, devices=devices, files=files)
+        assert encoder.encode(uid, devices) == whole_json(spec)
         assert json.loads(encoder.encode(uid, devices)) == spec
     with pytest.raises(CdiError, match="needs at least one device"):
         encoder.encode(uid, [])
