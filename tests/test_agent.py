@@ -35,6 +35,12 @@ def _probe(port: int, path: str) -> tuple[int, str]:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except urllib.error.URLError as exc:
+        # The probe port opens after the first slices are published: not listening yet is
+        # "not ready", anything else is a failure.
+        if isinstance(exc.reason, ConnectionRefusedError):
+            return 0, "not listening"
+        raise
 
 
 def _scrape(port: int) -> tuple[str, list[str]]:
