@@ -16,6 +16,7 @@ chart's RBAC can be checked against it.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib.util
 import json
 import logging
@@ -41,6 +42,7 @@ from dra_driver.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
+from dra_driver.keepalive import KeepAliveGetter
 from dra_driver.slices import API_VERSIONS, GROUP, JsonDict, convert_slice, slice_to_v1
 
 
@@ -228,6 +230,11 @@ class KubeClient:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:
         self._api = api_client
+        # The prepare path's claim GET goes over plain keep-alive connections when the
+        # configuration allows (keepalive.py says why and what is kept); None: official path.
+        self._getter = KeepAliveGetter.for_configuration(
+            api_client.configuration, connect_timeout_s=connect_timeout_s, read_timeout_s=timeout_s
+        )
         self._timeout = (connect_timeout_s, timeout_s)
         self._connect_timeout_s = connect_timeout_s
         self._version: str | None = None
@@ -278,6 +285,8 @@ class KubeClient:
         return cls(api_client, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
 
     def close(self) -> None:
+        if self._getter is not None:
+            self._getter.close()
         self._api.close()
 
     # --- discovery -------------------------------------------------------------------------------
@@ -451,10 +460,8 @@ class KubeClient:
         """The ResourceClaim in v1 shape, or None if it does not exist."""
         version = self.resource_api_version
         try:
-            claim = self._request(
-                "GET",
+            claim = self._get(
                 f"/apis/{GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}",
-                verb="get",
                 resource="resourceclaims",
                 namespace=namespace,
                 name=name,
@@ -508,6 +515,28 @@ class KubeClient:
 
     # --- transport -------------------------------------------------------------------------------
 
+    def _get(self, path: str, *, resource: str, namespace: str, name: str) -> Any:
+        """A GET over the keep-alive connections, with the official client's headers (auth
+        included, refreshed as that client would); the official path when there is no getter."""
+        if self._getter is None:
+            return self._request(
+                "GET", path, verb="get", resource=resource, namespace=namespace, name=name
+            )
+        _method, _url, headers, _body, _ = self._api.param_serialize(
+            method="GET",
+            resource_path=path,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            status, data = self._getter.get(path, headers)
+        except (OSError, http.client.HTTPException) as exc:  # ssl.SSLError is an OSError
+            what = _describe("get", resource, namespace=namespace, name=name)
+            raise KubeUnavailable(
+                f"{what}: API server unreachable: {exc}", verb="get", resource=resource
+            ) from exc
+        return _decoded(status, data, verb="get", resource=resource, namespace=namespace, name=name)
+
     def _request(
         self,
         method: str,
@@ -554,17 +583,30 @@ class KubeClient:
             raise KubeUnavailable(
                 f"{what}: API server unreachable: {_root_cause(exc)}", verb=verb, resource=resource
             ) from exc
-        status = int(response.status)
-        data = response.data or b"{}"
-        try:
-            decoded = json.loads(data)
-        except ValueError:
-            decoded = {"message": data[:200].decode("utf-8", "replace")}
-        if status >= 400:
-            raise _status_error(
-                status, decoded, verb=verb, resource=resource, namespace=namespace, name=name
-            )
-        return decoded
+        return _decoded(
+            int(response.status),
+            response.data,
+            verb=verb,
+            resource=resource,
+            namespace=namespace,
+            name=name,
+        )
+
+
+def _decoded(
+    status: int, data: bytes | None, *, verb: str, resource: str, namespace: str, name: str
+) -> Any:
+    """A response body as JSON; a KubeError for an error status."""
+    data = data or b"{}"
+    try:
+        decoded = json.loads(data)
+    except ValueError:
+        decoded = {"message": data[:200].decode("utf-8", "replace")}
+    if status >= 400:
+        raise _status_error(
+            status, decoded, verb=verb, resource=resource, namespace=namespace, name=name
+        )
+    return decoded
 
 
 def _describe(verb: str, resource: str, *, namespace: str = "", name: str = "") -> str:

@@ -17,7 +17,8 @@ It implements just what the driver uses, with the semantics the driver relies on
   taints get ``timeAdded`` on write, as the real server does;
 * fault injection per (verb, resource): :meth:`FakeKubeApi.fail` and :meth:`FakeKubeApi.forbid`;
   :meth:`FakeKubeApi.drop_fields` simulates a feature gate being off (fields silently not stored);
-* a request log of (verb, resource, namespace, name) in :attr:`FakeKubeApi.requests`.
+* a request log of (verb, resource, namespace, name) in :attr:`FakeKubeApi.requests`, and a count
+  of the connections clients opened in :attr:`FakeKubeApi.connections_accepted`.
 
 Objects are stored in v1 shape and converted per request. This module does not import the
 driver: conversions and checks here are written independently, so tests compare two readings of
@@ -128,6 +129,7 @@ class FakeKubeApi:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._connections: set[socket.socket] = set()
+        self.connections_accepted = 0  # every connection a client opened, closed ones included
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -441,6 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         with self.api._cond:
             self.api._connections.add(self.connection)
+            self.api.connections_accepted += 1
 
     def finish(self) -> None:
         with self.api._cond:

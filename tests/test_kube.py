@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,11 @@ def slice_body(node: str = "node1", *, devices: int = 2, driver: str = DRIVER) -
 
 
 @pytest.fixture
-def kube(kubeapi: FakeKubeApi) -> KubeClient:
+def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
     assert kubeapi.kubeconfig_path is not None
-    return KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path, timeout_s=2)
+    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path, timeout_s=2)
+    yield client
+    client.close()
 
 
 # --- discovery and shapes ------------------------------------------------------------------------
@@ -326,7 +329,9 @@ def test_claims_are_returned_in_v1_shape_from_every_version(
     api = FakeKubeApi(versions=served).start()
     try:
         stored = api.add_claim(claim())
-        got = client(api, tmp_path).get_resource_claim(namespace="ns1", name="claim-a")
+        kube = client(api, tmp_path)
+        got = kube.get_resource_claim(namespace="ns1", name="claim-a")
+        kube.close()
         assert got is not None
         assert got["apiVersion"] == "resource.k8s.io/v1"
         assert got["spec"] == stored["spec"]
