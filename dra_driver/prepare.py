@@ -524,7 +524,8 @@ class Preparer:
     def reconcile(self) -> dict[str, int]:
         """Repair the node's state; run at start and periodically. Returns what it did.
 
-        - temp files of spec writes a crash interrupted are deleted;
+        - temp files of spec writes a crash interrupted are deleted; spare spec files a dead
+          instance left are adopted (or deleted, past ``max_spares``);
         - claims left ``PrepareStarted`` by a crash are rolled back;
         - CDI specs of ours that no claim in the checkpoint owns are removed;
         - claims whose spec disappeared (or rebuilt ones) get their spec written again;
@@ -533,6 +534,7 @@ class Preparer:
         """
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
                 "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
+        _, done["stale_spares_removed"] = self.specs.collect_spares()
         for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
             with self.locks.try_hold(uid) as held:
                 if held and self.specs.remove_temp_file(temp):

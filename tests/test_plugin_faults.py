@@ -5,9 +5,11 @@ duplicate and conflicting prepares over gRPC."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -121,6 +123,21 @@ def claim_ref(claim: dict[str, Any]) -> v1.Claim:
     return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
+SPARE = re.compile(r"\.k8s\.gpu\.nvidia\.com-claim_spare\.[0-9a-f]{8}\.tmp")
+
+
+def _locked(path: Path) -> bool:
+    """Whether some process holds the flock that marks a spare as its own."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock if we got it
+    return False
+
+
 def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
     return [
         (tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids))
@@ -131,11 +148,15 @@ def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
 def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
     """The invariants a freshly started plugin must have established."""
     cdi_dir = Path(settings["cdi"])
-    files = sorted(p.name for p in cdi_dir.iterdir())
+    spares = sorted(p for p in cdi_dir.iterdir() if SPARE.fullmatch(p.name))
+    files = sorted(p.name for p in cdi_dir.iterdir() if p not in spares)
     # never damaged by a kill (a torn last journal line is what the plugin itself ignores)
     _, records = checkpoint.read_state(Path(settings["plugins"]) / "gpu.nvidia.com/checkpoint.json")
     specs = {n.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for n in files}
     assert all(n.endswith(".json") for n in files), f"temp files left: {files}"
+    # spare files the killed instance kept are adopted by the new one (or deleted): none is
+    # left that no live plugin holds
+    assert all(_locked(p) for p in spares), f"spares nobody owns: {spares}"
     assert all(r.phase == checkpoint.PREPARE_COMPLETED for r in records.values())
     assert specs == set(records), "every spec belongs to a recorded claim and vice versa"
     return records
@@ -156,7 +177,7 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
         first = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=10)
         expected = {uid: answer_of(e) for uid, e in first.claims.items()}
         spec_bytes = {
-            p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()
+            p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).glob("*.json")
         }
         stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=10)
     started = time.monotonic()
@@ -204,7 +225,8 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
                 assert {uid: answer_of(e) for uid, e in again.claims.items()} == expected
                 assert all(e.error == "" for e in again.claims.values())
                 assert {
-                    p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).iterdir()
+                    p.name: p.read_bytes()
+                    for p in Path(plugin_process.settings["cdi"]).glob("*.json")
                 } == spec_bytes
     assert time.monotonic() - started < 60
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import tempfile
 import time
@@ -197,6 +198,10 @@ def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
         claim["metadata"]["uid"]: "",
         unknown.uid: "",
     }
+    # the spec is gone; its file is kept as a hidden spare for the next prepare, until stop
+    (spare,) = plugin.config.cdi_root.iterdir()
+    assert re.fullmatch(r"\.k8s\.gpu\.nvidia\.com-claim_spare\.[0-9a-f]{8}\.tmp", spare.name)
+    plugin.stop()
     assert list(plugin.config.cdi_root.iterdir()) == []
 
 

@@ -183,6 +183,7 @@ class KubeletPlugin:
             self._reconciler = None
         if self.preparer is not None:
             self.preparer.close()
+        self.specs.close()
         self.checkpoint.close()
         self.locks.close()
 
