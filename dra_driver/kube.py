@@ -6,6 +6,10 @@ crosses this boundary as plain JSON dicts in resource.k8s.io/v1 shape, whichever
 serves: discovery picks v1, else v1beta2, else v1beta1, and objects are converted on the way in
 and out (spec D.0).
 
+The ResourceClaim GET of every prepare is the one request not sent by the official client: it
+goes over keepalive.py's plain keep-alive connections, with this client's host, TLS settings and
+headers (keepalive.py says why and what is kept).
+
 Errors are converted here and only here (``raise ... from exc``): HTTP statuses and urllib3
 failures become the ``KubeError`` subclasses of errors.py. Timeouts are short and the client does
 no retries of its own (urllib3 retries are switched off): callers decide, the publisher with

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -287,8 +287,9 @@ class Preparer:
                     self._apply_configs(planned)
                     self.checkpoint.transact(_complete_op(ref.uid))
                 finally:
-                    wait([synced])
-                synced.result()
+                    sync_error = synced.exception()  # waits: the temp file is busy till then
+                if sync_error is not None:
+                    raise sync_error
                 pending.commit()
             except BaseException:
                 pending.abort()
