@@ -72,14 +72,10 @@ class KeepAliveGetter:
     ) -> KeepAliveGetter | None:
         """A getter for a ``kubernetes.client.Configuration``, or None where this module would
         not connect exactly as the official client does (then the caller keeps that client)."""
-        from kubernetes.client.rest import should_bypass_proxies  # noqa: PLC0415
-
         url = urlsplit(configuration.host)
         if url.scheme not in ("http", "https") or not url.hostname:
             return None
-        if configuration.proxy and not should_bypass_proxies(
-            configuration.host, configuration.no_proxy or ""
-        ):
+        if configuration.proxy and not _bypasses_proxy(configuration):
             return None
         if configuration.socket_options is not None or getattr(configuration, "keep_alive", False):
             return None
@@ -175,6 +171,16 @@ class KeepAliveGetter:
             conn = http.client.HTTPConnection(self.host, self.port)
         conn.sock = sock  # connected (and TLS-wrapped) above, with our timeouts
         return conn
+
+
+def _bypasses_proxy(configuration: Any) -> bool:
+    """Whether the official client sends to this host directly although a proxy is set (its
+    ``no_proxy`` rules; clients too old to have them always use the proxy)."""
+    try:
+        from kubernetes.client.rest import should_bypass_proxies  # noqa: PLC0415
+    except ImportError:
+        return False
+    return bool(should_bypass_proxies(configuration.host, configuration.no_proxy or ""))
 
 
 def _exchange(
