@@ -422,6 +422,11 @@ class _Route:
 
 
 class _Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog is 5: sixteen clients connecting at once would see
+    # SYNs dropped and retried a second later. Go's net/http, like the real API server, listens
+    # with the system maximum.
+    request_queue_size = socket.SOMAXCONN
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that goes away mid-handshake or mid-request (an agent being killed, a TLS
         # probe) is normal here; anything else is still printed.
