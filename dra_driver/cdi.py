@@ -451,7 +451,8 @@ class PendingSpec:
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {self.final}: {exc}") from exc
         self._done = True
-        os.close(self._fd)
+        with contextlib.suppress(OSError):  # synced and renamed: the spec is in place
+            os.close(self._fd)
         self._fd = -1
         return self.final
 
@@ -584,7 +585,12 @@ class CdiSpecDir:
         with self._spares_lock:
             if len(self._spares) >= self.max_spares:
                 return False
-        fd = os.open(spec, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            fd = os.open(spec, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            return False  # not a plain file we can reuse (a symlink, say): just delete it
         try:
             # Locked before it gets a spare's name, so no other instance ever sees it unlocked.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -220,7 +220,7 @@ class WatchStream:
 
 
 class KubeClient:
-    """Typed access to the few API calls the driver makes. Thread-safe (one connection pool).
+    """Typed access to the few API calls the driver makes. Thread-safe.
 
     Every method raises a KubeError subclass on failure: KubeForbidden names the RBAC rule that is
     missing, KubeUnavailable covers connection problems, timeouts, 429 and 5xx.

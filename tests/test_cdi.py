@@ -285,3 +285,13 @@ def test_a_second_instance_leaves_live_spares_alone_and_adopts_those_of_a_dead_o
     assert path.read_bytes() == b'{"adopted":1}\n' and len(_spares(tmp_path)) == 1
     second.close()
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_spec_that_cannot_become_a_spare_is_simply_deleted(tmp_path: Path) -> None:
+    specs = cdi.CdiSpecDir(tmp_path, vendor=VENDOR)
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not ours to reuse")
+    (tmp_path / f"{VENDOR}-claim_{UID}.json").symlink_to(target)
+    assert specs.remove(UID)
+    assert specs.claim_uids() == set() and specs.spare_count == 0
+    assert target.read_text() == "not ours to reuse"
