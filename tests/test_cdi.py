@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from pathlib import Path
@@ -15,6 +14,7 @@ from dra_driver.errors import CdiError
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from tests.claimdata import new_uid
 from tests.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
+from tests.spares import held, spares_in
 
 UID = "6c0e1d2f-0000-4000-8000-00000000abcd"
 VENDOR = "k8s.gpu.nvidia.com"
@@ -204,22 +204,6 @@ def test_claim_uids_that_are_not_uuids_never_become_paths(tmp_path: Path, uid: s
 # --- spares: removed specs kept for the next write --------------------------------------------
 
 
-def _spares(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.name.startswith(f".{VENDOR}-claim_spare."))
-
-
-def _locked(path: Path) -> bool:
-    """Whether an open file description (another one than ours) holds the spare's flock."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def test_a_removed_spec_becomes_a_locked_spare_whose_file_the_next_write_reuses(
     tmp_path: Path,
 ) -> None:
@@ -228,15 +212,15 @@ def test_a_removed_spec_becomes_a_locked_spare_whose_file_the_next_write_reuses(
     inode = first.stat().st_ino
     assert specs.remove(UID)
     assert not first.exists() and specs.claim_uids() == set() and specs.temp_files() == []
-    (spare,) = _spares(tmp_path)
+    (spare,) = spares_in(tmp_path)
     assert not spare.name.endswith((".json", ".yaml"))  # never read by a runtime
-    assert _locked(spare) and specs.spare_count == 1
+    assert held(spare) and specs.spare_count == 1
     other_uid = new_uid()
     other = specs.write(other_uid, b'{"short":1}\n')
     assert other.stat().st_ino == inode  # the same file: no inode allocated or freed
     assert other.read_bytes() == b'{"short":1}\n'  # overwritten and cut to the new length
-    assert _spares(tmp_path) == [] and specs.spare_count == 0
-    assert not _locked(other)  # a spec is nobody's spare
+    assert spares_in(tmp_path) == [] and specs.spare_count == 0
+    assert not held(other)  # a spec is nobody's spare
     assert specs.claim_uids() == {other_uid}
 
 
@@ -255,7 +239,7 @@ def test_spares_are_capped_and_deleted_at_close(tmp_path: Path) -> None:
     for uid in uids:
         specs.write(uid, b"{}\n")
     assert all(specs.remove(uid) for uid in uids)
-    assert len(_spares(tmp_path)) == 3 and specs.spare_count == 3
+    assert len(spares_in(tmp_path)) == 3 and specs.spare_count == 3
     assert specs.claim_uids() == set()
     specs.close()
     assert list(tmp_path.iterdir()) == []
@@ -272,17 +256,17 @@ def test_a_second_instance_leaves_live_spares_alone_and_adopts_those_of_a_dead_o
         first.remove(uid)
     second = cdi.CdiSpecDir(tmp_path, vendor=VENDOR, max_spares=2)  # a rolling update
     assert second.collect_spares() == (0, 0)  # all held by the live first instance
-    assert len(_spares(tmp_path)) == 4
+    assert len(spares_in(tmp_path)) == 4
     # the first instance is killed: its locks go with its file descriptors
     for spare in first._spares:
         os.close(spare.fd)
     first._spares = []
-    assert not any(_locked(p) for p in _spares(tmp_path))
+    assert not any(held(p) for p in spares_in(tmp_path))
     assert second.collect_spares() == (2, 2)
-    assert len(_spares(tmp_path)) == 2 and all(_locked(p) for p in _spares(tmp_path))
+    assert len(spares_in(tmp_path)) == 2 and all(held(p) for p in spares_in(tmp_path))
     assert second.collect_spares() == (0, 0)  # its own spares are not collected twice
     path = second.write(UID, b'{"adopted":1}\n')
-    assert path.read_bytes() == b'{"adopted":1}\n' and len(_spares(tmp_path)) == 1
+    assert path.read_bytes() == b'{"adopted":1}\n' and len(spares_in(tmp_path)) == 1
     second.close()
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 

@@ -5,11 +5,9 @@ duplicate and conflicting prepares over gRPC."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -32,6 +30,7 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from tests.claimdata import allocated_claim
 from tests.fakedriver import make_fake_driver
 from tests.kubeapi import FakeKubeApi
+from tests.spares import held, spares_in
 
 ITERATIONS = 100
 GPUS = 8
@@ -123,21 +122,6 @@ def claim_ref(claim: dict[str, Any]) -> v1.Claim:
     return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
-SPARE = re.compile(r"\.k8s\.gpu\.nvidia\.com-claim_spare\.[0-9a-f]{8}\.tmp")
-
-
-def _locked(path: Path) -> bool:
-    """Whether some process holds the flock that marks a spare as its own."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the lock if we got it
-    return False
-
-
 def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
     return [
         (tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids))
@@ -148,7 +132,7 @@ def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
 def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
     """The invariants a freshly started plugin must have established."""
     cdi_dir = Path(settings["cdi"])
-    spares = sorted(p for p in cdi_dir.iterdir() if SPARE.fullmatch(p.name))
+    spares = spares_in(cdi_dir)
     files = sorted(p.name for p in cdi_dir.iterdir() if p not in spares)
     # never damaged by a kill (a torn last journal line is what the plugin itself ignores)
     _, records = checkpoint.read_state(Path(settings["plugins"]) / "gpu.nvidia.com/checkpoint.json")
@@ -156,7 +140,7 @@ def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
     assert all(n.endswith(".json") for n in files), f"temp files left: {files}"
     # spare files the killed instance kept are adopted by the new one (or deleted): none is
     # left that no live plugin holds
-    assert all(_locked(p) for p in spares), f"spares nobody owns: {spares}"
+    assert all(held(p) for p in spares), f"spares nobody owns: {spares}"
     assert all(r.phase == checkpoint.PREPARE_COMPLETED for r in records.values())
     assert specs == set(records), "every spec belongs to a recorded claim and vice versa"
     return records

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 import tempfile
 import time
@@ -33,6 +32,7 @@ from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from tests.claimdata import allocated_claim, new_uid
 from tests.fakedriver import make_fake_driver, simulated_inventory
 from tests.kubeapi import FakeKubeApi
+from tests.spares import held, spares_in
 
 INVENTORY: Inventory | None = None
 
@@ -200,7 +200,7 @@ def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
     }
     # the spec is gone; its file is kept as a hidden spare for the next prepare, until stop
     (spare,) = plugin.config.cdi_root.iterdir()
-    assert re.fullmatch(r"\.k8s\.gpu\.nvidia\.com-claim_spare\.[0-9a-f]{8}\.tmp", spare.name)
+    assert spares_in(plugin.config.cdi_root) == [spare] and held(spare)
     plugin.stop()
     assert list(plugin.config.cdi_root.iterdir()) == []
 
