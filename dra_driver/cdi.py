@@ -478,6 +478,21 @@ class _Spare:
     size: int
 
 
+def _open_locked(path: Path) -> int | None:
+    """``path`` opened read-write with the exclusive flock that marks a spare as its holder's;
+    None (nothing left open) when another open file holds that lock."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class CdiSpecDir:
     """Our claim specs in the CDI directory: atomic writes, removal, listing.
 
@@ -586,20 +601,18 @@ class CdiSpecDir:
             if len(self._spares) >= self.max_spares:
                 return False
         try:
-            fd = os.open(spec, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # Locked before it gets a spare's name, so no other instance ever sees it unlocked.
+            fd = _open_locked(spec)
         except FileNotFoundError:
             raise
         except OSError:
             return False  # not a plain file we can reuse (a symlink, say): just delete it
+        if fd is None:
+            return False  # locked by someone: not a file of the kind we keep
         try:
-            # Locked before it gets a spare's name, so no other instance ever sees it unlocked.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             size = os.fstat(fd).st_size
             spare = self.root / f".{self._prefix}spare.{secrets.token_hex(4)}.tmp"
             os.rename(spec, spare)
-        except BlockingIOError:
-            os.close(fd)  # locked by someone: not a file of the kind we keep
-            return False
         except BaseException:
             os.close(fd)
             raise
@@ -628,14 +641,11 @@ class CdiSpecDir:
                 continue
             path = self.root / name
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = _open_locked(path)
             except OSError:
                 continue  # gone meanwhile, or not a plain file of ours
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)  # a live instance's spare
-                continue
+            if fd is None:
+                continue  # a live instance's spare
             with self._spares_lock:
                 room = len(self._spares) < self.max_spares
                 if room:
