@@ -526,20 +526,34 @@ class KubeClient:
             return self._request(
                 "GET", path, verb="get", resource=resource, namespace=namespace, name=name
             )
-        _method, _url, headers, _body, _ = self._api.param_serialize(
-            method="GET",
-            resource_path=path,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
+        what = _describe("get", resource, namespace=namespace, name=name)
         try:
-            status, data = self._getter.get(path, headers)
-        except (OSError, http.client.HTTPException) as exc:  # ssl.SSLError is an OSError
-            what = _describe("get", resource, namespace=namespace, name=name)
+            status, data = self._getter.get(path, self._get_headers())
+        except OSError as exc:  # ssl.SSLError is one, and so is a connection closed under us
             raise KubeUnavailable(
                 f"{what}: API server unreachable: {exc}", verb="get", resource=resource
             ) from exc
+        except http.client.HTTPException as exc:
+            raise KubeUnavailable(
+                f"{what}: broken answer from the API server: {exc}", verb="get", resource=resource
+            ) from exc
+        except ValueError as exc:  # a header the configuration gave cannot be sent
+            raise KubeError(f"{what}: {exc}", verb="get", resource=resource) from exc
         return _decoded(status, data, verb="get", resource=resource, namespace=namespace, name=name)
+
+    def _get_headers(self) -> dict[str, str]:
+        """The headers the official client sends with a GET (``param_serialize`` gives the same;
+        a test compares), without its generic serialization work. The token is asked for on
+        every request, so the loaders' refresh hook runs as it would for the official client."""
+        api = self._api
+        headers: dict[str, str] = {"Accept": "application/json"}
+        headers.update(api.default_headers)
+        if api.cookie:
+            headers["Cookie"] = api.cookie
+        auth = api.configuration.auth_settings().get("BearerToken")  # always a header
+        if auth and auth["value"] is not None:
+            headers[auth["key"]] = auth["value"]
+        return headers
 
     def _request(
         self,

@@ -10,15 +10,17 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import Configuration
+from kubernetes.client import ApiClient, Configuration
 from urllib3.exceptions import InsecureRequestWarning
 
+from dra_driver import keepalive
 from dra_driver.errors import KubeError, KubeForbidden, KubeUnavailable
 from dra_driver.keepalive import KeepAliveGetter
 from dra_driver.kube import KubeClient
@@ -256,10 +258,13 @@ _OK_CLOSE = (
 class _Scripted:
     """Serves request n (counted over all connections) as ``script[n]``: "ok" answers, "ok-close"
     answers with Connection: close, "drop" closes the connection without answering, "hang"
-    never answers."""
+    never answers; bytes are sent as they are (a list of them in separate writes), then the
+    connection stays open, or with ("close", bytes) is closed. ``heads`` keeps each request's
+    header block."""
 
-    def __init__(self, script: list[str]) -> None:
+    def __init__(self, script: list[Any]) -> None:
         self.script = script
+        self.heads: list[bytes] = []
         self.requests = 0
         self.connections = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -285,7 +290,8 @@ class _Scripted:
                     if not chunk:
                         return
                     buffer += chunk
-                _, _, buffer = buffer.partition(b"\r\n\r\n")
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                self.heads.append(head)
                 step = self.script[self.requests]
                 self.requests += 1
                 if step == "drop":
@@ -294,6 +300,14 @@ class _Scripted:
                     self._held.append(conn)
                     threading.Event().wait(5)
                     return
+                if isinstance(step, tuple):
+                    conn.sendall(step[1])
+                    return
+                if isinstance(step, (bytes, list)):
+                    for piece in [step] if isinstance(step, bytes) else step:
+                        conn.sendall(piece)
+                        time.sleep(0.01)
+                    continue
                 conn.sendall(_OK_CLOSE if step == "ok-close" else _OK)
                 if step == "ok-close":
                     return
@@ -373,3 +387,189 @@ def test_connection_close_answers_are_not_kept(scripted: list[_Scripted]) -> Non
         assert server.connections == 2
     finally:
         getter.close()
+
+
+_CHUNKED = (
+    b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{"a\r\n4\r\n":1}\r\n0\r\n\r\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        (_CHUNKED, True),
+        ([_CHUNKED[:20], _CHUNKED[20:45], _CHUNKED[45:]], True),  # in pieces, cut anywhere
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + _CHUNKED, True),  # an interim answer first
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n" + b'{"a":1}', True),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\n" + b'{"a":1}', False),
+        (("close", b'HTTP/1.1 200 OK\r\n\r\n{"a":1}'), False),  # the body ends with the close
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n" + b'{"a":1}HTTP/1.1', False),
+        (  # chunk extensions and trailer fields are read and ignored
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b'7;name=value\r\n{"a":1}\r\n0\r\nX-Trailer: 1\r\n\r\n',
+            True,
+        ),
+        (  # HTTP/1.0 asking to keep the connection, names in any case
+            b'HTTP/1.0 200 OK\r\ncontent-length: 7\r\nConnection: Keep-Alive\r\n\r\n{"a":1}',
+            True,
+        ),
+        (  # another coding than chunked last: the body ends with the connection
+            ("close", b'HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n{"a":1}'),
+            False,
+        ),
+    ],
+    ids=[
+        "chunked",
+        "in-pieces",
+        "100-continue",
+        "length",
+        "http-1.0",
+        "until-close",
+        "extra",
+        "chunk-extensions-and-trailers",
+        "http-1.0-keep-alive",
+        "other-coding",
+    ],
+)
+def test_answers_are_read_as_http_1_1_frames_them(
+    scripted: list[_Scripted], answer: Any, kept: bool
+) -> None:
+    server = _Scripted([answer])
+    scripted.append(server)
+    getter = server.getter()
+    try:
+        assert getter.get("/a", {}) == (200, b'{"a":1}')
+        assert getter.idle_connections == (1 if kept else 0)
+    finally:
+        getter.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"garbage\r\n\r\n", "malformed response from the API server"),
+        (("close", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}"), "IncompleteRead"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n" + b"x" * 4096, "larger than 1024"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "switched protocols"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n{}", "malformed"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1_0\r\n\r\n{}", "malformed"),
+        (b"HTTP/1.1 200 OK\r\nBad Name: 1\r\nContent-Length: 2\r\n\r\n{}", "header line"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
+            "chunk size",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
+            "not followed by CRLF",
+        ),
+        (b"HTTP/2 200 OK\r\nContent-Length: 2\r\n\r\n{}", "status line"),
+        (b"HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\n{}", "status line"),
+    ],
+    ids=[
+        "garbage",
+        "truncated",
+        "two-lengths",
+        "too-big",
+        "upgrade",
+        "negative-length",
+        "underscore-length",
+        "space-in-name",
+        "0x-chunk-size",
+        "chunk-without-crlf",
+        "http-2",
+        "four-digit-status",
+    ],
+)
+def test_broken_answers_are_errors_and_their_connection_is_not_kept(
+    scripted: list[_Scripted],
+    monkeypatch: pytest.MonkeyPatch,
+    answer: Any,
+    error: str,
+) -> None:
+    monkeypatch.setattr(keepalive, "MAX_RESPONSE_BYTES", 1024)
+    server = _Scripted([answer])
+    scripted.append(server)
+    getter = server.getter()
+    try:
+        with pytest.raises(http.client.HTTPException) as info:
+            getter.get("/a", {})
+        assert error in f"{type(info.value).__name__}: {info.value}"
+        assert getter.idle_connections == 0
+    finally:
+        getter.close()
+
+
+def test_the_request_names_the_host_and_cannot_be_split_by_its_headers(
+    scripted: list[_Scripted],
+) -> None:
+    server = _Scripted(["ok"])
+    scripted.append(server)
+    getter = server.getter()
+    try:
+        assert getter.get("/apis/x?y=1", {"Accept": "application/json", "Authorization": "B t"})
+        assert server.heads == [
+            b"GET /apis/x?y=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAccept-Encoding: identity\r\n"
+            b"Accept: application/json\r\nAuthorization: B t" % server.port
+        ]
+        for path, headers in (
+            ("/a b", {}),
+            ("/a\r\nX: y", {}),
+            ("/a", {"Authorization": "Bearer t\r\nX-Injected: 1"}),
+            ("/a", {"Bad Name": "v"}),
+        ):
+            with pytest.raises(ValueError):
+                getter.get(path, headers)
+        assert server.requests == 1  # nothing else was sent
+    finally:
+        getter.close()
+    ipv6 = KeepAliveGetter(host="::1", port=6443, tls=None, connect_timeout_s=1, read_timeout_s=1)
+    assert ipv6._request("/a", {}).startswith(b"GET /a HTTP/1.1\r\nHost: [::1]:6443\r\n")
+    default = KeepAliveGetter(host="api.example", port=80, tls=None, connect_timeout_s=1,
+                              read_timeout_s=1)  # fmt: skip
+    assert b"\r\nHost: api.example\r\n" in default._request("/a", {})
+
+
+def test_kube_client_maps_broken_answers_and_unsendable_headers(
+    scripted: list[_Scripted],
+) -> None:
+    server = _Scripted([b"garbage\r\n\r\n", "ok"])
+    scripted.append(server)
+    kube = KubeClient(ApiClient(_configuration(f"http://127.0.0.1:{server.port}")))
+    try:
+        kube._version = "v1"  # no discovery: the scripted server only answers claim GETs
+        with pytest.raises(KubeUnavailable, match="broken answer from the API server: malformed"):
+            kube.get_resource_claim(namespace="ns1", name="claim-a")
+        kube._api.configuration.api_key = {"BearerToken": "t\r\nX-Injected: 1"}
+        with pytest.raises(KubeError, match="not allowed in HTTP"):
+            kube.get_resource_claim(namespace="ns1", name="claim-a")
+        assert server.requests == 1
+    finally:
+        kube.close()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"api_key": {"BearerToken": "abc"}, "api_key_prefix": {"BearerToken": "Bearer"}},
+        {"api_key": {"authorization": "Bearer abc"}},
+    ],
+    ids=["no-token", "token-with-prefix", "kubeconfig-style"],
+)
+def test_claim_get_headers_are_those_of_the_official_client(settings: dict[str, Any]) -> None:
+    api = ApiClient(_configuration("http://127.0.0.1:6443", **settings))
+    api.user_agent = "gpu-dra/kubelet-plugin"
+    api.set_default_header("X-Extra", "1")
+    api.cookie = "session=1"
+    kube = KubeClient(api)
+    try:
+        _method, _url, official, _body, _ = api.param_serialize(
+            method="GET",
+            resource_path="/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/a",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        assert kube._get_headers() == official
+    finally:
+        kube.close()
