@@ -185,8 +185,13 @@ class ClaimSpecEncoder:
     Deterministic: the same input gives the same bytes. The edits every claim shares (control
     device nodes, driver mounts: most of a spec's bytes) are built and JSON-encoded once;
     :meth:`encode` splices them in, giving exactly the compact JSON of :meth:`spec` in its own
-    key order. A prepare waits for these bytes before its spec's fsync can start.
+    key order. A prepare waits for these bytes before its spec's fsync can start, so the bytes
+    of a set of devices are also kept as a template cut where the claim UID goes: the spec of a
+    claim whose devices were seen before is one join (the UID's first character is part of the
+    key, since it decides the cdiVersion).
     """
+
+    max_templates = 256
 
     def __init__(self, *, vendor: str, files: DriverFiles) -> None:
         self.kind = f"{vendor}/{CDI_CLASS}"
@@ -205,6 +210,8 @@ class ClaimSpecEncoder:
             ]
         self._common = common
         self._common_json = json.dumps(common, separators=(",", ":"))
+        self._templates: dict[tuple[tuple[ClaimDevice, ...], bool], list[bytes]] = {}
+        self._templates_lock = threading.Lock()
 
     def spec(self, claim_uid: str, devices: Sequence[ClaimDevice]) -> dict[str, Any]:
         """The spec as a mapping (its ``containerEdits`` is shared: do not change it)."""
@@ -233,6 +240,22 @@ class ClaimSpecEncoder:
 
     def encode(self, claim_uid: str, devices: Sequence[ClaimDevice]) -> bytes:
         """The spec's bytes on disk: compact JSON of :meth:`spec`, newline-terminated."""
+        if not _UUID.match(claim_uid):  # JSON might escape it: no template
+            return self._encode(claim_uid, devices)
+        key = (tuple(devices), claim_uid[0].isdigit())
+        parts = self._templates.get(key)
+        if parts is None:
+            # A UID of the same first-character class whose JSON form ("\u0000") no path,
+            # name or UUID contains: the encoding cut at it is the template.
+            marker = "0\x00" if key[1] else "a\x00"
+            parts = self._encode(marker, devices).split(json.dumps(marker)[1:-1].encode())
+            with self._templates_lock:
+                if len(self._templates) >= self.max_templates:
+                    del self._templates[next(iter(self._templates))]  # the oldest
+                self._templates[key] = parts
+        return claim_uid.encode().join(parts)
+
+    def _encode(self, claim_uid: str, devices: Sequence[ClaimDevice]) -> bytes:
         spec = self.spec(claim_uid, devices)
         head = json.dumps(
             {"cdiVersion": spec["cdiVersion"], "kind": spec["kind"], "devices": spec["devices"]},

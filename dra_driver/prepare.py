@@ -197,6 +197,11 @@ class Preparer:
         self.targets = dict(targets)
         self.files = files
         self._spec_encoder = cdi.ClaimSpecEncoder(vendor=cdi_vendor, files=files)
+        # what a spec says of each device, made once: the same for every claim that gets it
+        self._spec_devices = {
+            name: cdi.ClaimDevice(name=name, nodes=t.nodes(files))
+            for name, t in self.targets.items()
+        }
         self.specs = specs
         self.checkpoint = checkpoint
         self.locks = locks
@@ -479,8 +484,8 @@ class Preparer:
     def _encode_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> bytes:
         unique = {t.name: t for t in targets}
         devices = [
-            cdi.ClaimDevice(name=t.name, nodes=t.nodes(self.files))
-            for t in sorted(unique.values(), key=lambda t: t.name)
+            self._spec_devices.get(name) or cdi.ClaimDevice(name=name, nodes=t.nodes(self.files))
+            for name, t in sorted(unique.items())
         ]
         return self._spec_encoder.encode(claim_uid, devices)
 

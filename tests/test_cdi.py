@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -149,6 +150,28 @@ def test_the_encoder_gives_the_same_bytes_as_encoding_the_spec(tmp_path: Path, u
         assert json.loads(encoder.encode(uid, devices)) == spec
     with pytest.raises(CdiError, match="needs at least one device"):
         encoder.encode(uid, [])
+
+
+def test_specs_from_the_template_cache_are_the_specs_built_whole(tmp_path: Path) -> None:
+    # device nodes at their own paths (no hostPath), so the UID alone decides the cdiVersion
+    files = dataclasses.replace(files_for(tmp_path), dev_root=Path("/"))
+    encoder = cdi.ClaimSpecEncoder(vendor=VENDOR, files=files)
+    encoder.max_templates = 3
+    mig = cdi.mig_nodes(files, parent_minor=0, gpu_instance_id=1, compute_instance_id=0)
+    device_sets = [[cdi.ClaimDevice(f"gpu-{i}", cdi.gpu_nodes(files, minor=i))] for i in range(4)]
+    device_sets.append([cdi.ClaimDevice("gpu-0-mig-1g10gb-1", mig), *device_sets[1]])
+    # UIDs starting with a letter give cdiVersion 0.3.0, with a digit 0.5.0: both kinds, and
+    # more device sets than templates kept, so templates are made, reused and dropped
+    uids = ["abcdef00-0000-4000-8000-000000000000", UID] + [new_uid() for _ in range(6)]
+    versions = set()
+    for _ in range(2):
+        for devices in device_sets:
+            for uid in uids:
+                spec = claim_spec(vendor=VENDOR, claim_uid=uid, devices=devices, files=files)
+                assert encoder.encode(uid, devices) == whole_json(spec)
+                versions.add(spec["cdiVersion"])
+    assert versions == {"0.3.0", "0.5.0"}
+    assert len(encoder._templates) == 3
 
 
 def test_spec_dir_writes_atomically_and_touches_only_its_own_files(tmp_path: Path) -> None:
