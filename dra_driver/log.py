@@ -2,13 +2,23 @@
 
 Fields passed through ``extra={...}`` become keys of the JSON object, so log pipelines can filter
 on ``claim_uid``, ``slice`` or ``device`` without parsing messages.
+
+Lines are formatted and written by a background thread (as klog, the Go drivers' logger, buffers
+them): a prepare logs one line, and formatting it as JSON and writing it to stderr took about
+0.1 ms of the kubelet's wait on a small node. The calling thread only makes the record and
+queues it. Everything queued is written before the process exits normally (``atexit``); a
+process killed with SIGKILL may lose the last lines, as with klog.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
+import queue
 import sys
+import threading
 import time
 from typing import Any
 
@@ -54,12 +64,75 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _Enqueue(logging.handlers.QueueHandler):
+    """Hands records to the writer thread as they are: the message is fixed now (its arguments
+    may change later), formatting (exceptions included) happens in the writer thread."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+
+class _Writer:
+    """The one background writer of this process (configure() may be called again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listener: logging.handlers.QueueListener | None = None
+        self._direct: logging.Handler | None = None
+        self._at_exit = False
+
+    def start(self, handler: logging.Handler) -> logging.Handler:
+        """Start writing through ``handler``; returns the handler that queues for it."""
+        records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        listener = logging.handlers.QueueListener(records, handler)
+        self.stop()
+        with self._lock:
+            if not self._at_exit:
+                atexit.register(self.stop)
+                self._at_exit = True
+            self._listener, self._direct = listener, handler
+            listener.start()
+        return _Enqueue(records)
+
+    def stop(self) -> None:
+        """Write what is queued and stop; records logged from now on are written directly."""
+        with self._lock:
+            listener, direct = self._listener, self._direct
+            self._listener = self._direct = None
+        if listener is None or direct is None:
+            return
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if isinstance(handler, _Enqueue):
+                root.removeHandler(handler)
+                root.addHandler(direct)
+        listener.stop()  # drains the queue
+
+
+_WRITER = _Writer()
+
+
 def configure(*, log_format: str, level: str) -> None:
-    """Send all records to stderr in ``log_format`` ("json" or "text") at ``level``."""
+    """Send all records to stderr in ``log_format`` ("json" or "text") at ``level``, written by
+    a background thread (see the module docstring)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    # What records would otherwise gather on every call and no format here shows (the logging
+    # HOWTO's "Optimization" list): the caller's frame, process and thread names.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_WRITER.start(handler)]
     root.setLevel(level.upper())
     # The kubernetes client logs every retry at WARNING through urllib3; we report those ourselves.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+
+
+def flush() -> None:
+    """Write everything logged so far; later records are written by the logging thread.
+    Runs at exit by itself; safe to call more than once."""
+    _WRITER.stop()

@@ -1,0 +1,112 @@
+"""log.py: JSON/text lines on stderr, written by a background thread, nothing lost at exit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from dra_driver import log
+
+logger = logging.getLogger("dra_driver.test")
+
+
+@pytest.fixture
+def configured() -> Iterator[None]:
+    """Leave the process's logging as it was (configure() changes it for the whole process)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    yield
+    log.flush()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = flags
+
+
+def _lines(err: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in err.splitlines() if line.strip()]
+
+
+def test_json_lines_carry_the_extra_fields_and_flush_writes_them_all(
+    configured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log.configure(log_format="json", level="info")
+
+    def work(n: int) -> None:
+        for i in range(50):
+            logger.info("prepared claim", extra={"claim_uid": f"{n}-{i}"})
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    logger.debug("below the level")
+    log.flush()
+    lines = _lines(capsys.readouterr().err)
+    assert sorted(str(line["claim_uid"]) for line in lines) == sorted(
+        f"{n}-{i}" for n in range(4) for i in range(50)
+    )
+    assert {(line["level"], line["logger"], line["msg"]) for line in lines} == {
+        ("info", "dra_driver.test", "prepared claim")
+    }
+    assert all(str(line["ts"]).endswith("Z") for line in lines)
+
+    # after flush the caller's own thread writes: nothing is left waiting in a queue
+    logger.warning("after", extra={"k": 1})
+    (after,) = _lines(capsys.readouterr().err)
+    assert (after["level"], after["msg"], after["k"]) == ("warning", "after", 1)
+
+
+def test_the_message_is_fixed_when_logged_and_exceptions_keep_their_traceback(
+    configured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log.configure(log_format="json", level="info")
+    devices = ["gpu-0"]
+    logger.info("devices %s", devices)
+    devices.append("gpu-1")  # changed before the writer thread formats the line
+    try:
+        raise ValueError("broken spec")
+    except ValueError:
+        logger.exception("prepare failed", extra={"claim_uid": "u1"})
+    log.flush()
+    first, second = _lines(capsys.readouterr().err)
+    assert first["msg"] == "devices ['gpu-0']"
+    assert second["msg"] == "prepare failed"
+    assert second["claim_uid"] == "u1"
+    assert "ValueError: broken spec" in str(second["exception"])
+    assert "Traceback" in str(second["exception"])
+
+
+def test_text_format_and_configuring_again_loses_nothing(
+    configured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log.configure(log_format="json", level="info")
+    logger.info("one")
+    log.configure(log_format="text", level="debug")  # stops the first writer after it drained
+    logger.debug("two", extra={"device": "gpu-0"})
+    log.flush()
+    err = capsys.readouterr().err.splitlines()
+    assert json.loads(err[0])["msg"] == "one"
+    assert err[1] == "DEBUG   dra_driver.test: two device=gpu-0"
+    assert len(err) == 2
+
+
+def test_lines_still_queued_at_exit_are_written() -> None:
+    script = (
+        "import logging\n"
+        "from dra_driver import log\n"
+        "log.configure(log_format='json', level='info')\n"
+        "for i in range(2000):\n"
+        "    logging.getLogger('x').info('line', extra={'i': i})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert [line["i"] for line in _lines(done.stderr)] == list(range(2000))
