@@ -440,6 +440,10 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in separate writes; with Nagle on, the body would wait for the
     # client's delayed ACK (~40 ms a request). Go's net/http turns Nagle off too.
     disable_nagle_algorithm = True
+    # Buffered writes, flushed once an answer is whole (and after each watch event): head and
+    # body of a small answer leave in one write, as Go's net/http sends them, so a client gets
+    # the whole answer at once instead of waking up for each half.
+    wbufsize = 64 * 1024
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -718,6 +722,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        self.wfile.flush()  # the client's watch call returns on the headers
         deadline = time.monotonic() + timeout_s
         try:
             with api._cond:
