@@ -35,7 +35,9 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+## make bench: every benchmark's table (builds the native gRPC caller the prepare bench uses)
 bench: $(STAMP)
+	-@bash hack/build-bench-caller.sh $(TOOLS)/bin/dra-kubelet-caller
 	$(BIN)/python -m bench
 
 ## make proto: regenerate dra_driver/_proto from proto/dra with the pinned generators
