@@ -4,7 +4,6 @@ gRPC client gets, call by call and in parallel, against a real plugin over its s
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,11 +18,10 @@ from bench.bench_prepare import (
 )
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.kube import KubeClient
 from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim
 from tests.kubeapi import FakeKubeApi
-from tests.test_plugin_server import start_plugin, v1_claim
+from tests.test_plugin_server import kube, plugin, v1_claim  # noqa: F401 - shared fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,23 +41,10 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
-def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
-    kubeapi.add_node("node1")
-    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def plugin(tmp_path: Path, kube: KubeClient) -> Iterator[KubeletPlugin]:
-    p = start_plugin(tmp_path, kube)
-    yield p
-    p.stop()
-
-
 def test_native_calls_get_the_answers_a_python_client_gets(
-    binary: Path, kubeapi: FakeKubeApi, plugin: KubeletPlugin
+    binary: Path,
+    kubeapi: FakeKubeApi,
+    plugin: KubeletPlugin,  # noqa: F811 - the fixture imported above
 ) -> None:
     claims = [
         v1_claim(kubeapi.add_claim(allocated_claim(name=f"c{i}", devices=[f"gpu-{i}"])))
@@ -98,7 +83,8 @@ def test_native_calls_get_the_answers_a_python_client_gets(
 
 
 def test_a_failed_call_stops_the_bench_with_the_grpc_status(
-    binary: Path, plugin: KubeletPlugin
+    binary: Path,
+    plugin: KubeletPlugin,  # noqa: F811 - the fixture imported above
 ) -> None:
     caller = _NativeCaller(binary, str(plugin.paths.dra))
     try:
