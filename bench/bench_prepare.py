@@ -273,12 +273,8 @@ class _NativeCaller:
         self._in.write(b"call ")
         self._send(method, request)
         self._in.flush()
-        elapsed_ns, rest = self._out.readline().split(b" ", 1)
-        code, size = (int(x) for x in rest.split())
-        body = self._out.read(size)
-        if code != 0:
-            sys.exit(f"{method}: gRPC status {code}: {body.decode(errors='replace')}")
-        return int(elapsed_ns) / 1e9, body
+        elapsed_ns = int(self._out.readline())
+        return elapsed_ns / 1e9, self._result(method)
 
     def parallel(self, threads: int, calls: list[tuple[str, bytes]]) -> tuple[float, list[bytes]]:
         self._in.write(f"parallel {threads} {len(calls)}\n".encode())

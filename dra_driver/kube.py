@@ -526,19 +526,10 @@ class KubeClient:
             return self._request(
                 "GET", path, verb="get", resource=resource, namespace=namespace, name=name
             )
-        what = _describe("get", resource, namespace=namespace, name=name)
         try:
             status, data = self._getter.get(path, self._get_headers())
-        except OSError as exc:  # ssl.SSLError is one, and so is a connection closed under us
-            raise KubeUnavailable(
-                f"{what}: API server unreachable: {exc}", verb="get", resource=resource
-            ) from exc
-        except http.client.HTTPException as exc:
-            raise KubeUnavailable(
-                f"{what}: broken answer from the API server: {exc}", verb="get", resource=resource
-            ) from exc
-        except ValueError as exc:  # a header the configuration gave cannot be sent
-            raise KubeError(f"{what}: {exc}", verb="get", resource=resource) from exc
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise _get_failed(exc, resource=resource, namespace=namespace, name=name) from exc
         return _decoded(status, data, verb="get", resource=resource, namespace=namespace, name=name)
 
     def _get_headers(self) -> dict[str, str]:
@@ -625,6 +616,21 @@ def _decoded(
             status, decoded, verb=verb, resource=resource, namespace=namespace, name=name
         )
     return decoded
+
+
+def _get_failed(exc: Exception, *, resource: str, namespace: str, name: str) -> KubeError:
+    """The KubeError for a keep-alive GET that got no usable answer."""
+    what = _describe("get", resource, namespace=namespace, name=name)
+    if isinstance(exc, OSError):  # ssl.SSLError is one, and so is a connection closed under us
+        return KubeUnavailable(
+            f"{what}: API server unreachable: {exc}", verb="get", resource=resource
+        )
+    if isinstance(exc, http.client.HTTPException):
+        return KubeUnavailable(
+            f"{what}: broken answer from the API server: {exc}", verb="get", resource=resource
+        )
+    # a ValueError: a header the configuration gave cannot be sent
+    return KubeError(f"{what}: {exc}", verb="get", resource=resource)
 
 
 def _describe(verb: str, resource: str, *, namespace: str = "", name: str = "") -> str:

@@ -133,6 +133,6 @@ def configure(*, log_format: str, level: str) -> None:
 
 
 def flush() -> None:
-    """Write everything logged so far; later records are written by the logging thread.
-    Runs at exit by itself; safe to call more than once."""
+    """Write everything logged so far and stop the writer thread; later records are written
+    by the thread that logs them. Runs at exit by itself; safe to call more than once."""
     _WRITER.stop()

@@ -6,7 +6,7 @@
 // Requests and answers are opaque bytes: the bench encodes them and checks every answer with
 // the generated Python messages. Commands on stdin, answers on stdout:
 //   call <method> <n>\n<n bytes>
-//       -> <nanoseconds> <grpc status code> <m>\n<m bytes: the answer, or the error message>
+//       -> <nanoseconds>\n<grpc status code> <m>\n<m bytes: the answer, or the error message>
 //   parallel <threads> <count>\n then <count> times: <method> <n>\n<n bytes>
 //       -> <nanoseconds for all>\n then <count> times: <grpc status code> <m>\n<m bytes>
 // All calls share one channel (one connection), as the kubelet's calls to one plugin do.
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       const auto start = Clock::now();
       const Result result = Call(stub, cq, method, request);
       const long long elapsed = Nanoseconds(start);
-      std::cout << elapsed << ' ';
+      std::cout << elapsed << '\n';
       WriteResult(result);
     } else if (command == "parallel") {
       std::size_t threads = 0, count = 0;
