@@ -1,7 +1,7 @@
 """Prepare/unprepare latency of the kubelet plugin, measured the way the kubelet drives it.
 
 Real path end to end: gRPC over the real Unix socket, the claim fetched by the real Kubernetes
-client from the local HTTP API server (tests/kubeapi.py, run in its own process as a real API
+client from the local HTTP API server (dra_driver/localapi.py, run in its own process as a real API
 server would be, so its work does not count as ours), the CDI spec and the checkpoint written
 with fsync into a temporary directory. Simulated GPUs (8 x H100), 1-GPU claims. The plugin runs
 as the chart configures it: JSON log lines at level info (one per prepare and unprepare, written
@@ -36,8 +36,8 @@ import grpc
 
 from bench.table import Row, print_table
 from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver.gpus.fakedriver import make_fake_driver
 from tests.claimdata import allocated_claim
-from tests.fakedriver import make_fake_driver
 
 GPUS = 8
 
@@ -51,7 +51,7 @@ def _rss_bytes(pid: int) -> int:
 _API_SERVER = """
 import json, sys, time
 from pathlib import Path
-from tests.kubeapi import FakeKubeApi
+from dra_driver.localapi import FakeKubeApi
 api = FakeKubeApi()
 api.add_node("node1")
 for claim in json.loads(Path(sys.argv[1]).read_text()):
@@ -104,7 +104,7 @@ from dra_driver.config import Config
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
-from tests.fakedriver import simulated_inventory
+from dra_driver.gpus.fakedriver import simulated_inventory
 s = json.loads(Path(sys.argv[1]).read_text())
 log.configure(log_format="json", level="info")  # the chart's logFormat and logLevel
 kube = KubeClient.from_config(kubeconfig=Path(s["kubeconfig"]))

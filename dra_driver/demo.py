@@ -91,9 +91,8 @@ def _wait_for(what: str, probe: Callable[[], T | None], *, timeout_s: float = 20
 
 @contextmanager
 def _local_api_server(workdir: Path) -> Iterator[tuple[Path, Any]]:
-    """The local API server from tests/kubeapi.py with a Node, and a kubeconfig for it."""
-    sys.path.insert(0, str(REPO))
-    from tests.kubeapi import FakeKubeApi  # noqa: PLC0415  (a repo checkout is required)
+    """The local API server from dra_driver/localapi.py with a Node, and a kubeconfig for it."""
+    from dra_driver.localapi import FakeKubeApi  # noqa: PLC0415  (only the local demo needs it)
 
     api = FakeKubeApi().start()
     try:
@@ -105,8 +104,7 @@ def _local_api_server(workdir: Path) -> Iterator[tuple[Path, Any]]:
 
 def _fake_driver_root(workdir: Path) -> Path:
     """A driver install laid out like a real one, so the CDI spec shows real mounts."""
-    sys.path.insert(0, str(REPO))
-    from tests.fakedriver import make_fake_driver  # noqa: PLC0415
+    from dra_driver.gpus.fakedriver import make_fake_driver  # noqa: PLC0415
 
     return make_fake_driver(workdir / "driver").root
 

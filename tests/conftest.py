@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kubeapi import FakeKubeApi
+from dra_driver.localapi import FakeKubeApi
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from dra_driver.config import Config
+from dra_driver.gpus.fakedriver import simulated_inventory
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.server import KubeletPlugin
-from tests.fakedriver import simulated_inventory
 
 
 def child(settings: dict[str, str]) -> None:

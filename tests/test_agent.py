@@ -20,8 +20,8 @@ import pytest
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver.localapi import FakeKubeApi, free_port
 from tests.claimdata import allocated_claim
-from tests.kubeapi import FakeKubeApi, free_port
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("openssl") is None,

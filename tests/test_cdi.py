@@ -12,9 +12,9 @@ import pytest
 
 from dra_driver import cdi
 from dra_driver.errors import CdiError
+from dra_driver.gpus.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from tests.claimdata import new_uid
-from tests.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
 from tests.spares import held, spares_in
 
 UID = "6c0e1d2f-0000-4000-8000-00000000abcd"

@@ -23,12 +23,12 @@ import pytest
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.config import Config
+from dra_driver.gpus.fakedriver import LIB_DIR, make_fake_driver, simulated_inventory
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from dra_driver.kube import KubeClient
+from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim
-from tests.fakedriver import LIB_DIR, make_fake_driver, simulated_inventory
-from tests.kubeapi import FakeKubeApi
 
 BUSYBOX = Path("/bin/busybox")
 CONTAINERS_CONF = """[containers]

@@ -833,11 +833,11 @@ def test_every_call_the_agent_makes_against_an_api_server_is_granted(
     fake API server's request log with the ClusterRole."""
     from dra_driver import cdi, devices  # noqa: PLC0415
     from dra_driver.checkpoint import Checkpoint, ClaimLocks  # noqa: PLC0415
+    from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory  # noqa: PLC0415
     from dra_driver.kube import KubeClient  # noqa: PLC0415
     from dra_driver.prepare import ClaimRef, Preparer, device_targets  # noqa: PLC0415
     from dra_driver.publisher import Publisher  # noqa: PLC0415
     from tests.claimdata import allocated_claim  # noqa: PLC0415
-    from tests.fakedriver import make_fake_driver, simulated_inventory  # noqa: PLC0415
 
     driver, node_name = "gpu.nvidia.com", "node1"
     node = kubeapi.add_node(node_name)

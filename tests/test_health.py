@@ -12,7 +12,7 @@ import pytest
 from dra_driver.errors import DraError
 from dra_driver.health import ProbeServer, SocketChecker
 from dra_driver.kube import KubeClient
-from tests.kubeapi import FakeKubeApi
+from dra_driver.localapi import FakeKubeApi
 from tests.test_plugin_server import start_plugin
 
 

@@ -1,6 +1,6 @@
 """keepalive.py: the claim GET of the prepare path over keep-alive connections.
 
-Through KubeClient against tests/kubeapi.py (HTTP and HTTPS, token auth, faults), and the retry
+Through KubeClient against the local API server (HTTP and HTTPS, token auth, faults), and the retry
 rules against a scripted socket server that misbehaves on cue.
 """
 
@@ -24,8 +24,8 @@ from dra_driver import keepalive
 from dra_driver.errors import KubeError, KubeForbidden, KubeUnavailable
 from dra_driver.keepalive import KeepAliveGetter
 from dra_driver.kube import KubeClient
+from dra_driver.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
-from tests.kubeapi import FakeKubeApi
 
 
 def _client(kubeconfig: Path) -> KubeClient:

@@ -1,4 +1,4 @@
-"""kube.py through the real kubernetes client, over HTTP, against tests/kubeapi.py."""
+"""kube.py through the real kubernetes client, over HTTP, against dra_driver/localapi.py."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from dra_driver.errors import (
     KubeUnavailable,
 )
 from dra_driver.kube import API_PERMISSIONS, KubeClient
+from dra_driver.localapi import FakeKubeApi
 from dra_driver.slices import build_slices, to_api_objects
-from tests.kubeapi import FakeKubeApi
 
 DRIVER = "gpu.nvidia.com"
 

@@ -30,6 +30,7 @@ from dra_driver.errors import (
 )
 from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
+from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.metrics import (
     CONTENT_TYPE,
     Counter,
@@ -42,7 +43,6 @@ from dra_driver.metrics import (
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES, error_type
 from tests.claimdata import allocated_claim, new_uid
-from tests.kubeapi import FakeKubeApi, free_port
 from tests.test_plugin_server import channel, start_plugin, v1_claim
 
 DRIVER = "gpu.nvidia.com"

@@ -27,9 +27,9 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.gpus.fakedriver import make_fake_driver
+from dra_driver.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
-from tests.fakedriver import make_fake_driver
-from tests.kubeapi import FakeKubeApi
 from tests.spares import held, spares_in
 
 ITERATIONS = 100

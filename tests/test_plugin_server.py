@@ -1,5 +1,5 @@
 """KubeletPlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
-real Kubernetes client from the local API server (tests/kubeapi.py), real files."""
+real Kubernetes client from the local API server (dra_driver/localapi.py), real files."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.config import Config
 from dra_driver.errors import ConfigError
+from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
+from dra_driver.localapi import FakeKubeApi
 from dra_driver.metrics import DriverMetrics
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from tests.claimdata import allocated_claim, new_uid
-from tests.fakedriver import make_fake_driver, simulated_inventory
-from tests.kubeapi import FakeKubeApi
 from tests.spares import held, spares_in
 
 INVENTORY: Inventory | None = None

@@ -32,9 +32,9 @@ from dra_driver.errors import (
     KubeUnavailable,
     PrepareError,
 )
+from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
-from tests.fakedriver import make_fake_driver, simulated_inventory
 
 VENDOR = "k8s.gpu.nvidia.com"
 SPEC = "h100:4,a100-40gb:1:mig=3g.20gb+2g.10gb"

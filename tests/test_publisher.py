@@ -1,4 +1,4 @@
-"""The publisher against tests/kubeapi.py, through kube.KubeClient and the real client."""
+"""The publisher against dra_driver/localapi.py, through kube.KubeClient and the real client."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from dra_driver.devices import CounterConsumption, CounterSet, Device, NodeDevices, Taint
 from dra_driver.kube import KubeClient
+from dra_driver.localapi import FakeKubeApi
 from dra_driver.publisher import Backoff, Publisher
-from tests.kubeapi import FakeKubeApi
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"

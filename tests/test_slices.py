@@ -11,6 +11,7 @@ import pytest
 
 from dra_driver.devices import CounterConsumption, CounterSet, Device, NodeDevices, Taint, Version
 from dra_driver.errors import PublishError
+from dra_driver.localapi import validate_slice
 from dra_driver.slices import (
     DesiredPool,
     SliceContent,
@@ -23,7 +24,6 @@ from dra_driver.slices import (
     slice_to_v1,
     to_api_objects,
 )
-from tests.kubeapi import validate_slice
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"

@@ -1,5 +1,6 @@
-"""A fake NVIDIA driver installation for tests and benchmarks: files laid out as a real driver
-install lays them out (versioned libraries, soname symlinks, tools), device nodes, and the
+"""A fake NVIDIA driver installation, part of the simulated backend (the demo, tests, benchmarks,
+and users trying ``--simulate`` without a GPU): files laid out as a real driver install lays them
+out (versioned libraries, soname symlinks, tools), device nodes, and the
 kernel's MIG capability table, all under one temporary directory.
 
 Device nodes are real character devices when we are root (major/minor of /dev/null, so a real

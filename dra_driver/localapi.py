@@ -1,4 +1,4 @@
-"""A small Kubernetes API server for tests: real HTTP on 127.0.0.1, spoken to by the real client.
+"""A small Kubernetes API server on 127.0.0.1 for `make demo` and tests, used by the real client.
 
 It implements just what the driver uses, with the semantics the driver relies on:
 
@@ -627,7 +627,7 @@ class _Handler(BaseHTTPRequestHandler):
             prefix = str(meta.get("generateName") or "")
             if not prefix:
                 raise ApiError(422, "Invalid", "metadata.name or metadata.generateName is required")
-            suffix = "".join(random.choices(_NAME_CHARS, k=5))
+            suffix = "".join(random.choices(_NAME_CHARS, k=5))  # noqa: S311 (names, not secrets)
             meta["name"] = prefix[:58] + suffix
         key = (route.resource, route.namespace, meta["name"])
         if key in api._state.objects:
