@@ -82,6 +82,7 @@ class NodeDevices:
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID_ATTRIBUTE = f"{STANDARD_DOMAIN}/pciBusID"
 PCIE_ROOT_ATTRIBUTE = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE_ATTRIBUTE = f"{STANDARD_DOMAIN}/numaNode"
 
 MAX_NAME_LENGTH = 63  # DNS label
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -173,6 +174,16 @@ def parse_mig_device_name(name: str) -> tuple[int, int, int, str]:
     return int(parent), int(profile_id), int(start), slug
 
 
+def memory_slice_capacity(index: int) -> str:
+    """``memorySlice<i>``: the capacity a static MIG device has for each memory slice it occupies.
+
+    Named as NVIDIA's driver names it (in the driver's own domain, value 1), so selectors such as
+    ``device.capacity['gpu.nvidia.com'].memorySlice0`` pick a placement. Not to be confused with
+    the ``memory-slice-<i>`` counters of dynamic MIG, which are DNS labels.
+    """
+    return f"memorySlice{index}"
+
+
 def semver_driver_version(version: str) -> str:
     """NVML's driver version as semver: ``570.124.06`` -> ``570.124.6``, ``470.82`` -> ``470.82.0``.
 
@@ -203,6 +214,8 @@ def _common_attributes(gpu: GpuInfo) -> dict[str, AttributeValue]:
     }
     if gpu.pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = gpu.pcie_root
+    if gpu.numa_node is not None:
+        attributes[NUMA_NODE_ATTRIBUTE] = gpu.numa_node
     if gpu.addressing_mode is not None:
         attributes["addressingMode"] = gpu.addressing_mode
     return attributes
@@ -240,6 +253,10 @@ def _mig_device(gpu: GpuInfo, mig: MigInstance) -> Device:
             "jpegEngines": decimal(profile.jpeg_engines),
             "ofaEngines": decimal(profile.ofa_engines),
             "memory": binary(profile.memory_bytes),
+            **{
+                memory_slice_capacity(i): decimal(1)
+                for i in range(mig.placement.start, mig.placement.start + mig.placement.size)
+            },
         },
     )
 

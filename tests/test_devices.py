@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_driver.devices import (
+    MAX_ATTRIBUTES_AND_CAPACITIES,
+    NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     Device,
@@ -46,6 +48,7 @@ H100 = GpuInfo(
     mig_capable=True,
     mig_enabled=False,
     mig_pending=False,
+    numa_node=1,
 )
 
 PROFILE_1G_ME = MigProfile(
@@ -115,20 +118,23 @@ def test_full_gpu_is_named_by_minor_with_nvidia_attributes_and_memory() -> None:
         "cudaDriverVersion": Version("12.8.0"),
         "resource.kubernetes.io/pciBusID": "0000:1b:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:15",
+        "resource.kubernetes.io/numaNode": 1,
     }
     assert device.capacity == {"memory": "81559Mi"}
     assert device.consumes_counters == ()
 
 
-def test_pcie_root_and_addressing_mode_appear_only_when_known() -> None:
-    unknown_root = dataclasses.replace(H100, pcie_root=None)
-    coherent = dataclasses.replace(H100, minor=4, addressing_mode="ATS")
+def test_pcie_root_numa_node_and_addressing_mode_appear_only_when_known() -> None:
+    unknown = dataclasses.replace(H100, pcie_root=None, numa_node=None)
+    coherent = dataclasses.replace(H100, minor=4, addressing_mode="ATS", numa_node=0)
 
-    devices = node_devices(Inventory(gpus=(unknown_root, coherent)), driver_name=DRIVER).devices
+    devices = node_devices(Inventory(gpus=(unknown, coherent)), driver_name=DRIVER).devices
 
     assert PCIE_ROOT_ATTRIBUTE not in devices[0].attributes
+    assert NUMA_NODE_ATTRIBUTE not in devices[0].attributes
     assert "addressingMode" not in devices[0].attributes
     assert devices[1].attributes["addressingMode"] == "ATS"
+    assert devices[1].attributes[NUMA_NODE_ATTRIBUTE] == 0  # node 0 is a node, not "unknown"
     assert devices[0].attributes[PCI_BUS_ID_ATTRIBUTE] == "0000:1b:00.0"
 
 
@@ -166,6 +172,7 @@ def test_mig_device_carries_parent_facts_and_profile_capacities() -> None:
         "cudaDriverVersion": Version("12.8.0"),
         "resource.kubernetes.io/pciBusID": "0000:1b:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:15",
+        "resource.kubernetes.io/numaNode": 1,
     }
     assert device.capacity == {
         "multiprocessors": "60",
@@ -175,7 +182,45 @@ def test_mig_device_carries_parent_facts_and_profile_capacities() -> None:
         "jpegEngines": "3",
         "ofaEngines": "0",
         "memory": "40448Mi",
+        "memorySlice4": "1",
+        "memorySlice5": "1",
+        "memorySlice6": "1",
+        "memorySlice7": "1",
     }
+
+
+def test_each_mig_device_has_a_memory_slice_capacity_per_slice_of_its_placement() -> None:
+    devices = node_devices(Inventory(gpus=(H100_MIG,)), driver_name=DRIVER).devices
+
+    slices = {d.name: sorted(c for c in d.capacity if c.startswith("memorySlice")) for d in devices}
+    assert slices == {
+        "gpu-1-mig-1g10gb-me-20-0": ["memorySlice0"],
+        "gpu-1-mig-3g40gb-9-4": ["memorySlice4", "memorySlice5", "memorySlice6", "memorySlice7"],
+    }
+
+
+def test_a_7g_mig_device_with_every_optional_attribute_stays_within_the_api_limit() -> None:
+    """8 memory slices + 7 capacities + 14 attributes = 29 of the 32 the API allows."""
+    (profile,) = [
+        p
+        for p in (discover_simulated("h100:1:mig=7g.80gb", node_name="n").gpus[0].mig_profiles)
+        if p.name == "7g.80gb"
+    ]
+    gpu = dataclasses.replace(
+        H100_MIG,
+        addressing_mode="ATS",
+        mig_profiles=(profile,),
+        mig_instances=(mig_instance(profile, 0, 0),),
+    )
+
+    (device,) = node_devices(Inventory(gpus=(gpu,)), driver_name=DRIVER).devices
+
+    assert device.name == "gpu-1-mig-7g80gb-0-0"
+    assert [f"memorySlice{i}" in device.capacity for i in range(8)] == [True] * 8
+    assert len(device.attributes) == 14
+    assert len(device.capacity) == 15
+    assert len(device.attributes) + len(device.capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES
+    validate_device(device)
 
 
 @pytest.mark.parametrize(
@@ -364,6 +409,14 @@ def test_simulated_node_publishes_the_expected_devices() -> None:
     assert devices[3].capacity["memory"] == "81559Mi"
     assert devices[4].attributes["architecture"] == "Ada Lovelace"
     assert devices[4].attributes["cudaComputeCapability"] == Version("8.9.0")
+    # Three GPUs, two root complexes: the A100 and the H100 on NUMA node 0, the L4 on node 1.
+    assert [d.attributes[NUMA_NODE_ATTRIBUTE] for d in devices] == [0, 0, 0, 0, 1]
+    assert [sorted(c for c in d.capacity if c.startswith("memorySlice")) for d in devices[:3]] == [
+        ["memorySlice0", "memorySlice1", "memorySlice2", "memorySlice3"],
+        ["memorySlice4", "memorySlice5"],
+        ["memorySlice6"],
+    ]
+    assert not any(c.startswith("memorySlice") for d in devices[3:] for c in d.capacity)
 
 
 _MIG_LAYOUTS = {
@@ -384,6 +437,7 @@ def simulate_specs(draw: st.DrawFn) -> str:
             layout = draw(st.sampled_from(_MIG_LAYOUTS[key]))
             group += f":mig={layout}" if layout else ":mig"
         group += draw(st.sampled_from(["", ":fail", ":addressing=hmm", ":addressing=ats"]))
+        group += draw(st.sampled_from(["", ":numa=none", ":numa=3"]))
         groups.append(group)
     return ",".join(groups)
 
@@ -406,6 +460,16 @@ def test_every_device_of_a_random_simulated_node_is_valid(spec: str, node: str) 
             assert parent_gpu.minor == parent
             mig = next(m for m in parent_gpu.mig_instances if m.uuid == d.attributes["uuid"])
             assert (mig.profile.profile_id, mig.placement.start) == (profile_id, start)
+            span = range(mig.placement.start, mig.placement.start + mig.placement.size)
+            assert {c: v for c, v in d.capacity.items() if c.startswith("memorySlice")} == {
+                f"memorySlice{i}": "1" for i in span
+            }
+        gpu = next(
+            g
+            for g in inventory.gpus
+            if g.uuid == d.attributes.get("parentUUID", d.attributes["uuid"])
+        )
+        assert d.attributes.get(NUMA_NODE_ATTRIBUTE) == gpu.numa_node
     published_gpus = {d.attributes.get("parentUUID", d.attributes["uuid"]) for d in devices}
     assert published_gpus <= {g.uuid for g in inventory.gpus}
     for gpu in inventory.gpus:

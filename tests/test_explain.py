@@ -209,3 +209,64 @@ def test_explain_reads_slices_and_classes_live_from_a_cluster(tmp_path: Path, ku
         stderr=io.StringIO(),
     )
     assert code == 1
+
+
+def numa_mig_claim(count: int, slice_selector: str) -> str:
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: near, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: migs
+      exactly:
+        deviceClassName: mig.nvidia.com
+        count: {count}
+        selectors:
+        - cel: {{expression: "device.attributes['resource.kubernetes.io'].numaNode == 1"}}
+        - cel: {{expression: "{slice_selector}"}}
+"""
+
+
+SLICE_0 = "device.capacity['gpu.nvidia.com'].memorySlice0.compareTo(quantity('1')) == 0"
+
+
+def results_of(out: str) -> list[str]:
+    data = json.loads(out)
+    return [
+        r["device"] for r in data["allocation"]["claims"][0]["allocation"]["devices"]["results"]
+    ]
+
+
+def test_selectors_on_numa_node_and_memory_slices_match_as_for_nvidias_driver(
+    tmp_path: Path,
+) -> None:
+    # Four GPUs: 0-1 on NUMA node 0, 2-3 on node 1; a 7g device covers memory slices 0-7.
+    rc, out, _ = explain(
+        tmp_path,
+        numa_mig_claim(2, SLICE_0),
+        "--simulate",
+        "h100:2:mig=7g.80gb,h100:2:mig=7g.80gb",
+        "-o",
+        "json",
+    )
+
+    assert rc == 0, out
+    assert results_of(out) == ["gpu-2-mig-7g80gb-0-0", "gpu-3-mig-7g80gb-0-0"]
+
+
+def test_a_memory_slice_selector_needs_a_guard_where_devices_lack_that_slice(
+    tmp_path: Path,
+) -> None:
+    """As in the scheduler: a missing capacity is a CEL runtime error, not false."""
+    simulate = "h100:2,h100:2:mig=1g.10gb*7"
+    guarded = f"has(device.capacity['gpu.nvidia.com'].memorySlice0) && {SLICE_0}"
+
+    rc, out, _ = explain(tmp_path, numa_mig_claim(2, guarded), "--simulate", simulate, "-o", "json")
+    assert rc == 0, out
+    assert results_of(out) == ["gpu-2-mig-1g10gb-19-0", "gpu-3-mig-1g10gb-19-0"]
+
+    rc, out, _ = explain(tmp_path, numa_mig_claim(2, SLICE_0), "--simulate", simulate)
+    assert rc == 1
+    assert "gpu-2-mig-1g10gb-19-1: CEL runtime error: capacity gpu.nvidia.com/memorySlice0" in out

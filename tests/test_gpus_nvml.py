@@ -24,6 +24,7 @@ from dra_driver.gpus.nvml import (
     library_candidates,
     mig_profile_name,
     normalize_pci_bus_id,
+    numa_node,
     pcie_root,
 )
 from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
@@ -67,6 +68,7 @@ def test_discovery_reports_each_product_as_nvidia_smi_shows_it(product: str) -> 
         assert gpu.mig_profiles == ()
         assert gpu.mig_instances == ()
         assert gpu.addressing_mode is None
+        assert gpu.numa_node == 0  # two GPUs share one root complex, so one socket
         assert re.fullmatch(
             r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", gpu.uuid
         )
@@ -217,6 +219,51 @@ def test_pcie_root_is_unknown_when_sysfs_has_no_entry(tmp_path: Path) -> None:
 
     assert inventory.gpus[0].pci_bus_id == node.gpus[0].pci_bus_id
     assert inventory.gpus[0].pcie_root is None
+
+
+def test_numa_node_is_read_from_the_sysfs_tree() -> None:
+    inventory, node = run_discovery("h100:8,l4:1:numa=none,t4:1:numa=5")
+
+    # Ten GPUs behind five root complexes: the first three on NUMA node 0, the other two on
+    # node 1 unless the spec pins the node.
+    assert [g.numa_node for g in inventory.gpus] == [0] * 6 + [1, 1, None, 5]
+    assert [g.numa_node for g in node.gpus] == [0] * 6 + [1, 1, -1, 5]
+
+
+def test_numa_node_follows_the_bus_symlink_to_the_device_directory(tmp_path: Path) -> None:
+    device = tmp_path / "devices/pci0000:15/0000:15:01.0/0000:1b:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    links = tmp_path / "bus/pci/devices"
+    links.mkdir(parents=True)
+    (links / "0000:1b:00.0").symlink_to("../../../devices/pci0000:15/0000:15:01.0/0000:1b:00.0")
+
+    assert numa_node("0000:1b:00.0", sysfs_root=tmp_path) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "logged"),
+    [("-1\n", "no NUMA affinity"), ("x\n", "not a NUMA node"), ("", "not a NUMA node"), (None, "")],
+)
+def test_numa_node_is_none_for_minus_one_garbage_or_a_missing_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str | None, logged: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="dra_driver.gpus.nvml")
+    device = tmp_path / "bus/pci/devices/0000:1b:00.0"
+    device.mkdir(parents=True)
+    if content is not None:
+        (device / "numa_node").write_text(content)
+
+    assert numa_node("0000:1b:00.0", sysfs_root=tmp_path) is None
+    assert logged in caplog.text
+    assert "0000:1b:00.0" in caplog.text
+
+
+def test_numa_node_is_unknown_when_sysfs_has_no_entry(tmp_path: Path) -> None:
+    with simulated_nvml("h100:2", node_name="n"):
+        inventory = discover(driver_root=Path("/"), sysfs_root=tmp_path)
+
+    assert [g.numa_node for g in inventory.gpus] == [None, None]
 
 
 @pytest.mark.parametrize(("option", "mode"), [("addressing=hmm", "HMM"), ("addressing=ats", "ATS")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 
 import pynvml
@@ -117,6 +118,9 @@ def test_unknown_mig_profile_lists_the_products_profiles() -> None:
         ("h100:x", "unknown option 'x'"),
         ("h100:1:bogus", "unknown option 'bogus'"),
         ("h100:1:addressing=nvlink", "unknown option 'addressing=nvlink'"),
+        ("h100:1:numa=-1", "unknown option 'numa=-1'"),
+        ("h100:1:numa=1024", "unknown option 'numa=1024'"),
+        ("h100:1:numa=", "unknown option 'numa='"),
         ("l4:1:mig", "l4 (NVIDIA L4) does not support MIG"),
         ("t4:1:mig-pending", "does not support MIG"),
         ("a100-40gb:1:mig=3g.20gb+", "empty entry"),
@@ -166,6 +170,43 @@ def test_sysfs_tree_links_each_gpu_below_its_root_complex() -> None:
             assert resolved.parent.parent.name == gpu.pcie_root
             assert (resolved / "vendor").read_text() == "0x10de\n"
             assert (resolved / "device").read_text() == "0x1eb8\n"
+            assert (resolved / "numa_node").read_text() == "0\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "nodes"),
+    [
+        ("h100:1", [0]),
+        ("h100:2", [0, 0]),
+        ("h100:3", [0, 0, 1]),
+        ("h100:4", [0, 0, 1, 1]),
+        ("h100:6", [0, 0, 0, 0, 1, 1]),
+        ("h100:8", [0, 0, 0, 0, 1, 1, 1, 1]),
+        ("h100:4,l4:2", [0, 0, 0, 0, 1, 1]),
+    ],
+)
+def test_the_first_half_of_the_root_complexes_is_on_numa_node_0_the_rest_on_1(
+    spec: str, nodes: list[int]
+) -> None:
+    gpus = build_node(parse_spec(spec), node_name="n")
+
+    assert [g.numa_node for g in gpus] == nodes
+    for a, b in itertools.pairwise(gpus):
+        if a.pcie_root == b.pcie_root:  # one root complex belongs to one socket
+            assert a.numa_node == b.numa_node
+
+
+def test_numa_option_pins_a_node_or_writes_minus_one_for_none() -> None:
+    spec = parse_spec("h100:2:numa=3,l4:1:numa=none,t4:1:numa=None")
+    gpus = build_node(spec, node_name="n")
+
+    assert [g.numa_node for g in gpus] == [3, 3, -1, -1]
+    with simulated_nvml("h100:1:numa=none,l4:1:numa=7", node_name="n") as node:
+        files = [
+            (node.sysfs_root / "bus/pci/devices" / g.pci_bus_id / "numa_node").read_text()
+            for g in node.gpus
+        ]
+    assert files == ["-1\n", "7\n"]
 
 
 def test_the_library_refuses_calls_before_nvml_init() -> None:

@@ -289,6 +289,31 @@ def test_match_attribute_unsatisfiable_says_which_values_exist() -> None:
     assert "same resource.kubernetes.io/pcieRoot" in result.diagnoses[0].summary
 
 
+def test_match_attribute_on_the_int_numa_node_skips_devices_without_one() -> None:
+    def on_numa(name: str, node: int | None) -> dict[str, Any]:
+        device = gpu(name)
+        if node is not None:
+            device["attributes"]["resource.kubernetes.io/numaNode"] = {"int": node}
+        return device
+
+    devices = [
+        on_numa("gpu-0", 0),
+        on_numa("gpu-1", None),
+        on_numa("gpu-2", 1),
+        on_numa("gpu-3", 1),
+    ]
+    result = run(
+        [
+            claim(
+                exactly(count=2),
+                constraints=[{"matchAttribute": "resource.kubernetes.io/numaNode"}],
+            )
+        ],
+        [slice_(devices)],
+    )
+    assert devices_of(result) == ["gpu-2", "gpu-3"]
+
+
 def test_distinct_attribute_needs_different_values() -> None:
     devices = [gpu("gpu-0", root="a"), gpu("gpu-1", root="a"), gpu("gpu-2", root="b")]
     result = run(

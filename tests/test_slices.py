@@ -1,5 +1,6 @@
 """slices.py: chunking, API shapes, validation and the G.3 sync plan. Pure: no server involved;
-the slice limits are checked with the fake API server's independent validator."""
+the slice limits are checked with the fake API server's independent validator, and the slices of a
+simulated MIG node against Kubernetes' strict OpenAPI schemas."""
 
 from __future__ import annotations
 
@@ -7,10 +8,20 @@ import copy
 import itertools
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
-from dra_driver.devices import CounterConsumption, CounterSet, Device, NodeDevices, Taint, Version
+from dra_driver.devices import (
+    CounterConsumption,
+    CounterSet,
+    Device,
+    NodeDevices,
+    Taint,
+    Version,
+    node_devices,
+)
 from dra_driver.errors import PublishError
+from dra_driver.gpus.simulated import discover_simulated
 from dra_driver.localapi import validate_slice
 from dra_driver.slices import (
     DesiredPool,
@@ -409,3 +420,49 @@ def test_content_of_reads_devices_and_counters_of_an_object() -> None:
     pool = build(NodeDevices(devices=(gpu(0),), counter_sets=(counter_set("cs"),)))
     objs = to_api_objects(pool, node_uid="u")
     assert [content_of(o) for o in objs] == list(pool.slices)
+
+
+# --- real device models against the API's schemas and limits ------------------------------------
+
+KUBERNETES_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
+# Every 7g device carries all 8 memory slices; addressing=ats adds the last optional attribute.
+MIG_NODE = "h100:2:mig=7g.80gb:addressing=ats,h100:2:mig=1g.10gb+me+1g.10gb*6"
+
+
+def simulated_objects(spec: str) -> list[dict[str, Any]]:
+    inventory = discover_simulated(spec, node_name=NODE)
+    return publish(build(node_devices(inventory, driver_name=DRIVER)))
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_mig_devices_with_numa_nodes_and_memory_slices_pass_the_strict_schema(
+    kubernetes_version: str,
+) -> None:
+    (obj,) = simulated_objects(MIG_NODE)
+
+    kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+    assert validate_slice(obj) == []
+    devices = {d["name"]: d for d in obj["spec"]["devices"]}
+    big = devices["gpu-0-mig-7g80gb-0-0"]
+    assert big["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 0}
+    assert big["attributes"]["addressingMode"] == {"string": "ATS"}
+    assert {k: v for k, v in big["capacity"].items() if k.startswith("memorySlice")} == {
+        f"memorySlice{i}": {"value": "1"} for i in range(8)
+    }
+    assert len(big["attributes"]) + len(big["capacity"]) == 29
+    small = devices["gpu-3-mig-1g10gb-19-6"]
+    assert small["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 1}
+    assert small["capacity"]["memorySlice6"] == {"value": "1"}
+    assert "memorySlice5" not in small["capacity"]
+
+
+def test_three_more_attributes_on_a_7g_mig_device_would_be_refused_by_the_api() -> None:
+    (obj,) = simulated_objects(MIG_NODE)
+    device = obj["spec"]["devices"][0]
+    assert len(device["attributes"]) + len(device["capacity"]) == 29
+
+    device["attributes"].update({f"extra{i}": {"int": i} for i in range(3)})
+    assert validate_slice(obj) == []
+    device["attributes"]["extra3"] = {"int": 3}
+
+    assert validate_slice(obj) == ["spec.devices[0]: Too many attributes and capacities (max 32)"]

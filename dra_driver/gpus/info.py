@@ -72,6 +72,7 @@ class GpuInfo:
     mig_profiles: tuple[MigProfile, ...] = ()  # GPU-instance profiles this GPU supports
     mig_instances: tuple[MigInstance, ...] = ()  # MIG devices that exist now
     addressing_mode: str | None = None  # "HMM" or "ATS" on coherent-memory platforms
+    numa_node: int | None = None  # sysfs numa_node of the PCI device; None when there is none
 
 
 @dataclass(frozen=True)

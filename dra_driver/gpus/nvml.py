@@ -10,6 +10,10 @@ Strings that users match in CEL selectors (brand, architecture, MIG profile name
 exactly as NVIDIA's Go driver spells them (go-nvlib ``GetBrandAsString``,
 ``GetArchitectureAsString``, ``MigProfileInfo.String``), so selectors written for it keep working.
 
+Two facts come from sysfs rather than NVML, read under ``sysfs_root`` as Kubernetes'
+``deviceattribute`` helpers read them for NVIDIA's driver: the PCIe root (``pcie_root``) and the
+NUMA node (``numa_node``) of each GPU's PCI device.
+
 NVML only reports GPU-instance profiles while MIG mode is on (nvml.h, ``NOT_SUPPORTED`` "if device
 doesn't have MIG mode enabled"), so ``GpuInfo.mig_profiles`` is empty for GPUs in MIG-off mode.
 """
@@ -267,6 +271,7 @@ def _gpu_info(
         mig_profiles=profiles,
         mig_instances=_mig_instances(index, handle, profiles) if mig_enabled else (),
         addressing_mode=_addressing_mode(index, handle),
+        numa_node=numa_node(pci_bus_id, sysfs_root=sysfs_root),
     )
 
 
@@ -298,6 +303,32 @@ def pcie_root(pci_bus_id: str, *, sysfs_root: Path = DEFAULT_SYSFS_ROOT) -> str 
             return part
     logger.info("sysfs path %s of %s names no PCIe root", resolved, pci_bus_id)
     return None
+
+
+def numa_node(pci_bus_id: str, *, sysfs_root: Path = DEFAULT_SYSFS_ROOT) -> int | None:
+    """The NUMA node the kernel reports for a PCI device, or None when there is none.
+
+    Reads ``<sysfs>/bus/pci/devices/<bdf>/numa_node``, as Kubernetes'
+    ``deviceattribute.GetNUMANodeAttributeByPCIBusID`` (which NVIDIA's driver calls) does. The
+    kernel writes -1 for a device without NUMA affinity; such a device must not publish
+    ``numaNode`` at all, because -1 would match every other NUMA-less device in a
+    ``matchAttribute`` constraint. A missing or unreadable file also means None.
+    """
+    path = sysfs_root / "bus" / "pci" / "devices" / pci_bus_id / "numa_node"
+    try:
+        text = path.read_text()
+    except OSError:
+        logger.info("no sysfs file %s; publishing %s without numaNode", path, pci_bus_id)
+        return None
+    try:
+        node = int(text.strip())
+    except ValueError:
+        logger.warning("sysfs file %s holds %r, not a NUMA node; ignoring it", path, text)
+        return None
+    if node < 0:
+        logger.info("%s has no NUMA affinity (numa_node=%d); no numaNode", pci_bus_id, node)
+        return None
+    return node
 
 
 def _mig_mode(index: int, handle: Any) -> tuple[bool, bool, bool]:

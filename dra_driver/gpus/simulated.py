@@ -11,7 +11,8 @@ Spec syntax (documented for users in docs/simulate.md)::
 
     spec   := group ("," group)*
     group  := product [":" count] (":" option)*
-    option := "mig" | "mig=" layout | "mig-pending" | "addressing=" ("hmm" | "ats") | "fail"
+    option := "mig" | "mig=" layout | "mig-pending" | "addressing=" ("hmm" | "ats")
+            | "numa=" (node | "none") | "fail"
     layout := entry ("+" entry)*          entry := profile ["*" count]
 
 e.g. ``h100:8``, ``a100-80gb:2,l4:1``, ``a100-40gb:1:mig=3g.20gb+2g.10gb+1g.5gb``,
@@ -19,7 +20,10 @@ e.g. ``h100:8``, ``a100-80gb:2,l4:1``, ``a100-40gb:1:mig=3g.20gb+2g.10gb+1g.5gb`
 profile name, so ``mig=1g.5gb+me+3g.20gb`` reads as ``1g.5gb+me`` and ``3g.20gb``. Instances
 take the first free placement of their profile's placement table, in the order given; earlier
 choices are revisited when a later instance would not fit. ``fail`` makes every NVML query on
-that GPU return NVML_ERROR_GPU_IS_LOST (the fault hook for tests).
+that GPU return NVML_ERROR_GPU_IS_LOST (the fault hook for tests). ``numa=`` overrides the NUMA
+node the sysfs tree reports for the group's GPUs; ``none`` writes -1, as the kernel does for a
+device without NUMA affinity. By default the first half of the node's PCIe root complexes (and
+their GPUs) sit on NUMA node 0 and the second half on node 1, as on a two-socket server.
 
 UUIDs and PCI addresses are derived from the node name with SHA-256, so the same spec on the same
 node always yields the same devices, and two nodes never share UUIDs.
@@ -60,7 +64,10 @@ TOTAL_SLICES = 8  # memory slices of the A100/H100/H200 MIG layout
 TOTAL_COMPUTE_SLICES = 7
 
 _ADDRESSING = {"hmm": 1, "ats": 2}  # NVML_DEVICE_ADDRESSING_MODE_HMM / _ATS
-_OPTIONS = ("mig", "mig=<layout>", "mig-pending", "addressing=hmm|ats", "fail")
+_OPTIONS = ("mig", "mig=<layout>", "mig-pending", "addressing=hmm|ats", "numa=<node>|none", "fail")
+NO_NUMA_NODE = -1
+"""What the kernel writes to ``numa_node`` for a device without NUMA affinity."""
+MAX_NUMA_NODE = 1023  # Linux: MAX_NUMNODES is at most 1 << 10
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,7 @@ class SimulatedGpuSpec:
     mig_pending: bool = False
     mig_instances: tuple[MigPlacementSpec, ...] = ()
     addressing_mode: int | None = None
+    numa_node: int | None = None  # None: by position (see build_node); NO_NUMA_NODE: none
     fail: bool = False
 
 
@@ -138,6 +146,10 @@ def _apply_option(gpu: SimulatedGpuSpec, option: str, *, where: str) -> Simulate
         return _replace(gpu, mig_pending=True)
     if name == "addressing" and value.lower() in _ADDRESSING:
         return _replace(gpu, addressing_mode=_ADDRESSING[value.lower()])
+    if name == "numa" and value.lower() == "none":
+        return _replace(gpu, numa_node=NO_NUMA_NODE)
+    if name == "numa" and value.isascii() and value.isdigit() and int(value) <= MAX_NUMA_NODE:
+        return _replace(gpu, numa_node=int(value))
     if option == "fail":
         return _replace(gpu, fail=True)
     raise SimulationSpecError(
@@ -264,6 +276,7 @@ class SimulatedGpu:
     uuid: str
     pci_bus_id: str  # extended BDF, lowercase: "0000:1b:00.0"
     pcie_root: str  # "pci0000:17"
+    numa_node: int  # what sysfs numa_node says; NO_NUMA_NODE (-1) for none
     spec: SimulatedGpuSpec
     migs: tuple[SimulatedMig, ...] = ()
 
@@ -282,6 +295,16 @@ def _gpu_instance_id(start: int, size: int) -> int:
     if size == 2:
         return 3 + start // 2
     return 7 + start
+
+
+def _default_numa_node(index: int, count: int) -> int:
+    """NUMA node 0 for the first half of the root complexes (rounded up), node 1 for the rest.
+
+    GPUs of one root complex (pairs, see build_node) always share their NUMA node, as the root
+    complex belongs to one socket.
+    """
+    roots = (count + 1) // 2
+    return 0 if index // 2 < (roots + 1) // 2 else 1
 
 
 def build_node(spec: SimulationSpec, *, node_name: str) -> tuple[SimulatedGpu, ...]:
@@ -308,6 +331,11 @@ def build_node(spec: SimulationSpec, *, node_name: str) -> tuple[SimulatedGpu, .
                 uuid="GPU-" + _uuid(node_name, "gpu", index),
                 pci_bus_id=f"0000:{bus:02x}:00.0",
                 pcie_root=f"pci0000:{root_bus:02x}",
+                numa_node=(
+                    _default_numa_node(index, len(spec.gpus))
+                    if gpu.numa_node is None
+                    else gpu.numa_node
+                ),
                 spec=gpu,
                 migs=tuple(sorted(migs, key=lambda m: m.gpu_instance_id)),
             )
@@ -316,10 +344,10 @@ def build_node(spec: SimulationSpec, *, node_name: str) -> tuple[SimulatedGpu, .
 
 
 def write_sysfs(root: Path, gpus: tuple[SimulatedGpu, ...]) -> Path:
-    """Create the parts of /sys that pcieRoot discovery reads, under ``root``; return ``root``.
+    """Create the parts of /sys that pcieRoot and NUMA discovery read, under ``root``; return it.
 
     Like the kernel's tree: ``bus/pci/devices/<bdf>`` is a relative symlink into
-    ``devices/pci<domain>:<bus>/<bridge>/<bdf>``.
+    ``devices/pci<domain>:<bus>/<bridge>/<bdf>``, and that directory holds ``numa_node``.
     """
     links = root / "bus" / "pci" / "devices"
     links.mkdir(parents=True, exist_ok=True)
@@ -329,6 +357,7 @@ def write_sysfs(root: Path, gpus: tuple[SimulatedGpu, ...]) -> Path:
         device.mkdir(parents=True, exist_ok=True)
         (device / "vendor").write_text("0x10de\n")
         (device / "device").write_text(f"0x{gpu.spec.hardware.pci_device_id >> 16:04x}\n")
+        (device / "numa_node").write_text(f"{gpu.numa_node}\n")
         (links / gpu.pci_bus_id).symlink_to(Path("../../..") / device.relative_to(root))
     return root
 
