@@ -5,8 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS := .tools
+# The CDI hook the agent installs on the node (static, so it runs on any host).
+HOOK := dra_driver/cdihook/gpu-dra-cdi-hook
 
-.PHONY: demo test check lint format typecheck bench proto chart image helm clean
+.PHONY: demo test check lint format typecheck bench proto chart image helm hook clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,12 +18,18 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+## make hook: the static CDI hook binary (gcc and the static C library: Debian's gcc + libc6-dev)
+hook: $(HOOK)
+
+$(HOOK): dra_driver/cdihook/hook.c
+	$(CC) -static -O2 -Wall -Wextra -o $@ $<
+
 ## make demo: the whole node flow on simulated GPUs (or a real cluster when KUBECONFIG is set)
-demo: $(STAMP)
+demo: $(STAMP) $(HOOK)
 	$(BIN)/python -m dra_driver.demo
 
 ## make test: the full test suite (opt-in tiers skip with a reason when their tools are missing)
-test: $(STAMP) helm
+test: $(STAMP) $(HOOK) helm
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q
 
 ## make check: format check, lint, strict types, then the tests
@@ -36,7 +44,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 ## make bench: every benchmark's table (builds the native gRPC caller the prepare bench uses)
-bench: $(STAMP)
+bench: $(STAMP) $(HOOK)
 	-@bash hack/build-bench-caller.sh $(TOOLS)/bin/dra-kubelet-caller
 	$(BIN)/python -m bench
 
@@ -48,7 +56,7 @@ proto: $(STAMP)
 helm:
 	@bash hack/install-helm.sh $(TOOLS)/bin
 
-chart: $(STAMP) helm
+chart: $(STAMP) $(HOOK) helm
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" helm lint --strict charts/gpu-dra
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q tests/test_chart.py
 
@@ -56,4 +64,4 @@ image:
 	docker build -t gpu-dra:$$(grep -m1 '^version' pyproject.toml | cut -d'"' -f2) .
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS) $(HOOK) .mypy_cache .ruff_cache .pytest_cache

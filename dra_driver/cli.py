@@ -18,6 +18,7 @@ from typing import Any
 
 from dra_driver import __version__
 from dra_driver.config import (
+    DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_DRIVER_ROOT,
@@ -91,6 +92,16 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--cdi-root", "CDI_ROOT", "cdi_root", "where CDI specs are written", Path, DEFAULT_CDI_ROOT
+    ),
+    Flag(
+        "--cdi-hook",
+        "CDI_HOOK",
+        "cdi_hook",
+        "the createContainer hook CDI specs name to create the library links and refresh the "
+        "container's loader cache: builtin (gpu-dra-cdi-hook, installed into the plugin "
+        "directory), none, or the host path of NVIDIA's nvidia-cdi-hook",
+        str,
+        DEFAULT_CDI_HOOK,
     ),
     Flag(
         "--simulate",

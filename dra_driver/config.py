@@ -16,6 +16,7 @@ DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_DRIVER_ROOT = Path("/")
+DEFAULT_CDI_HOOK = "builtin"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -50,6 +51,9 @@ class Config:
     kubelet_registrar_directory_path: Path = DEFAULT_REGISTRAR_DIR
     kubelet_plugins_directory_path: Path = DEFAULT_PLUGINS_DIR
     cdi_root: Path = DEFAULT_CDI_ROOT
+    # "builtin" (our hook, installed into plugin_data_dir/bin), "none", or the host path of an
+    # nvidia-cdi-hook compatible binary (cdihook/__init__.py).
+    cdi_hook: str = DEFAULT_CDI_HOOK
     simulate: str | None = None
     kubeconfig: Path | None = None
     pod_uid: str | None = None
@@ -78,6 +82,11 @@ class Config:
         ):
             if not path.is_absolute():
                 raise ConfigError(flag, f"{str(path)!r} must be an absolute path")
+        if self.cdi_hook not in ("builtin", "none") and not self.cdi_hook.startswith("/"):
+            raise ConfigError(
+                "--cdi-hook (CDI_HOOK)",
+                f"{self.cdi_hook!r}: use builtin, none, or the absolute host path of a hook",
+            )
         validate_dns_subdomain("--pod-namespace (POD_NAMESPACE)", self.pod_namespace, max_len=63)
         if self.pod_uid is not None and not _UUID.match(self.pod_uid):
             raise ConfigError("--pod-uid (POD_UID)", f"{self.pod_uid!r} is not a lowercase UUID")
@@ -103,6 +112,11 @@ class Config:
     def plugin_data_dir(self) -> Path:
         """Our own directory under the kubelet plugins directory (sockets, checkpoint, locks)."""
         return self.kubelet_plugins_directory_path / self.driver_name
+
+    @property
+    def hook_dir(self) -> Path:
+        """Where the builtin CDI hook is installed: a host path (mounted at the same path)."""
+        return self.plugin_data_dir / "bin"
 
     @property
     def checkpoint_path(self) -> Path:

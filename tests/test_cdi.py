@@ -28,17 +28,28 @@ def files_for(tmp: Path) -> cdi.DriverFiles:
     )
 
 
-def test_driver_libraries_are_mounted_read_only_also_under_their_sonames(tmp_path: Path) -> None:
+LIB = cdi.CONTAINER_LIB_DIR
+
+
+def links_of(files: cdi.DriverFiles, capability: str) -> dict[str, str]:
+    return {x.link: x.target for x in files.links_by_capability.get(capability, ())}
+
+
+def test_libraries_are_mounted_into_one_directory_with_their_links(tmp_path: Path) -> None:
     files = files_for(tmp_path)
-    lib = f"/{LIB_DIR}"
     mounts = {m.container_path: m.host_path for m in files.mounts}
     real_cuda = str(tmp_path / "driver-root" / LIB_DIR / f"libcuda.so.{DRIVER_VERSION}")
-    assert mounts[f"{lib}/libcuda.so.1"] == real_cuda  # the real file, not the symlink
-    assert mounts[f"{lib}/libcuda.so.{DRIVER_VERSION}"] == real_cuda
-    assert mounts[f"{lib}/libnvidia-nvvm.so.4"].endswith(f"libnvidia-nvvm.so.{DRIVER_VERSION}")
-    assert f"{lib}/libnvidia-gpucomp.so.{DRIVER_VERSION}" in mounts
-    assert f"{lib}/libcuda.so.{OLD_VERSION}" not in mounts  # another driver's leftovers
-    assert f"{lib}/libc.so.6" not in mounts
+    assert mounts[f"{LIB}/libcuda.so.{DRIVER_VERSION}"] == real_cuda  # the real file
+    assert f"{LIB}/libcuda.so.1" not in mounts  # a link the hook creates, not a second mount
+    assert links_of(files, "compute")[f"{LIB}/libcuda.so.1"] == f"libcuda.so.{DRIVER_VERSION}"
+    assert links_of(files, "compute")[f"{LIB}/libcuda.so"] == "libcuda.so.1"  # the whole chain
+    assert links_of(files, "utility")[f"{LIB}/libnvidia-ml.so.1"] == (
+        f"libnvidia-ml.so.{DRIVER_VERSION}"
+    )
+    assert f"{LIB}/libnvidia-gpucomp.so.{DRIVER_VERSION}" in mounts
+    assert f"{LIB}/libcuda.so.{OLD_VERSION}" not in mounts  # another driver's leftovers
+    assert f"{LIB}/libc.so.6" not in mounts
+    assert not any(p.startswith(f"/{LIB_DIR}/") for p in mounts)  # no host layout in containers
     assert {
         "/usr/bin/nvidia-smi",
         "/usr/bin/nvidia-debugdump",
@@ -47,13 +58,100 @@ def test_driver_libraries_are_mounted_read_only_also_under_their_sonames(tmp_pat
     assert files.dev_root == tmp_path / "driver-root"
 
 
-def test_a_missing_soname_link_is_still_mounted_under_the_soname(tmp_path: Path) -> None:
+def test_libraries_are_grouped_by_driver_capability(tmp_path: Path) -> None:
+    files = files_for(tmp_path)
+
+    def names(capability: str) -> set[str]:
+        return {
+            m.container_path.rsplit("/", 1)[1].split(".so")[0]
+            for m in files.mounts_by_capability.get(capability, ())
+        }
+
+    assert {"libcuda", "libnvidia-ptxjitcompiler", "libnvidia-nvvm"} <= names("compute")
+    assert {"libnvidia-ml", "libnvidia-cfg", "nvidia-smi"} <= names("utility")
+    assert names("video") == {"libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow"}
+    default = json.dumps(files.edits(cdi.DEFAULT_CAPABILITIES))
+    assert "libnvcuvid" not in default and "libcuda" in default
+    video = json.dumps(files.edits(cdi.DEFAULT_CAPABILITIES | {"video"}))
+    assert "libnvcuvid" in video and "libnvidia-encode" in video and "libcuda" in video
+
+
+def test_files_are_found_in_the_agents_view_and_named_as_the_host_sees_them(
+    tmp_path: Path,
+) -> None:
+    # The chart mounts the host's driver root at /driver-root: scanning the host path from inside
+    # the container would find nothing (or the image's own files).
+    fake = make_fake_driver(tmp_path, lib_dir="usr/lib64")
+    host_root = Path("/run/nvidia/driver")
+    files = cdi.find_driver_files(
+        driver_root=fake.root,
+        host_driver_root=host_root,
+        driver_version=DRIVER_VERSION,
+        proc_root=fake.proc_root,
+    )
+    mounts = {m.container_path: m.host_path for m in files.mounts}
+    assert mounts[f"{LIB}/libcuda.so.{DRIVER_VERSION}"] == (
+        f"/run/nvidia/driver/usr/lib64/libcuda.so.{DRIVER_VERSION}"
+    )
+    assert mounts["/usr/bin/nvidia-smi"] == "/run/nvidia/driver/usr/bin/nvidia-smi"
+    assert all(h.startswith("/run/nvidia/driver/") for h in mounts.values())
+    assert files.dev_root == host_root  # the driver container's root holds dev/nvidiactl
+    assert files.node("/dev/nvidia0").host_path == "/run/nvidia/driver/dev/nvidia0"
+
+
+def test_device_nodes_are_on_the_host_unless_the_driver_root_holds_nvidiactl(
+    tmp_path: Path,
+) -> None:
+    fake = make_fake_driver(tmp_path, device_nodes=False)
+    (fake.root / "dev").mkdir()  # a dev/ without the driver's nodes (a plain install tree)
+    (fake.root / "dev/null").write_text("")
+    files = cdi.find_driver_files(
+        driver_root=fake.root,
+        host_driver_root=Path("/run/nvidia/driver"),
+        driver_version=DRIVER_VERSION,
+        proc_root=fake.proc_root,
+    )
+    assert files.dev_root == Path("/")
+    assert files.node("/dev/nvidia0").host_path == "/dev/nvidia0"
+
+
+def test_a_missing_soname_link_is_still_created(tmp_path: Path) -> None:
     fake = make_fake_driver(tmp_path)
     (fake.root / LIB_DIR / "libnvidia-ml.so.1").unlink()
     files = cdi.find_driver_files(
         driver_root=fake.root, driver_version=DRIVER_VERSION, proc_root=fake.proc_root
     )
-    assert f"/{LIB_DIR}/libnvidia-ml.so.1" in {m.container_path for m in files.mounts}
+    assert links_of(files, "utility")[f"{LIB}/libnvidia-ml.so.1"] == (
+        f"libnvidia-ml.so.{DRIVER_VERSION}"
+    )
+
+
+def test_the_hook_creates_the_links_and_refreshes_the_loader_cache(tmp_path: Path) -> None:
+    files = dataclasses.replace(files_for(tmp_path), hook_path="/var/lib/x/bin/gpu-dra-cdi-hook-1")
+    hooks = files.edits(cdi.DEFAULT_CAPABILITIES)["hooks"]
+    assert [h["hookName"] for h in hooks] == ["createContainer", "createContainer"]
+    assert {h["path"] for h in hooks} == {"/var/lib/x/bin/gpu-dra-cdi-hook-1"}
+    symlinks, ldcache = hooks[0]["args"], hooks[1]["args"]
+    assert symlinks[:2] == ["gpu-dra-cdi-hook-1", "create-symlinks"]
+    assert f"libcuda.so.{DRIVER_VERSION}::{LIB}/libcuda.so.1" in symlinks
+    assert f"libcuda.so.1::{LIB}/libcuda.so" in symlinks
+    assert all(a == "--link" for a in symlinks[2::2])
+    assert ldcache == ["gpu-dra-cdi-hook-1", "update-ldcache", "--folder", LIB]
+
+
+def test_without_a_hook_every_link_name_is_a_mount_of_its_file(tmp_path: Path) -> None:
+    files = files_for(tmp_path)
+    assert files.hook_path is None
+    edits = files.edits(cdi.DEFAULT_CAPABILITIES)
+    assert "hooks" not in edits
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    real_cuda = str(files_for_root(tmp_path) / LIB_DIR / f"libcuda.so.{DRIVER_VERSION}")
+    assert mounts[f"{LIB}/libcuda.so.1"] == real_cuda
+    assert mounts[f"{LIB}/libcuda.so"] == real_cuda  # libcuda.so -> .so.1 -> the file
+
+
+def files_for_root(tmp: Path) -> Path:
+    return tmp / "driver-root"
 
 
 def test_absolute_links_resolve_inside_the_driver_root(tmp_path: Path) -> None:
@@ -68,7 +166,8 @@ def test_absolute_links_resolve_inside_the_driver_root(tmp_path: Path) -> None:
         driver_root=fake.root, driver_version=DRIVER_VERSION, proc_root=fake.proc_root
     )
     mounts = {m.container_path: m.host_path for m in files.mounts}
-    assert mounts[f"/{LIB_DIR}/libcuda.so.1"] == str(fake.library("libcuda"))
+    assert mounts[f"{LIB}/libcuda.so.{DRIVER_VERSION}"] == str(fake.library("libcuda"))
+    assert links_of(files, "compute")[f"{LIB}/libcuda.so.1"] == f"libcuda.so.{DRIVER_VERSION}"
     assert all(h.startswith(str(fake.root)) for h in mounts.values())
 
 
@@ -76,7 +175,7 @@ def test_mig_capability_minors_follow_the_kernel_table(tmp_path: Path) -> None:
     files = files_for(tmp_path)
     assert files.mig_cap_minor("gpu0/gi0/access") == 3
     assert files.mig_cap_minor("gpu3/gi3/ci3/access") == 439
-    without_table = cdi.DriverFiles(dev_root=Path("/"), mounts=())
+    without_table = cdi.DriverFiles(dev_root=Path("/"))
     for name, minor in files.mig_cap_minors.items():  # the formula agrees with every table line
         assert without_table.mig_cap_minor(name) == minor
 
@@ -93,7 +192,7 @@ def whole_json(spec: dict[str, Any]) -> bytes:
 
 
 def test_spec_uses_the_lowest_version_its_fields_need() -> None:
-    files = cdi.DriverFiles(dev_root=Path("/"), mounts=())
+    files = cdi.DriverFiles(dev_root=Path("/"))
     node = (files.node("/dev/nvidia0"),)
     plain = claim_spec(vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",
                            devices=[cdi.ClaimDevice("gpu-0", node)], files=files)  # fmt: skip
@@ -102,7 +201,7 @@ def test_spec_uses_the_lowest_version_its_fields_need() -> None:
         vendor=VENDOR, claim_uid=UID, devices=[cdi.ClaimDevice("gpu-0", node)], files=files
     )
     assert digit["cdiVersion"] == "0.5.0"  # a device name starting with a digit needs 0.5.0
-    host = cdi.DriverFiles(dev_root=Path("/run/nvidia/driver"), mounts=())
+    host = cdi.DriverFiles(dev_root=Path("/run/nvidia/driver"))
     hosted_device = cdi.ClaimDevice("gpu-0", (host.node("/dev/nvidia0"),))
     hosted = claim_spec(
         vendor=VENDOR, claim_uid="abcdef00-0000-4000-8000-000000000000",

@@ -20,10 +20,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dra_driver import cdi
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.config import Config
-from dra_driver.gpus.fakedriver import LIB_DIR, make_fake_driver, simulated_inventory
+from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
@@ -106,16 +107,19 @@ def test_container_gets_device_nodes_environment_and_driver_files(
             assert cdi_ids == [f"k8s.{driver}/claim={uid}-gpu-1"]
             assert spec.exists()
 
-            lib = f"/{LIB_DIR}"
+            lib = cdi.CONTAINER_LIB_DIR
             script = (
                 "for n in /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do "
                 "[ -c $n ] && echo node-ok $n; done; "
                 "[ -e /dev/nvidia0 ] || echo no-other-gpu; "
                 'echo "env NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; '
-                f"cat {lib}/libcuda.so.1 {lib}/libcuda.so.{DRIVER_VERSION} {lib}/libnvidia-ml.so.1 "
+                f"cat {lib}/libcuda.so {lib}/libcuda.so.1 {lib}/libnvidia-ml.so.1 "
                 f"{lib}/libnvidia-nvvm.so.4 {lib}/libnvidia-gpucomp.so.{DRIVER_VERSION}; "
+                f"readlink {lib}/libcuda.so; readlink {lib}/libcuda.so.1; "
+                f"[ -e {lib}/libnvcuvid.so.1 ] || echo no-video-libs; "
+                "cat /etc/ld.so.conf.d/00-gpu-dra.conf | grep -v '^#'; "
                 "[ -x /usr/bin/nvidia-smi ] && echo tool-ok; "
-                f"touch {lib}/libcuda.so.1 2>/dev/null || echo read-only-ok"
+                f"touch {lib}/libcuda.so.{DRIVER_VERSION} 2>/dev/null || echo read-only-ok"
             )
             run = subprocess.run(
                 ["podman", "run", "--rm", "--network=none", *(f"--device={i}" for i in cdi_ids),
@@ -140,6 +144,10 @@ def test_container_gets_device_nodes_environment_and_driver_files(
                 f"libnvidia-ml {DRIVER_VERSION}",
                 f"libnvidia-nvvm {DRIVER_VERSION}",
                 f"libnvidia-gpucomp {DRIVER_VERSION}",
+                "libcuda.so.1",  # the chain libcuda.so -> libcuda.so.1 -> the versioned file
+                f"libcuda.so.{DRIVER_VERSION}",
+                "no-video-libs",
+                lib,
                 "tool-ok",
                 "read-only-ok",
             ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,10 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
     "libnvidia-allocator": ("libnvidia-allocator.so.1",),
     "libnvidia-cfg": ("libnvidia-cfg.so.1",),
     "libnvidia-opencl": ("libnvidia-opencl.so.1",),
+    # the "video" capability's libraries: mounted only for claims that ask for video
+    "libnvcuvid": ("libnvcuvid.so.1",),
+    "libnvidia-encode": ("libnvidia-encode.so.1",),
+    "libnvidia-opticalflow": ("libnvidia-opticalflow.so.1",),
 }
 TOOLS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
 OLD_VERSION = "535.54.03"
@@ -46,9 +51,10 @@ class FakeDriver:
     root: Path  # the driver root (NVIDIA_DRIVER_ROOT)
     proc_root: Path  # stands in for /proc
     real_nodes: bool  # device nodes are character devices
+    lib_dir: str = LIB_DIR  # where the libraries are, relative to the root
 
     def library(self, name: str) -> Path:
-        return self.root / LIB_DIR / f"{name}.so.{DRIVER_VERSION}"
+        return self.root / self.lib_dir / f"{name}.so.{DRIVER_VERSION}"
 
 
 def make_node(path: Path) -> bool:
@@ -61,13 +67,28 @@ def make_node(path: Path) -> bool:
     return False
 
 
-def make_fake_driver(base: Path, *, gpu_minors: range = range(8)) -> FakeDriver:
+def make_fake_driver(
+    base: Path,
+    *,
+    gpu_minors: range = range(8),
+    lib_dir: str = LIB_DIR,
+    library_bytes: Callable[[str], bytes] | None = None,
+    device_nodes: bool = True,
+) -> FakeDriver:
+    """A driver install under ``base/driver-root``: libraries in ``lib_dir`` (the Debian
+    multiarch directory, or ``usr/lib64`` as RHEL-family hosts have it), each holding
+    ``library_bytes(name)`` (default: a line of text naming it; tests that load them give real
+    ELF objects), tools, and with ``device_nodes`` a ``dev/`` with the control and GPU nodes
+    (as a driver container's root has; a host install keeps them in the host's /dev)."""
     root = base / "driver-root"
-    libdir = root / LIB_DIR
+    libdir = root / lib_dir
     libdir.mkdir(parents=True)
     for lib, links in LIBRARIES.items():
         real = libdir / f"{lib}.so.{DRIVER_VERSION}"
-        real.write_text(f"{lib} {DRIVER_VERSION}\n")
+        if library_bytes is None:
+            real.write_text(f"{lib} {DRIVER_VERSION}\n")
+        else:
+            real.write_bytes(library_bytes(lib))
         for link in links:
             (libdir / link).symlink_to(real.name)
     # a library of an older driver left behind must not be mounted
@@ -79,11 +100,9 @@ def make_fake_driver(base: Path, *, gpu_minors: range = range(8)) -> FakeDriver:
     for tool in TOOLS:
         (bindir / tool).write_text(f"#!/bin/sh\necho {tool}\n")
         (bindir / tool).chmod(0o755)
-    real_nodes = True
-    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        real_nodes = make_node(root / "dev" / name) and real_nodes
-    for minor in gpu_minors:
-        make_node(root / "dev" / f"nvidia{minor}")
+    real_nodes = os.geteuid() == 0
+    if device_nodes:
+        make_device_nodes(root / "dev", gpu_minors=gpu_minors)
     proc_root = base / "proc"
     caps = proc_root / "driver/nvidia-caps"
     caps.mkdir(parents=True)
@@ -97,7 +116,15 @@ def make_fake_driver(base: Path, *, gpu_minors: range = range(8)) -> FakeDriver:
                 lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
                 minor += 1
     (caps / "mig-minors").write_text("\n".join(lines) + "\n")
-    return FakeDriver(root=root, proc_root=proc_root, real_nodes=real_nodes)
+    return FakeDriver(root=root, proc_root=proc_root, real_nodes=real_nodes, lib_dir=lib_dir)
+
+
+def make_device_nodes(dev: Path, *, gpu_minors: range = range(8)) -> None:
+    """The control nodes and one node per GPU minor under ``dev``."""
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+        make_node(dev / name)
+    for minor in gpu_minors:
+        make_node(dev / f"nvidia{minor}")
 
 
 def simulated_inventory(spec: str, *, node_name: str) -> Inventory:
