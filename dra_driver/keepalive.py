@@ -4,16 +4,27 @@ Place in the flow: kube.py sends the ResourceClaim GET of every NodePrepareResou
 :class:`KeepAliveGetter`; every other call (slices, watches, events, discovery) goes through the
 official client.
 
-Why this one call does not: inside a prepare on a small node VM (see bench/bench_prepare.py),
-the official client's request path (ApiClient, RESTClientObject, urllib3's PoolManager,
-connection pool and response object) costs about 0.9 ms of CPU per call, plain ``http.client``
-(whose header parsing goes through the ``email`` package) about 0.5 ms, and this module about
-0.2 ms, out of a 3 ms budget for the whole prepare. Here a request is one ``sendall`` of bytes
-whose header block is built once per set of headers, and the response is read by a small HTTP/1.1
-reader that frames a body as RFC 9112 says: ``Content-Length``, chunked (extensions and trailer
-fields read and ignored), ending with the connection; interim 1xx answers skipped; keep-alive as
-HTTP/1.1 and 1.0 state it; anything malformed refused. (``httptools``, the llhttp parser, was as
-fast but adds 0.26 MiB to an agent whose memory target has 0.5 MiB to spare.)
+Why this one call does not: the official client's request path (ApiClient, RESTClientObject,
+urllib3's PoolManager, connection pool and response object) costs several times the CPU of this
+one. bench/bench_claim_get.py measures the whole ``KubeClient.get_resource_claim`` both ways on one
+kept-alive connection, the local API server in its own process (2-core development VM, Python
+3.11, median of 30 batches of 100 GETs):
+
+    per GET                  CPU, HTTP   wall, HTTP   CPU, HTTPS   wall, HTTPS
+    this module              0.075 ms    0.236 ms     0.099 ms     0.272 ms
+    official client          0.326 ms    0.504 ms     0.358 ms     0.545 ms
+    gain                     0.251 ms    0.268 ms     0.258 ms     0.273 ms
+
+well above the 0.1 ms per GET under which the official client would do (issue 10), out of a 3 ms
+budget for the whole prepare. (Inside a prepare on a small node VM, bench/bench_prepare.py, the
+official client's path cost about 0.9 ms of CPU, plain ``http.client``, whose header parsing goes
+through the ``email`` package, about 0.5 ms, and this module about 0.2 ms.) Here a request is one
+``sendall`` of bytes whose header block is built once per set of headers, and the response is
+read by a small HTTP/1.1 reader that frames a body as RFC 9112 says: ``Content-Length``, chunked
+(extensions and trailer fields read and ignored), ending with the connection; interim 1xx answers
+skipped; keep-alive as HTTP/1.1 and 1.0 state it; anything malformed refused. (``httptools``,
+the llhttp parser, was as fast but adds 0.26 MiB to an agent whose memory target has 0.5 MiB to
+spare.)
 
 What stays the official client's: the host, the TLS settings (CA file or data, client
 certificate, ``verify_ssl``, ``tls_server_name``, ``assert_hostname=False``) and the request
@@ -22,27 +33,60 @@ is used). A configuration this module does not handle exactly as the official cl
 proxy in use, custom socket options, a non-boolean ``assert_hostname``) makes
 :meth:`KeepAliveGetter.for_configuration` return None, and the caller keeps the official path.
 
+Rotated TLS files: the files the configuration names (``ssl_ca_cert``, which is the in-cluster
+ServiceAccount's ``ca.crt`` in a Pod or a kubeconfig's ``certificate-authority``; ``cert_file``
+and ``key_file``, the client certificate) are looked at with ``os.stat`` at most once a second,
+by the GET that comes due; the paths are read from the configuration each time, since a
+kubeconfig's refresh hook may set new ones. When a path, inode (a Secret volume update swaps a
+symlink), size or modification time changed, the SSLContext is built again and the idle
+connections made with the old one are closed (one still in use is closed when it comes back):
+a connection made with the old client certificate would go on presenting it. A rebuild that
+fails (a rotation half done: a new certificate beside the old key) keeps the old context, logs a
+warning once, and is tried again at the next check. (urllib3 reads the files again for every new
+connection, but keeps the connections it pooled with the old ones.) Certificate data given inline
+(``ca_cert_data``) cannot change.
+
+The deadline: ``timeout_s`` (10 s by default; kube.py passes its own ``timeout_s``) bounds a
+whole GET, connect, TLS handshake, request and the whole answer, a retry included. Every wait on
+the socket is given what is left of it, so a server that sends one byte every half second cannot
+hold a prepare (the kubelet gives a NodePrepareResources call 45 s in all) past it. Only name
+resolution is not bounded (``getaddrinfo`` cannot be interrupted; in a Pod the API server is an
+IP address). A passed deadline is ``TimeoutError``, naming the limit.
+
 Transport failures are raised as they come (``OSError``, ``ssl.SSLError``,
-``http.client.HTTPException`` for a response that breaks the protocol); the caller maps them.
-There is one retry, the one every HTTP client makes: a GET on a reused connection that the
-server closed while it sat idle is sent again on a new connection. A timeout is never retried.
+``http.client.HTTPException`` for a response that breaks the protocol, ``TimeoutError``); the
+caller maps them. There is one retry, the one every HTTP client makes: a GET on a reused
+connection that the server closed while it sat idle is sent again on a new connection, within
+the same deadline. A timeout is never retried.
 """
 
 from __future__ import annotations
 
 import http.client
+import logging
+import os
 import re
 import select
 import socket
 import ssl
 import threading
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import certifi
 from urllib3.exceptions import InsecureRequestWarning
+
+log = logging.getLogger(__name__)
+
+# The kubelet gives a whole NodePrepareResources call 45 s (and retries it); one GET must fail
+# well before, so that the prepare can still answer with an error the kubelet reports.
+DEFAULT_TIMEOUT_S = 10.0
+# How often, at most, a GET looks at the TLS files (three stat calls, a few microseconds).
+TLS_CHECK_INTERVAL_S = 1.0
 
 # What a server that closed an idle keep-alive connection looks like to the next request on it.
 # (http.client.RemoteDisconnected, raised for a close before any byte of the answer, is a
@@ -59,6 +103,17 @@ _UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 _UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+@dataclass(frozen=True)
+class TlsSource:
+    """Where a getter's TLS settings come from. ``context()`` builds them from the files (and
+    data) they name; ``files()`` names those files as of now (the paths may change too: a
+    kubeconfig's refresh hook sets them again). A getter builds a new context, and drops its
+    idle connections, when a file named changes."""
+
+    context: Callable[[], ssl.SSLContext]
+    files: Callable[[], tuple[str, ...]] = tuple
+
+
 class KeepAliveGetter:
     """GET over a small pool of keep-alive connections to one API server. Thread-safe."""
 
@@ -67,22 +122,37 @@ class KeepAliveGetter:
         *,
         host: str,
         port: int,
-        tls: ssl.SSLContext | None,
+        tls: TlsSource | None,
         server_hostname: str | None = None,
         connect_timeout_s: float,
-        read_timeout_s: float,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls_check_interval_s: float = TLS_CHECK_INTERVAL_S,
         max_idle: int = 16,
     ) -> None:
+        """``timeout_s`` bounds a whole GET: connect, TLS handshake, request, whole answer
+        (``connect_timeout_s`` bounds the connect alone). ``tls``: None for plain HTTP; its
+        files are looked at (``os.stat``) at most every ``tls_check_interval_s``."""
         self.host = host
         self.port = port
-        self._tls = tls
         self._server_hostname = server_hostname or host
         self._connect_timeout_s = connect_timeout_s
-        self._read_timeout_s = read_timeout_s
+        self._timeout_s = timeout_s
         self._max_idle = max_idle
-        self._idle: list[socket.socket] = []
+        # (socket, generation of the TLS context it was made with)
+        self._idle: list[tuple[socket.socket, int]] = []
         self._lock = threading.Lock()
         self._closed = False
+        # TLS: the context and its generation, replaced together (one attribute, read at once)
+        self._tls_source = tls
+        self._tls_check_interval_s = tls_check_interval_s
+        self._tls_lock = threading.Lock()  # one thread at a time looks at the files
+        self._tls_files_state = _files_state(tls.files()) if tls is not None else ()
+        self._tls_failed_state: tuple[_FileState, ...] | None = None
+        self._tls: tuple[ssl.SSLContext | None, int] = (
+            tls.context() if tls is not None else None,
+            0,
+        )
+        self._next_tls_check = time.monotonic() + tls_check_interval_s
         default_port = 443 if tls is not None else 80
         authority = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         self._host_header = authority if port == default_port else f"{authority}:{port}"
@@ -92,10 +162,16 @@ class KeepAliveGetter:
 
     @classmethod
     def for_configuration(
-        cls, configuration: Any, *, connect_timeout_s: float, read_timeout_s: float
+        cls,
+        configuration: Any,
+        *,
+        connect_timeout_s: float,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        tls_check_interval_s: float = TLS_CHECK_INTERVAL_S,
     ) -> KeepAliveGetter | None:
         """A getter for a ``kubernetes.client.Configuration``, or None where this module would
-        not connect exactly as the official client does (then the caller keeps that client)."""
+        not connect exactly as the official client does (then the caller keeps that client).
+        Its TLS settings are rebuilt from the configuration when a file it names changes."""
         url = urlsplit(configuration.host)
         if url.scheme not in ("http", "https") or not url.hostname:
             return None
@@ -105,29 +181,48 @@ class KeepAliveGetter:
             return None
         if configuration.assert_hostname not in (None, False):
             return None
-        tls = _tls_context(configuration) if url.scheme == "https" else None
+        tls = None
+        if url.scheme == "https":
+            tls = TlsSource(
+                context=lambda: _tls_context(configuration),
+                files=lambda: _tls_files(configuration),
+            )
         return cls(
             host=url.hostname,
             port=url.port or (443 if url.scheme == "https" else 80),
             tls=tls,
             server_hostname=configuration.tls_server_name or None,
             connect_timeout_s=connect_timeout_s,
-            read_timeout_s=read_timeout_s,
+            timeout_s=timeout_s,
+            tls_check_interval_s=tls_check_interval_s,
         )
 
     def get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
-        """``GET path``: the status and the whole body."""
+        """``GET path``: the status and the whole body. ``TimeoutError`` when the whole GET
+        (a retry included) takes longer than ``timeout_s``."""
+        now = time.monotonic()
+        deadline = now + self._timeout_s
         request = self._request(path, headers)
-        sock, reused = self._checkout()
+        if self._tls_source is not None and now >= self._next_tls_check:
+            self._check_tls_files()
         try:
-            status, body, keep = _exchange(sock, request)
+            return self._get(request, deadline)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"no whole answer from the API server within {self._timeout_s:g} s ({exc})"
+            ) from exc
+
+    def _get(self, request: bytes, deadline: float) -> tuple[int, bytes]:
+        sock, generation, reused = self._checkout(deadline)
+        try:
+            status, body, keep = _exchange(sock, request, deadline)
         except _CLOSED_WHILE_IDLE:
             sock.close()
             if not reused:
                 raise
-            sock = self._connect()
+            sock, generation = self._connect(deadline)
             try:
-                status, body, keep = _exchange(sock, request)
+                status, body, keep = _exchange(sock, request, deadline)
             except BaseException:
                 sock.close()
                 raise
@@ -135,7 +230,7 @@ class KeepAliveGetter:
             sock.close()
             raise
         if keep:
-            self._checkin(sock)
+            self._checkin(sock, generation)
         else:
             sock.close()
         return status, body
@@ -144,13 +239,58 @@ class KeepAliveGetter:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
+        for sock, _ in idle:
             sock.close()
 
     @property
     def idle_connections(self) -> int:
         with self._lock:
             return len(self._idle)
+
+    # -- TLS material -----------------------------------------------------------------------
+
+    def _check_tls_files(self) -> None:
+        """Rebuild the TLS context if a file it is read from changed (path, inode, size or
+        modification time), and drop the idle connections made with the old one. A rebuild
+        that fails (a rotation half done: a new certificate beside the old key) keeps the old
+        context and is tried again at the next check."""
+        assert self._tls_source is not None
+        if not self._tls_lock.acquire(blocking=False):
+            return  # another GET is looking; this one goes on with the current context
+        try:
+            now = time.monotonic()
+            if now < self._next_tls_check:
+                return
+            self._next_tls_check = now + self._tls_check_interval_s
+            # the files' state is taken before they are read: a change after this is seen next
+            state = _files_state(self._tls_source.files())
+            if state == self._tls_files_state:
+                return
+            try:
+                context = self._tls_source.context()
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                if state != self._tls_failed_state:
+                    self._tls_failed_state = state
+                    log.warning(
+                        "TLS files of the API server connection changed but cannot be loaded "
+                        "(keeping the previous ones, trying again): %s",
+                        exc,
+                        extra={"files": [s[0] for s in state]},
+                    )
+                return
+            self._tls_files_state = state
+            self._tls_failed_state = None
+            with self._lock:
+                self._tls = (context, self._tls[1] + 1)
+                idle, self._idle = self._idle, []
+        finally:
+            self._tls_lock.release()
+        for sock, _ in idle:
+            sock.close()
+        log.info(
+            "reloaded the TLS files of the API server connection",
+            extra={"files": [s[0] for s in state]},
+        )
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -179,54 +319,72 @@ class KeepAliveGetter:
 
     # -- connections ------------------------------------------------------------------------
 
-    def _checkout(self) -> tuple[socket.socket, bool]:
-        """An idle connection the server has not closed (True), else a new one (False)."""
+    def _checkout(self, deadline: float) -> tuple[socket.socket, int, bool]:
+        """An idle connection the server has not closed (reused: True), else a new one."""
         while True:
             with self._lock:
-                sock = self._idle.pop() if self._idle else None
+                sock, generation = self._idle.pop() if self._idle else (None, 0)
             if sock is None:
-                return self._connect(), False
+                return *self._connect(deadline), False
             if not _closed_by_peer(sock):
-                return sock, True
+                return sock, generation, True
             sock.close()
 
-    def _checkin(self, sock: socket.socket) -> None:
+    def _checkin(self, sock: socket.socket, generation: int) -> None:
         with self._lock:
-            if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(sock)
+            # a connection made with TLS files since replaced is not used again
+            current = generation == self._tls[1]
+            if current and not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append((sock, generation))
                 return
         sock.close()
 
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout_s)
+    def _connect(self, deadline: float) -> tuple[socket.socket, int]:
+        """A new connection (TLS handshake done), and the generation of its TLS context."""
+        context, generation = self._tls
+        sock = socket.create_connection(
+            (self.host, self.port), timeout=min(self._connect_timeout_s, _remaining(deadline))
+        )
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
-                if self._tls.verify_mode == ssl.CERT_NONE:
+            if context is not None:
+                if context.verify_mode == ssl.CERT_NONE:
                     warnings.warn(  # as urllib3 warns the official client's users
                         InsecureRequestWarning(
                             f"Unverified HTTPS request is being made to host '{self.host}'"
                         ),
                         stacklevel=2,
                     )
-                sock = self._tls.wrap_socket(sock, server_hostname=self._server_hostname)
-            sock.settimeout(self._read_timeout_s)
+                sock.settimeout(_remaining(deadline))  # bounds the whole handshake
+                sock = context.wrap_socket(sock, server_hostname=self._server_hostname)
         except BaseException:
             sock.close()
             raise
-        return sock
+        return sock, generation
+
+
+def _remaining(deadline: float) -> float:
+    """Seconds left before ``deadline``; TimeoutError when none are."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("deadline passed")
+    return remaining
 
 
 class _Reader:
     """The bytes of one connection, read as a response needs them."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
         self._sock = sock
+        self._deadline = deadline
         self.buffer = bytearray()
         self.received = 0
 
     def _fill(self) -> bool:
-        """Read what the server sent next; False at the end of the connection."""
+        """Read what the server sent next; False at the end of the connection. The wait is
+        bounded by what is left of the deadline, not by a time per read: a server that sends a
+        byte at a time cannot hold the GET past it."""
+        self._sock.settimeout(_remaining(self._deadline))
         data = self._sock.recv(_RECV_BYTES)
         self.received += len(data)
         self.buffer += data
@@ -321,13 +479,15 @@ def _check_size(size: int) -> None:
         )
 
 
-def _exchange(sock: socket.socket, request: bytes) -> tuple[int, bytes, bool]:
-    """Send ``request``, read its whole response: (status, body, whether to keep the
-    connection), framed as HTTP/1.1 says (RFC 9112 section 6.3). A close before any byte of
-    the answer is ``http.client.RemoteDisconnected``; a malformed, truncated or oversized answer
-    is another ``http.client.HTTPException``."""
+def _exchange(sock: socket.socket, request: bytes, deadline: float) -> tuple[int, bytes, bool]:
+    """Send ``request``, read its whole response by ``deadline``: (status, body, whether to
+    keep the connection), framed as HTTP/1.1 says (RFC 9112 section 6.3). A close before any
+    byte of the answer is ``http.client.RemoteDisconnected``; a malformed, truncated or
+    oversized answer is another ``http.client.HTTPException``; a passed deadline is
+    ``TimeoutError``."""
+    sock.settimeout(_remaining(deadline))  # sendall: a bound on the whole send
     sock.sendall(request)
-    reader = _Reader(sock)
+    reader = _Reader(sock, deadline)
     version, status, fields = reader.head()
     while 100 <= status < 200:  # interim answers (100 Continue, 103 Early Hints)
         if status == 101:
@@ -376,6 +536,31 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+_FileState = tuple[str, int, int, int, int]
+
+
+def _files_state(paths: tuple[str, ...]) -> tuple[_FileState, ...]:
+    """What says a file changed: path, device, inode (a Secret volume swaps a symlink to a new
+    file), size and modification time; -1s for a file that cannot be looked at."""
+    states = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            states.append((path, -1, -1, -1, -1))
+        else:
+            states.append((path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(states)
+
+
+def _tls_files(configuration: Any) -> tuple[str, ...]:
+    """The files the TLS settings of a configuration are read from: the CA file
+    (``ssl_ca_cert``: a kubeconfig's ``certificate-authority``, or the in-cluster
+    ServiceAccount's ``ca.crt``), the client certificate and its key."""
+    paths = (configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file)
+    return tuple(str(p) for p in paths if p)
 
 
 def _tls_context(configuration: Any) -> ssl.SSLContext:

@@ -223,7 +223,9 @@ class KubeClient:
     """Typed access to the few API calls the driver makes. Thread-safe.
 
     Every method raises a KubeError subclass on failure: KubeForbidden names the RBAC rule that is
-    missing, KubeUnavailable covers connection problems, timeouts, 429 and 5xx.
+    missing, KubeUnavailable covers connection problems, timeouts, 429 and 5xx. ``timeout_s`` is
+    the read timeout of a call through the official client, and the deadline of the whole claim
+    GET (connect, TLS handshake, request and whole answer) on the keep-alive path.
     """
 
     def __init__(
@@ -236,8 +238,10 @@ class KubeClient:
         self._api = api_client
         # The prepare path's claim GET goes over plain keep-alive connections when the
         # configuration allows (keepalive.py says why and what is kept); None: official path.
+        # ``timeout_s`` bounds the whole GET there (a server dripping bytes cannot hold a
+        # prepare); its TLS files are reloaded when they change.
         self._getter = KeepAliveGetter.for_configuration(
-            api_client.configuration, connect_timeout_s=connect_timeout_s, read_timeout_s=timeout_s
+            api_client.configuration, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
         )
         self._timeout = (connect_timeout_s, timeout_s)
         self._connect_timeout_s = connect_timeout_s
@@ -621,6 +625,10 @@ def _decoded(
 def _get_failed(exc: Exception, *, resource: str, namespace: str, name: str) -> KubeError:
     """The KubeError for a keep-alive GET that got no usable answer."""
     what = _describe("get", resource, namespace=namespace, name=name)
+    if isinstance(exc, TimeoutError):  # never retried: the deadline was the whole GET's
+        return KubeUnavailable(
+            f"{what}: API server timed out: {exc}", verb="get", resource=resource
+        )
     if isinstance(exc, OSError):  # ssl.SSLError is one, and so is a connection closed under us
         return KubeUnavailable(
             f"{what}: API server unreachable: {exc}", verb="get", resource=resource

@@ -1,14 +1,19 @@
 """keepalive.py: the claim GET of the prepare path over keep-alive connections.
 
-Through KubeClient against the local API server (HTTP and HTTPS, token auth, faults), and the retry
-rules against a scripted socket server that misbehaves on cue.
+Through KubeClient against the local API server (HTTP and HTTPS, token auth, faults), the retry
+rules and the whole-GET deadline against a scripted socket server that misbehaves on cue, and
+the reload of rotated TLS files (CA, client certificate) against a server that checks them.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
+import os
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +23,12 @@ from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient, Configuration
+from kubernetes.config.incluster_config import InClusterConfigLoader
 from urllib3.exceptions import InsecureRequestWarning
 
 from dra_driver import keepalive
 from dra_driver.errors import KubeError, KubeForbidden, KubeUnavailable
-from dra_driver.keepalive import KeepAliveGetter
+from dra_driver.keepalive import KeepAliveGetter, TlsSource
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
@@ -146,7 +152,7 @@ def test_https_verifies_the_server_against_the_configured_ca(tmp_path: Path) -> 
         meta = _add(api, "claim-a")["metadata"]
         kube = _client(api.write_kubeconfig(tmp_path / "kc"))
         try:
-            assert kube._getter is not None and kube._getter._tls is not None
+            assert kube._getter is not None and kube._getter._tls[0] is not None
             got = kube.get_resource_claim(namespace=meta["namespace"], name=meta["name"])
             assert got is not None and got["metadata"]["uid"] == meta["uid"]
         finally:
@@ -224,7 +230,7 @@ def test_configurations_it_cannot_honour_keep_the_official_path(
     getter = KeepAliveGetter.for_configuration(
         _configuration("http://127.0.0.1:6443", **settings),
         connect_timeout_s=1,
-        read_timeout_s=1,
+        timeout_s=1,
     )
     assert (getter is not None) is supported
 
@@ -259,14 +265,16 @@ class _Scripted:
     """Serves request n (counted over all connections) as ``script[n]``: "ok" answers, "ok-close"
     answers with Connection: close, "drop" closes the connection without answering, "hang"
     never answers; bytes are sent as they are (a list of them in separate writes), then the
-    connection stays open, or with ("close", bytes) is closed. ``heads`` keeps each request's
-    header block."""
+    connection stays open, or with ("close", bytes) is closed; ("drip", bytes, seconds) sends
+    one byte every ``seconds`` until the client goes away (``dripped`` counts them). ``heads``
+    keeps each request's header block."""
 
     def __init__(self, script: list[Any]) -> None:
         self.script = script
         self.heads: list[bytes] = []
         self.requests = 0
         self.connections = 0
+        self.dripped = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._held: list[socket.socket] = []
@@ -300,6 +308,9 @@ class _Scripted:
                     self._held.append(conn)
                     threading.Event().wait(5)
                     return
+                if isinstance(step, tuple) and step[0] == "drip":
+                    self._drip(conn, step[1], step[2])
+                    return
                 if isinstance(step, tuple):
                     conn.sendall(step[1])
                     return
@@ -312,13 +323,22 @@ class _Scripted:
                 if step == "ok-close":
                     return
 
-    def getter(self, *, read_timeout_s: float = 2) -> KeepAliveGetter:
+    def _drip(self, conn: socket.socket, data: bytes, interval_s: float) -> None:
+        for i in range(len(data)):
+            try:
+                conn.sendall(data[i : i + 1])
+            except OSError:
+                return  # the client gave up
+            self.dripped += 1
+            time.sleep(interval_s)
+
+    def getter(self, *, timeout_s: float = 2) -> KeepAliveGetter:
         return KeepAliveGetter(
             host="127.0.0.1",
             port=self.port,
             tls=None,
             connect_timeout_s=1,
-            read_timeout_s=read_timeout_s,
+            timeout_s=timeout_s,
         )
 
     def close(self) -> None:
@@ -364,7 +384,7 @@ def test_a_new_connection_closed_under_the_request_is_an_error(
 def test_a_timeout_is_not_retried(scripted: list[_Scripted]) -> None:
     server = _Scripted(["ok", "hang", "ok"])
     scripted.append(server)
-    getter = server.getter(read_timeout_s=0.3)
+    getter = server.getter(timeout_s=0.3)
     try:
         assert getter.get("/a", {}) == (200, b"{}")
         with pytest.raises(TimeoutError):
@@ -523,10 +543,10 @@ def test_the_request_names_the_host_and_cannot_be_split_by_its_headers(
         assert server.requests == 1  # nothing else was sent
     finally:
         getter.close()
-    ipv6 = KeepAliveGetter(host="::1", port=6443, tls=None, connect_timeout_s=1, read_timeout_s=1)
+    ipv6 = KeepAliveGetter(host="::1", port=6443, tls=None, connect_timeout_s=1, timeout_s=1)
     assert ipv6._request("/a", {}).startswith(b"GET /a HTTP/1.1\r\nHost: [::1]:6443\r\n")
     default = KeepAliveGetter(host="api.example", port=80, tls=None, connect_timeout_s=1,
-                              read_timeout_s=1)  # fmt: skip
+                              timeout_s=1)  # fmt: skip
     assert b"\r\nHost: api.example\r\n" in default._request("/a", {})
 
 
@@ -573,3 +593,299 @@ def test_claim_get_headers_are_those_of_the_official_client(settings: dict[str, 
         assert kube._get_headers() == official
     finally:
         kube.close()
+
+
+# --- the deadline of a whole GET -----------------------------------------------------------------
+
+
+def test_a_server_dripping_its_answer_cannot_hold_the_get_past_the_deadline(
+    scripted: list[_Scripted],
+) -> None:
+    # a byte every 0.5 s: every read gets something in time, the whole answer would take 35 s
+    server = _Scripted([("drip", _OK, 0.5), "ok"])
+    scripted.append(server)
+    kube = KubeClient(
+        ApiClient(_configuration(f"http://127.0.0.1:{server.port}")),
+        timeout_s=1.5,
+        connect_timeout_s=1,
+    )
+    try:
+        kube._version = "v1"  # no discovery: the scripted server only answers claim GETs
+        start = time.monotonic()
+        with pytest.raises(
+            KubeUnavailable,
+            match=r"get resourceclaims/claim-a in namespace ns1: API server timed out: "
+            r"no whole answer from the API server within 1\.5 s",
+        ):
+            kube.get_resource_claim(namespace="ns1", name="claim-a")
+        elapsed = time.monotonic() - start
+        assert 1.4 <= elapsed < 2.0
+        assert 2 <= server.dripped < len(_OK)  # it was answering, a byte at a time
+        assert server.requests == 1  # a timeout is not retried
+        assert kube._getter is not None and kube._getter.idle_connections == 0
+    finally:
+        kube.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https-handshake"])
+def test_a_server_that_accepts_but_never_answers_fails_the_get_at_the_deadline(
+    tls: bool,
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(listener.accept()[0])  # never read, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    getter = KeepAliveGetter(
+        host="127.0.0.1",
+        port=listener.getsockname()[1],
+        tls=TlsSource(context=ssl.create_default_context) if tls else None,
+        connect_timeout_s=5,  # the deadline is shorter: it wins
+        timeout_s=0.5,
+    )
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"within 0\.5 s"):
+            getter.get("/a", {})
+        elapsed = time.monotonic() - start
+        assert 0.45 <= elapsed < 1.0
+        assert len(accepted) == 1
+    finally:
+        getter.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_the_deadline_covers_the_retry_on_a_new_connection(scripted: list[_Scripted]) -> None:
+    server = _Scripted(["ok", "drop", "hang"])
+    scripted.append(server)
+    getter = server.getter(timeout_s=0.5)
+    try:
+        assert getter.get("/a", {}) == (200, b"{}")
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            getter.get("/b", {})  # dropped on the reused connection, then no answer
+        assert time.monotonic() - start < 1.0
+        assert (server.requests, server.connections) == (3, 2)
+    finally:
+        getter.close()
+
+
+# --- rotated TLS files ---------------------------------------------------------------------------
+
+
+def _openssl_certificate(directory: Path, name: str, *, ca: str | None = None) -> None:
+    """``name``.crt and ``name``.key (P-256) with CN ``name``: self-signed (a CA) or signed by
+    ``ca`` in ``directory`` (a leaf valid for 127.0.0.1)."""
+    command = [
+        "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-days", "1", "-subj", f"/CN={name}",
+        "-keyout", str(directory / f"{name}.key"), "-out", str(directory / f"{name}.crt"),
+    ]  # fmt: skip
+    if ca is not None:
+        command += [
+            "-CA", str(directory / f"{ca}.crt"), "-CAkey", str(directory / f"{ca}.key"),
+            "-addext", "basicConstraints=critical,CA:FALSE",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+        ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and client certificates client-a and client-b,
+    all from that CA; another CA with its own server certificate."""
+    directory = tmp_path_factory.mktemp("pki")
+    _openssl_certificate(directory, "ca")
+    _openssl_certificate(directory, "server", ca="ca")
+    _openssl_certificate(directory, "client-a", ca="ca")
+    _openssl_certificate(directory, "client-b", ca="ca")
+    _openssl_certificate(directory, "other-ca")
+    _openssl_certificate(directory, "other-server", ca="other-ca")
+    return directory
+
+
+class _MutualTls:
+    """HTTPS that requires a client certificate from the CA ``ca``; answers every GET with the
+    common name of the client certificate its connection was made with."""
+
+    def __init__(self, pki: Path, *, server: str = "server", ca: str = "ca") -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(pki / f"{server}.crt", pki / f"{server}.key")
+        self._context.load_verify_locations(pki / f"{ca}.crt")
+        self._context.verify_mode = ssl.CERT_REQUIRED
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        try:
+            with self._context.wrap_socket(raw, server_side=True) as conn:
+                self.connections += 1
+                cert: Any = conn.getpeercert()
+                subject = dict(field[0] for field in cert["subject"])
+                body = json.dumps({"cn": subject["commonName"]}).encode()
+                buffer = b""
+                while True:
+                    while b"\r\n\r\n" not in buffer:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            return
+                        buffer += chunk
+                    buffer = buffer.partition(b"\r\n\r\n")[2]
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                    )
+        except OSError:  # ssl.SSLError too: a client that did not present a good certificate
+            raw.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _replace(path: Path, content: bytes) -> None:
+    """Write ``path`` anew as a rotation does: a new file moved over the old one."""
+    new = path.with_name(path.name + ".new")
+    new.write_bytes(content)
+    os.replace(new, path)
+
+
+def _client_cn(getter: KeepAliveGetter) -> str:
+    status, body = getter.get("/whoami", {})
+    assert status == 200
+    return str(json.loads(body)["cn"])
+
+
+def test_a_rotated_client_certificate_is_used_from_the_next_get(
+    pki: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = _MutualTls(pki)
+    for name, source in (("ca.crt", "ca.crt"), ("tls.crt", "client-a.crt"),
+                         ("tls.key", "client-a.key")):  # fmt: skip
+        (tmp_path / name).write_bytes((pki / source).read_bytes())
+    configuration = _configuration(
+        f"https://127.0.0.1:{server.port}",
+        ssl_ca_cert=str(tmp_path / "ca.crt"),
+        cert_file=str(tmp_path / "tls.crt"),
+        key_file=str(tmp_path / "tls.key"),
+    )
+    getter = KeepAliveGetter.for_configuration(
+        configuration, connect_timeout_s=1, timeout_s=2, tls_check_interval_s=0
+    )
+    assert getter is not None
+    try:
+        assert [_client_cn(getter), _client_cn(getter)] == ["client-a", "client-a"]
+        assert server.connections == 1
+
+        # a rotation half done: the new certificate beside the old key cannot be loaded, so
+        # the old material (and the connection made with it) stays in use
+        _replace(tmp_path / "tls.crt", (pki / "client-b.crt").read_bytes())
+        with caplog.at_level(logging.WARNING, logger="dra_driver.keepalive"):
+            assert _client_cn(getter) == "client-a"
+            assert _client_cn(getter) == "client-a"
+        said = [r for r in caplog.records if "cannot be loaded" in r.getMessage()]
+        assert len(said) == 1  # once, not at every check
+        assert server.connections == 1
+
+        _replace(tmp_path / "tls.key", (pki / "client-b.key").read_bytes())
+        assert _client_cn(getter) == "client-b"
+        assert server.connections == 2  # the connection with the old certificate was dropped
+        assert getter.idle_connections == 1
+    finally:
+        getter.close()
+        server.close()
+
+
+def test_a_rotated_ca_file_is_trusted_from_the_next_get(pki: Path, tmp_path: Path) -> None:
+    server = _MutualTls(pki, server="other-server", ca="ca")  # a server from another CA
+    (tmp_path / "ca.crt").write_bytes((pki / "ca.crt").read_bytes())
+    configuration = _configuration(
+        f"https://127.0.0.1:{server.port}",
+        ssl_ca_cert=str(tmp_path / "ca.crt"),
+        cert_file=str(pki / "client-a.crt"),
+        key_file=str(pki / "client-a.key"),
+    )
+    getter = KeepAliveGetter.for_configuration(
+        configuration, connect_timeout_s=1, timeout_s=2, tls_check_interval_s=0
+    )
+    assert getter is not None
+    try:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            getter.get("/whoami", {})
+        _replace(tmp_path / "ca.crt", (pki / "other-ca.crt").read_bytes())
+        assert _client_cn(getter) == "client-a"
+    finally:
+        getter.close()
+        server.close()
+
+
+def _project(directory: Path, files: dict[str, bytes], *, version: int) -> None:
+    """Write ``files`` as the kubelet updates a Secret or projected volume (the ServiceAccount's
+    token and ca.crt): into a new directory, then one atomic swap of the ``..data`` symlink the
+    files' own symlinks go through."""
+    directory.mkdir(exist_ok=True)
+    target = directory / f"..{version}"
+    target.mkdir()
+    for name, content in files.items():
+        (target / name).write_bytes(content)
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(f"..data/{name}")
+    (directory / "..data_tmp").symlink_to(target.name)
+    os.replace(directory / "..data_tmp", directory / "..data")
+
+
+def test_the_in_cluster_ca_file_is_reloaded_when_its_volume_is_updated(tmp_path: Path) -> None:
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        meta = _add(api, "claim-a")["metadata"]
+        right_ca = FakeKubeApi._certificate(tmp_path / "tls")[0].read_bytes()
+        wrong_ca = FakeKubeApi._certificate(tmp_path / "other-ca")[0].read_bytes()
+        account = tmp_path / "serviceaccount"
+        _project(account, {"token": b"sa-token", "ca.crt": wrong_ca}, version=1)
+        configuration = Configuration()
+        InClusterConfigLoader(
+            token_filename=str(account / "token"),
+            cert_filename=str(account / "ca.crt"),
+            environ={
+                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(api.port),
+            },
+        ).load_and_set(configuration)
+        # what the official client is given, and what the getter watches
+        assert configuration.ssl_ca_cert == str(account / "ca.crt")
+        kube = KubeClient(ApiClient(configuration), timeout_s=2, connect_timeout_s=1)
+        try:
+            kube._version = "v1"  # no discovery: the official client would fail the same way
+
+            def get() -> dict[str, Any] | None:
+                return kube.get_resource_claim(namespace=meta["namespace"], name=meta["name"])
+
+            with pytest.raises(KubeUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+                get()
+            _project(account, {"token": b"sa-token", "ca.crt": right_ca}, version=2)
+            # the files are looked at once a second at most, not at every GET
+            with pytest.raises(KubeUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+                get()
+            time.sleep(keepalive.TLS_CHECK_INTERVAL_S + 0.05)
+            claim = get()
+            assert claim is not None and claim["metadata"]["uid"] == meta["uid"]
+        finally:
+            kube.close()
+    finally:
+        api.stop()
