@@ -6,20 +6,44 @@ that apply to a device (class configs first, then claim configs, later wins) and
 decodes them strictly, with the same kinds and field names as NVIDIA's driver
 (nvidia-compat.md "Opaque configuration"): an unknown kind or field is an error for that claim,
 never silently ignored, and a GpuConfig on a MIG device (or the reverse) is refused.
+
+Decoding is complete, so a mistake anywhere in a config is reported precisely; carrying a config
+out is a separate question (``check_supported``): a config that asks for what the agent does not
+do yet (``sharing``: time slicing, MPS) is refused for that claim, never accepted and ignored.
+
+``driverCapabilities`` is an extension of ours (NVIDIA's driver does not know the field): the
+NVIDIA container runtime's ``NVIDIA_DRIVER_CAPABILITIES`` names, which select the driver
+libraries a claim's CDI spec mounts (``driver_capabilities``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
-from dra_driver.errors import ConfigDecodeError
+from dra_driver.errors import ConfigDecodeError, ConfigNotSupported
 from dra_driver.quantity import QuantityError, parse_quantity
 
 API_VERSION: Literal["resource.nvidia.com/v1beta1"] = "resource.nvidia.com/v1beta1"
 DeviceType = Literal["gpu", "mig"]
+
+# The NVIDIA container runtime's NVIDIA_DRIVER_CAPABILITIES names that a claim may ask for; "all"
+# stands for every one of them.
+ALL_DRIVER_CAPABILITIES: Final = ("compute", "utility", "video", "graphics", "display")
+# What a device gets when no config names any: the container runtime's own default.
+DEFAULT_DRIVER_CAPABILITIES: Final = frozenset({"compute", "utility"})
+_ALL: Final = "all"
 
 
 class _Strict(BaseModel):
@@ -30,31 +54,36 @@ class TimeSlicingConfig(_Strict):
     interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
 
 
-def _check_quantity(value: str) -> str:
+def _quantity(value: object) -> str:
+    """A Kubernetes quantity as NVIDIA's driver reads it (``resource.Quantity``, which takes a
+    JSON string or a JSON number: its UnmarshalJSON parses the number's text as a quantity),
+    normalized to the canonical string the API server writes (``1024Mi`` -> ``1Gi``).
+
+    A JSON number arrives here as int or float. A float is read back from its shortest
+    round-trip text, which has the value of the JSON text whenever that has at most 15
+    significant digits; only the format may then differ from Go's (``1.5e9`` becomes ``1500M``,
+    Go writes ``1500e6``).
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(
+            f"a quantity must be a string such as '10Gi' or a number, not {type(value).__name__}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a valid quantity")
+    text = value if isinstance(value, str) else repr(value)
     try:
-        parse_quantity(value)
+        return parse_quantity(text).canonical()
     except QuantityError as exc:
         raise ValueError(str(exc)) from exc
-    return value
+
+
+QuantityText = Annotated[str, BeforeValidator(_quantity)]
 
 
 class MpsConfig(_Strict):
     defaultActiveThreadPercentage: Annotated[int, Field(ge=0, le=100)] | None = None  # noqa: N815
-    defaultPinnedDeviceMemoryLimit: str | None = None  # noqa: N815
-    defaultPerDevicePinnedMemoryLimit: dict[str, str] | None = None  # noqa: N815
-
-    @field_validator("defaultPinnedDeviceMemoryLimit")
-    @classmethod
-    def _limit_is_quantity(cls, value: str | None) -> str | None:
-        return None if value is None else _check_quantity(value)
-
-    @field_validator("defaultPerDevicePinnedMemoryLimit")
-    @classmethod
-    def _limits_are_quantities(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None:
-            for limit in value.values():
-                _check_quantity(limit)
-        return value
+    defaultPinnedDeviceMemoryLimit: QuantityText | None = None  # noqa: N815
+    defaultPerDevicePinnedMemoryLimit: dict[str, QuantityText] | None = None  # noqa: N815
 
 
 class GpuSharing(_Strict):
@@ -82,16 +111,34 @@ class MigSharing(_Strict):
         return self
 
 
+def _check_capabilities(names: list[str]) -> list[str]:
+    allowed = (*ALL_DRIVER_CAPABILITIES, _ALL)
+    if not names:
+        raise ValueError(f"must name at least one capability (allowed: {', '.join(allowed)})")
+    for name in names:
+        if name not in allowed:
+            raise ValueError(f"unknown driver capability {name!r} (allowed: {', '.join(allowed)})")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"driver capability {repeated[0]!r} is listed more than once")
+    return names
+
+
+DriverCapabilities = Annotated[list[str], AfterValidator(_check_capabilities)]
+
+
 class GpuConfig(_Strict):
     apiVersion: Literal["resource.nvidia.com/v1beta1"] = API_VERSION  # noqa: N815
     kind: Literal["GpuConfig"] = "GpuConfig"
     sharing: GpuSharing | None = None
+    driverCapabilities: DriverCapabilities | None = None  # noqa: N815
 
 
 class MigDeviceConfig(_Strict):
     apiVersion: Literal["resource.nvidia.com/v1beta1"] = API_VERSION  # noqa: N815
     kind: Literal["MigDeviceConfig"] = "MigDeviceConfig"
     sharing: MigSharing | None = None
+    driverCapabilities: DriverCapabilities | None = None  # noqa: N815
 
 
 DeviceConfig = GpuConfig | MigDeviceConfig
@@ -144,6 +191,32 @@ def check_fits(config: DeviceConfig, *, device_type: DeviceType, device_name: st
         )
 
 
+def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> None:
+    """Refuse a valid config that asks for what this agent does not carry out yet.
+
+    Today that is any ``sharing`` (time slicing or MPS, on a GPU or a MIG device): accepting it
+    would hand out the device exclusively while the claim believes it is shared.
+    """
+    if config.sharing is not None:
+        raise ConfigNotSupported(
+            f"the config of request {request} (device {device_name}): sharing (strategy "
+            f"{config.sharing.strategy}) is not supported by this driver yet; remove `sharing` "
+            "to get exclusive access"
+        )
+
+
+def driver_capabilities(config: DeviceConfig) -> frozenset[str]:
+    """The driver capabilities a device's container gets: ``all`` expanded, and
+    ``DEFAULT_DRIVER_CAPABILITIES`` when the config does not name any."""
+    names = config.driverCapabilities
+    if names is None:
+        return DEFAULT_DRIVER_CAPABILITIES
+    if _ALL in names:
+        return frozenset(ALL_DRIVER_CAPABILITIES)
+    return frozenset(names)
+
+
 def to_json(config: DeviceConfig) -> dict[str, Any]:
-    """The effective config as JSON for the checkpoint (fields left at default omitted)."""
+    """The effective config as JSON for the checkpoint (fields left at default omitted);
+    ``decode`` of it gives the same config back."""
     return config.model_dump(mode="json", exclude_none=True)

@@ -21,6 +21,7 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   ├── ClaimFetchFailed      the ResourceClaim could not be read from the API
     │   ├── DeviceConflict        a device is already prepared for another claim
     │   └── ConfigDecodeError     an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
+    │       └── ConfigNotSupported  a valid config asks for what the agent does not do (sharing)
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
     │   └── CheckpointCorrupt     truncated, garbage, wrong checksum or unknown version
@@ -126,6 +127,11 @@ class DeviceConflict(PrepareError):
 
 class ConfigDecodeError(PrepareError):
     """An opaque device configuration of our driver is invalid."""
+
+
+class ConfigNotSupported(ConfigDecodeError):
+    """A valid opaque configuration asks for what the agent does not carry out yet (sharing);
+    refused for that claim rather than accepted and ignored. Same ``error_type`` (``config``)."""
 
 
 class CdiError(DraError):

@@ -367,8 +367,9 @@ class Preparer:
             config = _effective(configs, request) or deviceconfig.default_for(target.type)
             try:
                 deviceconfig.check_fits(config, device_type=target.type, device_name=device)
+                deviceconfig.check_supported(config, device_name=device, request=request)
             except ConfigDecodeError as exc:
-                raise ConfigDecodeError(f"{where}: {exc}") from exc
+                raise type(exc)(f"{where}: {exc}") from exc
             share_id = result.get("shareID")
             planned.append(
                 _Planned(

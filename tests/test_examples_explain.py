@@ -14,11 +14,13 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from dra_driver.demo import DEMO_NODE, DEMO_SIMULATE
-from dra_driver.simulator.explain import main
+from dra_driver.simulator.explain import main, simulated_slices
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -71,3 +73,125 @@ def test_example_gets_its_expected_outcome_on_the_demo_node(path: Path) -> None:
     if "requests" in options:
         seen = list(dict.fromkeys(r["request"] for r in results))
         assert seen == options["requests"].split(",")
+
+
+# -- what each example's "What to expect" says beyond its `# expect:` line -----------------------
+
+
+def explain(claim: Path, *extra: str) -> tuple[bool, dict[str, Any]]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main([str(claim), "--node", DEMO_NODE, "-o", "json", *extra], stdout=out, stderr=err)
+    assert rc in (0, 1), err.getvalue()
+    result = json.loads(out.getvalue())
+    assert result["satisfiable"] is (rc == 0)
+    return rc == 0, result
+
+
+def on_demo_node(claim: Path, *extra: str) -> tuple[bool, dict[str, Any]]:
+    return explain(claim, "--simulate", DEMO_SIMULATE, *extra)
+
+
+def results(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        r
+        for claim in result["allocation"]["claims"]
+        for r in claim["allocation"]["devices"]["results"]
+    ]
+
+
+def allocated_file(tmp_path: Path, name: str, devices: list[str], *, admin: bool = False) -> Path:
+    """A claim of another pod that already holds ``devices`` on the demo node (--allocated)."""
+    result = [
+        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": DEMO_NODE, "device": d}
+        | ({"adminAccess": True} if admin else {})
+        for d in devices
+    ]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": result}}},
+    }
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(claim))
+    return path
+
+
+def test_admin_access_results_are_marked_and_block_no_other_claim(tmp_path: Path) -> None:
+    _, result = on_demo_node(EXAMPLES / "admin-access.yaml")
+    assert [r.get("adminAccess") for r in results(result)] == [True] * 5
+    admin = allocated_file(tmp_path, "admin", [r["device"] for r in results(result)], admin=True)
+    ok, result = on_demo_node(EXAMPLES / "whole-gpu.yaml", "--allocated", str(admin))
+    assert ok and [r["device"] for r in results(result)] == ["gpu-0"]
+    # while a claim without admin access does block the device it holds
+    held = allocated_file(tmp_path, "held", ["gpu-0"])
+    ok, result = on_demo_node(EXAMPLES / "whole-gpu.yaml", "--allocated", str(held))
+    assert ok and [r["device"] for r in results(result)] == ["gpu-1"]
+
+
+def test_all_gpus_is_allocated_only_where_no_gpu_is_in_use(tmp_path: Path) -> None:
+    held = allocated_file(tmp_path, "held", ["gpu-3"])
+    ok, _ = on_demo_node(EXAMPLES / "all-gpus.yaml", "--allocated", str(held))
+    assert not ok
+
+
+def test_gpu_40gib_never_takes_the_l4_and_explain_names_the_selector(tmp_path: Path) -> None:
+    held = allocated_file(tmp_path, "held", ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
+    ok, result = on_demo_node(EXAMPLES / "gpu-40gib.yaml", "--allocated", str(held))
+    assert not ok
+    ((request,),) = [node["requests"] for node in result["nodes"]]
+    why = {d["device"]: " ".join(d["reasons"]) for d in request["devices"]}
+    assert "selector" in why["gpu-5"]
+    assert "40Gi" in why["gpu-5"]
+
+
+def test_same_pcie_root_gets_two_gpus_of_one_root_and_nothing_where_each_has_its_own(
+    tmp_path: Path,
+) -> None:
+    slices = simulated_slices(DEMO_SIMULATE, node_name=DEMO_NODE)
+    roots = {
+        d["name"]: d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"]
+        for s in slices
+        for d in s["spec"].get("devices", [])
+    }
+    _, result = on_demo_node(EXAMPLES / "same-pcie-root.yaml")
+    first, second = (r["device"] for r in results(result))
+    assert roots[first] == roots[second]
+    # the same node with every device on a root of its own
+    for s in slices:
+        for i, d in enumerate(s["spec"].get("devices", [])):
+            d["attributes"]["resource.kubernetes.io/pcieRoot"] = {"string": f"pci0000:{i:02x}"}
+    own_roots = tmp_path / "slices.json"
+    own_roots.write_text(json.dumps({"kind": "List", "items": slices}))
+    ok, _ = explain(EXAMPLES / "same-pcie-root.yaml", "--slices", str(own_roots))
+    assert not ok
+
+
+def test_template_deployment_gives_each_replica_a_claim_with_a_gpu_of_its_own(
+    tmp_path: Path,
+) -> None:
+    documents = list(yaml.safe_load_all((EXAMPLES / "template-deployment.yaml").read_text()))
+    (template,) = [d for d in documents if d["kind"] == "ResourceClaimTemplate"]
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"gpu-server-{i}"},
+            "spec": deployment["spec"]["template"]["spec"],
+        }
+        for i in range(deployment["spec"]["replicas"])
+    ]
+    replicas = tmp_path / "replicas.yaml"
+    replicas.write_text(yaml.safe_dump_all([template, *pods]))
+    ok, result = on_demo_node(replicas)
+    assert ok
+    claims = result["allocation"]["claims"]
+    assert [c["claim"] for c in claims] == [
+        "gpu-server-0-gpu",
+        "gpu-server-1-gpu",
+        "gpu-server-2-gpu",
+    ]
+    devices = [r["device"] for r in results(result)]
+    assert len(devices) == 3 == len(set(devices))

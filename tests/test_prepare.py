@@ -29,6 +29,7 @@ from dra_driver.errors import (
     CdiError,
     CheckpointError,
     ConfigDecodeError,
+    ConfigNotSupported,
     KubeUnavailable,
     PrepareError,
 )
@@ -198,47 +199,131 @@ def test_bad_claim_references_never_reach_a_path_or_the_api(
     assert list((env.tmp / "cdi").iterdir()) == []
 
 
+API = "resource.nvidia.com/v1beta1"
+
+
+def caps(*names: str, kind: str = "GpuConfig") -> dict[str, object]:
+    return {"apiVersion": API, "kind": kind, "driverCapabilities": list(names)}
+
+
 def test_class_configs_apply_before_claim_configs_and_the_last_wins(env: Env) -> None:
-    long_slices = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
-    ts = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": long_slices}
-    mps = {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "MPS"},
-    }
     claim = env.store.add(
         allocated_claim(
             name="c1",
             configs=[
-                opaque(mps, source="FromClaim", requests=["gpus"]),  # claim config listed first
-                opaque(ts, source="FromClass", requests=["gpus"]),
+                opaque(caps("video"), source="FromClaim", requests=["gpus"]),  # listed first
+                opaque(caps("graphics"), source="FromClass", requests=["gpus"]),
                 opaque({"anything": 1}, driver="other.example.com"),  # other drivers: ignored
             ],
         )
     )
     (device,) = env.preparer.prepare(env.ref(claim))
-    assert device.config["sharing"] == {"strategy": "MPS"}
+    assert device.config["driverCapabilities"] == ["video"]
 
 
 def test_a_config_for_another_request_does_not_apply(env: Env) -> None:
-    ts = {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "TimeSlicing"},
-    }
     claim = env.store.add(
         allocated_claim(
             name="c1",
             devices=[("a/sub", "gpu-0"), ("b", "gpu-1")],
-            configs=[opaque(ts, requests=["a"])],
+            configs=[opaque(caps("compute", "video"), requests=["a"])],
         )
     )
     a, b = env.preparer.prepare(env.ref(claim))
-    assert a.config["sharing"] == {"strategy": "TimeSlicing"}
-    assert "sharing" not in b.config
+    assert a.config["driverCapabilities"] == ["compute", "video"]
+    assert b.config == {"apiVersion": API, "kind": "GpuConfig"}
 
 
-API = "resource.nvidia.com/v1beta1"
+MPS = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 10 * 2**30}}
+
+
+@pytest.mark.parametrize(
+    ("device", "parameters", "strategy"),
+    [
+        ("gpu-0", {"apiVersion": API, "kind": "GpuConfig", "sharing": MPS}, "MPS"),
+        (
+            "gpu-0",
+            {
+                "apiVersion": API,
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+            },
+            "TimeSlicing",
+        ),
+        (MIG_3G, {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": MPS}, "MPS"),
+        (
+            MIG_3G,
+            {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
+            "TimeSlicing",
+        ),
+    ],
+)
+def test_a_sharing_config_is_refused_with_the_field_named_and_other_claims_still_prepare(
+    env: Env, device: str, parameters: dict[str, object], strategy: str
+) -> None:
+    shared = env.store.add(
+        allocated_claim(name="shared", devices=[device], configs=[opaque(parameters)])
+    )
+    plain = env.store.add(allocated_claim(name="plain", devices=["gpu-1"]))
+    outcomes = env.preparer.prepare_batch([env.ref(shared), env.ref(plain)])
+    refused = outcomes[shared["metadata"]["uid"]]
+    assert refused.error == (
+        f"ResourceClaim default/shared: the config of request gpus (device {device}): sharing "
+        f"(strategy {strategy}) is not supported by this driver yet; remove `sharing` to get "
+        "exclusive access"
+    )
+    assert refused.error_type == "config"
+    assert refused.devices == ()
+    with pytest.raises(ConfigNotSupported):  # the same refusal, outside a batch
+        env.preparer.prepare(env.ref(shared))
+    ok = outcomes[plain["metadata"]["uid"]]
+    assert (ok.error, [d.device for d in ok.devices]) == ("", ["gpu-1"])
+    # nothing of the refused claim is left behind: no spec, no record, its device still free
+    assert env.specs.claim_uids() == {plain["metadata"]["uid"]}
+    assert shared["metadata"]["uid"] not in env.checkpoint.snapshot()
+    again = env.store.add(allocated_claim(name="exclusive", devices=[device]))
+    assert [d.device for d in env.preparer.prepare(env.ref(again))] == [device]
+
+
+def test_a_sharing_config_that_a_later_config_replaces_is_not_refused(env: Env) -> None:
+    sharing = {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}
+    claim = env.store.add(
+        allocated_claim(
+            name="c1",
+            configs=[
+                opaque(sharing, source="FromClass"),  # what the class says is overridden
+                opaque({"apiVersion": API, "kind": "GpuConfig"}, source="FromClaim"),
+            ],
+        )
+    )
+    (device,) = env.preparer.prepare(env.ref(claim))
+    assert device.config == {"apiVersion": API, "kind": "GpuConfig"}
+
+
+def test_an_invalid_sharing_config_reports_its_mistake_not_that_sharing_is_unsupported(
+    env: Env,
+) -> None:
+    typo = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentag": 50}}
+    claim = env.store.add(
+        allocated_claim(
+            name="c1", configs=[opaque({"apiVersion": API, "kind": "GpuConfig", "sharing": typo})]
+        )
+    )
+    with pytest.raises(ConfigDecodeError) as info:
+        env.preparer.prepare(env.ref(claim))
+    assert "sharing.mpsConfig.defaultActiveThreadPercentag: Extra inputs" in str(info.value)
+    assert "not supported" not in str(info.value)
+
+
+def test_the_driver_capabilities_of_a_mig_device_are_recorded_in_the_checkpoint(env: Env) -> None:
+    mig = caps("all", kind="MigDeviceConfig")
+    claim = env.store.add(allocated_claim(name="c1", devices=[MIG_3G], configs=[opaque(mig)]))
+    (device,) = env.preparer.prepare(env.ref(claim))
+    assert device.config == mig
+    record = env.checkpoint.get(claim["metadata"]["uid"])
+    assert record is not None and record.devices[0].config == mig
+
+
 BAD_LIMIT = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}
 
 
@@ -250,6 +335,7 @@ BAD_LIMIT = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 
         ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "apiVersion"),
         ({"apiVersion": API, "kind": "GpuConfig", "sharing": BAD_LIMIT}, "not a valid quantity"),
         ({"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "Spatial"}}, "strategy"),
+        (caps("compute", "vidoe"), r"unknown driver capability 'vidoe' \(allowed: compute, "),
         (["not", "an", "object"], "must be a JSON object"),
     ],
 )
