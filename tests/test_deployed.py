@@ -1,0 +1,505 @@
+"""The deployed form is the test: the agent as the chart's DaemonSet runs it, on a node as the
+kubelet sets it up, and a container started from the CDI devices it returns loads the driver.
+
+For the chart's default values (driver installed on the host, libraries in the Debian multiarch
+directory or in /usr/lib64 as on RHEL-family hosts) and for the GPU operator's layout (driver
+root /run/nvidia/driver with its own dev/), each test:
+
+1. renders the chart with the real ``helm`` and takes the DaemonSet's container: command, env
+   (downward API fields resolved), volumes and volume mounts;
+2. builds a node in a private mount namespace (tests/podsim.py): the driver's files at their host
+   paths (stand-in libraries that are real ELF shared objects with the right sonames, built here
+   with the C compiler), GPU device nodes, the kubelet's directories, the CDI directory;
+3. runs the real agent in a Pod made from that container: its own root (the machine's userland as
+   the image, without the node's driver files), every hostPath volume at its mountPath, an
+   emptyDir /tmp, the ServiceAccount token, in-cluster API access to the local API server;
+4. acts as the kubelet: registration over the registration socket, NodePrepareResources over
+   the DRA socket for two claims (the second asks for the ``video`` driver capability);
+5. starts containers with podman + runc through the returned CDI device IDs, in the node's mount
+   namespace. A program in the container dlopen()s libcuda.so.1, libcuda.so and
+   libnvidia-ml.so.1 and calls a function of each. The container images hold a real glibc
+   loader copied from this machine, laid out like a Debian image or like a RHEL-family image
+   (everything in /usr/lib64, no multiarch directory). The libraries sit in
+   /usr/local/nvidia/lib64, a directory neither loader searches by default; the loader's own
+   trace (LD_DEBUG) must show they were found through the loader cache the CDI hook refreshed.
+
+Needs root, podman, runc, unshare/nsenter, a C compiler and helm; skips saying which is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from dra_driver import cdi
+from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
+from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.gpus.fakedriver import LIBRARIES, make_device_nodes, make_fake_driver
+from dra_driver.gpus.profiles import DRIVER_VERSION
+from dra_driver.localapi import FakeKubeApi
+from tests.claimdata import allocated_claim, opaque
+from tests.test_chart import CHART, HELM, NAMESPACE, RELEASE
+
+REPO = Path(__file__).resolve().parent.parent
+PODSIM = REPO / "tests" / "podsim.py"
+MULTIARCH = "usr/lib/x86_64-linux-gnu"
+BUSYBOX = Path("/bin/busybox")
+NODE = "gpu-node-1"
+CONTAINERS_CONF = """[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+runtime = "runc"
+"""
+
+
+def _missing() -> str:
+    if os.geteuid() != 0:
+        return "needs root (mount namespaces, device nodes, rootful podman)"
+    for tool in ("podman", "runc", "unshare", "nsenter", "cc", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if HELM is None:
+        return "helm not on PATH nor at .tools/bin/helm (run `make helm`)"
+    if not BUSYBOX.exists():
+        return "busybox-static is not installed (/bin/busybox)"
+    if not Path(f"/{MULTIARCH}/libc.so.6").exists():
+        return f"this test copies glibc from /{MULTIARCH} (x86_64 Debian or Ubuntu)"
+    if not cdi_hook_built():
+        return "the CDI hook is not built (make hook)"
+    return ""
+
+
+def cdi_hook_built() -> bool:
+    from dra_driver import cdihook  # noqa: PLC0415
+
+    return cdihook.PACKAGED_BINARY.is_file()
+
+
+pytestmark = [
+    pytest.mark.podman,
+    pytest.mark.helm,
+    pytest.mark.skipif(bool(_missing()), reason=_missing() or "-"),
+]
+
+# --- stand-in driver libraries: real ELF objects --------------------------------------------
+
+# Functions the container's program calls; every other library exports one stub function.
+_EXPORTS = {
+    "libcuda": "int cuInit(unsigned int flags) { return (int)flags; }",
+    "libnvidia-ml": "int nvmlInit_v2(void) { return 0; }",
+    "libnvcuvid": "int cuvidGetDecoderCaps(void *caps) { return caps == 0 ? 0 : 1; }",
+}
+
+PROBE_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+/* argv: library:function pairs. Prints "ok LIB FUNC RESULT PATH" or "fail LIB ERROR". */
+int main(int argc, char **argv) {
+    int failures = 0;
+    for (int i = 1; i < argc; i++) {
+        char lib[256], fn[256];
+        if (sscanf(argv[i], "%255[^:]:%255s", lib, fn) != 2) return 2;
+        void *handle = dlopen(lib, RTLD_NOW);
+        if (!handle) { printf("fail %s %s\n", lib, dlerror()); failures++; continue; }
+        int (*f)(unsigned int) = (int (*)(unsigned int))dlsym(handle, fn);
+        if (!f) { printf("fail %s %s\n", lib, dlerror()); failures++; continue; }
+        Dl_info info;
+        dladdr((void *)f, &info);
+        printf("ok %s %s %d %s\n", lib, fn, f(0), info.dli_fname);
+    }
+    return failures;
+}
+"""
+
+
+def _soname(lib: str) -> str:
+    versioned = [n for n in LIBRARIES[lib] if re.fullmatch(rf"{re.escape(lib)}\.so\.\d+", n)]
+    return versioned[0] if versioned else f"{lib}.so.{DRIVER_VERSION}"
+
+
+@dataclass(frozen=True)
+class Builds:
+    libraries: dict[str, bytes]
+    probe: Path
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    out = tmp_path_factory.mktemp("elf")
+    libraries = {}
+    for lib in LIBRARIES:
+        source = out / f"{lib}.c"
+        symbol = re.sub(r"\W", "_", lib)
+        source.write_text(_EXPORTS.get(lib, f"int gpu_dra_stub_{symbol}(void) {{ return 7; }}"))
+        target = out / f"{lib}.so"
+        subprocess.run(
+            ["cc", "-shared", "-fPIC", f"-Wl,-soname,{_soname(lib)}", "-o", target, source],
+            check=True,
+        )
+        libraries[lib] = target.read_bytes()
+    (out / "probe.c").write_text(PROBE_C)
+    probe = out / "gpuprobe"
+    subprocess.run(["cc", "-O1", "-o", probe, out / "probe.c"], check=True)
+    return Builds(libraries=libraries, probe=probe)
+
+
+# --- container images ------------------------------------------------------------------------
+
+
+def make_image(base: Path, *, flavour: str, probe: Path) -> Path:
+    """A container root: busybox, the probe, ldconfig and glibc copied from this machine, laid
+    out as a Debian image (multiarch directory) or a RHEL-family one (/usr/lib64 only, which
+    this loader finds through its cache alone, as none of its default directories exist)."""
+    root = base / f"rootfs-{flavour}-{uuid.uuid4().hex[:6]}"
+    libdir = root / (MULTIARCH if flavour == "debian" else "usr/lib64")
+    for d in ("bin", "sbin", "etc/ld.so.conf.d", "dev", "proc", "sys", "tmp"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    libdir.mkdir(parents=True)
+    for name in ("libc.so.6", "ld-linux-x86-64.so.2"):
+        shutil.copy2(Path("/") / MULTIARCH / name, libdir / name)
+    loader = "/" + str((libdir / "ld-linux-x86-64.so.2").relative_to(root))
+    if flavour == "debian":
+        (root / "lib64").mkdir()
+        (root / "lib64/ld-linux-x86-64.so.2").symlink_to(loader)
+    else:
+        (root / "lib64").symlink_to("usr/lib64")
+    shutil.copy2(BUSYBOX, root / "bin/busybox")
+    (root / "bin/sh").symlink_to("busybox")
+    shutil.copy2(probe, root / "bin/gpuprobe")
+    shutil.copy2("/sbin/ldconfig", root / "sbin/ldconfig")  # static: runs in any root
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d/system.conf").write_text(f"/{libdir.relative_to(root)}\n")
+    subprocess.run(["/sbin/ldconfig", "-r", str(root)], check=True)  # the image's own cache
+    return root
+
+
+# --- the chart's DaemonSet -------------------------------------------------------------------
+
+
+def daemonset_container(*values: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The agent container and the pod's volumes (by name) as the chart renders them."""
+    assert HELM is not None
+    out = subprocess.run(
+        [HELM, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return container, {v["name"]: v for v in pod["volumes"]}
+
+
+def container_env(container: dict[str, Any], *, pod_uid: str) -> dict[str, str]:
+    fields = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE, "metadata.uid": pod_uid}
+    env = {}
+    for entry in container["env"]:
+        if "value" in entry:
+            env[entry["name"]] = str(entry["value"])
+        else:
+            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+@dataclass
+class Node:
+    """The node namespace's process, the agent inside it, and the paths the test reaches."""
+
+    process: subprocess.Popen[bytes]
+    pid: int
+    kubelet_dir: Path  # what the node has at /var/lib/kubelet
+    cdi_dir: Path  # what the node has at the chart's cdiRoot
+    log: Path
+
+    def outside(self, node_path: str) -> Path:
+        """A path under the node's /var/lib/kubelet as this process reaches it."""
+        return self.kubelet_dir / Path(node_path).relative_to("/var/lib/kubelet")
+
+    def podman(self, *args: str, conf: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["nsenter", f"--mount=/proc/{self.pid}/ns/mnt", "podman", *args],
+            env={**os.environ, "CONTAINERS_CONF": str(conf)},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def image_dirs() -> list[str]:
+    """What the agent's image holds: the system's userland, this Python and this checkout."""
+    dirs = ["/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc"]
+    for path in (Path(os.path.realpath(sys.base_prefix)), REPO):
+        if not any(str(path).startswith(d + "/") for d in dirs):
+            dirs.append(str(path))
+    return [d for d in dirs if os.path.lexists(d)]
+
+
+LAYOUTS = {
+    # name: (helm --set values, host library directory, driver root on the host)
+    "host-multiarch": ((), MULTIARCH, "/"),
+    "host-lib64": ((), "usr/lib64", "/"),
+    "gpu-operator": (("--set", "nvidiaDriverRoot=/run/nvidia/driver"), MULTIARCH,
+                     "/run/nvidia/driver"),
+}  # fmt: skip
+
+
+def start_node(
+    work: Path, *, layout: str, builds: Builds, api: FakeKubeApi
+) -> tuple[Node, dict[str, Any]]:
+    """The node with the driver installed per ``layout`` and the chart's agent Pod on it."""
+    values, lib_dir, driver_root = LAYOUTS[layout]
+    # Simulated GPUs (no GPU here): the only value changed from the layout's.
+    container, volumes = daemonset_container(*values, "--set", "simulate=h100:2")
+    env = container_env(container, pod_uid=str(uuid.uuid4()))
+    operator = driver_root != "/"
+    fake = make_fake_driver(
+        work / "driver",
+        gpu_minors=range(2),
+        lib_dir=lib_dir,
+        library_bytes=lambda lib: builds.libraries[lib],
+        device_nodes=operator,  # a driver container's root has its dev/; a host install does not
+    )
+    for leftover in (fake.root / lib_dir).glob("libc.so*"):
+        leftover.unlink()  # the fake tree's "unrelated library" would shadow the host's libc
+    kubelet_dir, cdi_dir = work / "k", work / "cdi"
+    kubelet_dir.mkdir()
+    (kubelet_dir / "plugins_registry").mkdir()  # the kubelet creates it (type: Directory)
+    cdi_dir.mkdir()
+    binds = [[str(kubelet_dir), "/var/lib/kubelet"], [str(cdi_dir), env["CDI_ROOT"]]]
+    overlays: list[list[str]] = []
+    if operator:
+        binds.append([str(fake.root), driver_root])
+    else:
+        host_dev = work / "host-dev"
+        make_device_nodes(host_dev, gpu_minors=range(2))
+        overlays += [
+            [str(fake.root / lib_dir), f"/{lib_dir}"],
+            [str(fake.root / "usr/bin"), "/usr/bin"],
+            [str(host_dev), "/dev"],
+        ]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    account = work / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text(api.token or "")
+    (account / "namespace").write_text(NAMESPACE)
+    assert api.tls_dir is not None  # in-cluster clients insist on TLS
+    shutil.copyfile(api.tls_dir / "ca.crt", account / "ca.crt")
+    secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
+    env.update(
+        KUBERNETES_SERVICE_HOST="127.0.0.1",
+        KUBERNETES_SERVICE_PORT=str(api.port),
+        PATH=f"{REPO}/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        HOME="/root",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    plan = {
+        "node": {
+            "tmpfs": ["/run", "/var/lib"],  # the machine's own state stays out of the node
+            "overlays": overlays,
+            "binds": binds,
+            "ready": str(work / "node.pid"),
+        },
+        "pod": {
+            "root": str(work / "podroot"),
+            "image": image_dirs(),
+            "volumes": [
+                {
+                    "host_path": volumes[name]["hostPath"]["path"],
+                    "mount_path": m["mountPath"],
+                    "read_only": bool(m.get("readOnly")),
+                    "create": volumes[name]["hostPath"].get("type") == "DirectoryOrCreate",
+                    "propagation": m.get("mountPropagation", "None"),
+                }
+                for name, m in mounts.items()
+                if "hostPath" in volumes[name]
+            ],
+            "empty_dirs": [m["mountPath"] for n, m in mounts.items() if "emptyDir" in volumes[n]],
+            "files": {f"{secrets}/{f.name}": str(f) for f in account.iterdir()},
+            "argv": [*container["command"], *container.get("args", [])],
+            "env": env,
+        },
+    }
+    (work / "podroot").mkdir()
+    plan_path = work / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    log = work / "node.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", sys.executable,
+             str(PODSIM), "node", str(plan_path)],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    ready = work / "node.pid"
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the node namespace did not come up"
+        time.sleep(0.05)
+    node = Node(process, int(ready.read_text()), kubelet_dir, cdi_dir, log)
+    return node, {"env": env, "volumes": volumes, "container": container}
+
+
+def register(node: Node, *, timeout_s: float = 30) -> Path:
+    """The kubelet's registration: GetInfo, then NotifyRegistrationStatus. The DRA socket."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sockets = list((node.kubelet_dir / "plugins_registry").glob("*-reg.sock"))
+        if sockets:
+            break
+        assert node.process.poll() is None, node.log.read_text()
+        assert time.monotonic() < deadline, f"no registration socket:\n{node.log.read_text()}"
+        time.sleep(0.05)
+    with grpc.insecure_channel(f"unix://{sockets[0]}") as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        info = stub.GetInfo(reg.InfoRequest(), timeout=5)
+        assert info.name == "gpu.nvidia.com"
+        stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
+    return node.outside(info.endpoint)
+
+
+PROBE_ARGS = ("libcuda.so.1:cuInit", "libcuda.so:cuInit", "libnvidia-ml.so.1:nvmlInit_v2",
+              "libnvcuvid.so.1:cuvidGetDecoderCaps")  # fmt: skip
+LIB = cdi.CONTAINER_LIB_DIR
+
+
+def run_probe(
+    node: Node, *, work: Path, builds: Builds, flavour: str, cdi_ids: list[str]
+) -> subprocess.CompletedProcess[str]:
+    conf = work / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    rootfs = make_image(work, flavour=flavour, probe=builds.probe)
+    return node.podman(
+        "run", "--rm", "--network=none", "--env", "LD_DEBUG=libs",
+        *(f"--device={i}" for i in cdi_ids), "--rootfs", str(rootfs),
+        "/bin/gpuprobe", *PROBE_ARGS, conf=conf,
+    )  # fmt: skip
+
+
+def found_through_cache(trace: str, library: str) -> bool:
+    """The loader's trace says it looked ``library`` up in its cache and took our directory."""
+    lines = trace.splitlines()
+    for i, line in enumerate(lines):
+        if f"find library={library} " in line:
+            rest = [x.split(":", 1)[-1].strip() for x in lines[i + 1 : i + 3]]
+            return rest == ["search cache=/etc/ld.so.cache", f"trying file={LIB}/{library}"]
+    return False
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    # short: the agent's socket paths must fit 108 bytes seen from here too
+    with tempfile.TemporaryDirectory(prefix="dd-", dir="/tmp") as d:
+        yield Path(d)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_container_prepared_by_the_deployed_agent_loads_the_driver(
+    layout: str, work: Path, builds: Builds
+) -> None:
+    api = FakeKubeApi(tls_dir=work / "tls", token="agent-token").start()
+    node = None
+    try:
+        api.add_node(NODE)
+        plain = api.add_claim(allocated_claim(name="plain", node=NODE, devices=["gpu-0"]))
+        video_config = opaque(
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+             "driverCapabilities": ["compute", "utility", "video"]}
+        )  # fmt: skip
+        video = api.add_claim(
+            allocated_claim(name="video", node=NODE, devices=["gpu-1"], configs=[video_config])
+        )
+        node, deployed = start_node(work, layout=layout, builds=builds, api=api)
+        dra_socket = register(node)
+        refs = [
+            v1.Claim(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"])
+            for c in (plain, video)
+        ]
+        with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+            stub = v1_grpc.DRAPluginStub(channel)
+            answer = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=refs), timeout=30
+            )
+            ids = {}
+            for ref in refs:
+                entry = answer.claims[ref.uid]
+                assert entry.error == "", f"{entry.error}\n{node.log.read_text()}"
+                ids[ref.name] = [i for d in entry.devices for i in d.cdi_device_ids]
+            spec_files = sorted(p.name for p in node.cdi_dir.glob("*.json"))
+            assert len(spec_files) == 2
+
+            # Every host path a spec names is the node's, never the agent's /driver-root.
+            spec = json.loads((node.cdi_dir / spec_files[0]).read_text())
+            host_paths = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
+            root_prefix = "" if LAYOUTS[layout][2] == "/" else LAYOUTS[layout][2]
+            assert f"{root_prefix}/{LAYOUTS[layout][1]}/libcuda.so.{DRIVER_VERSION}" in host_paths
+            assert not any(
+                p.startswith(deployed["env"]["CONTAINER_DRIVER_ROOT"]) for p in host_paths
+            )
+
+            runs = {
+                (name, flavour): run_probe(
+                    node, work=work, builds=builds, flavour=flavour, cdi_ids=ids[name]
+                )
+                for name, flavour in (("plain", "debian"), ("plain", "rhel"), ("video", "debian"))
+            }
+            for (name, flavour), run in runs.items():
+                where = (
+                    f"{layout}, claim {name}, {flavour} image:\n{run.stdout}\n{run.stderr[-3000:]}"
+                )
+                lines = run.stdout.splitlines()
+                assert f"ok libcuda.so.1 cuInit 0 {LIB}/libcuda.so.1" in lines, where
+                # the development name resolves too (libcuda.so -> .so.1 -> .so.<version>); the
+                # loader hands back the object it already has, named as first loaded
+                assert any(x.startswith(f"ok libcuda.so cuInit 0 {LIB}/") for x in lines), where
+                assert f"ok libnvidia-ml.so.1 nvmlInit_v2 0 {LIB}/libnvidia-ml.so.1" in lines, where
+                # found through the cache the hook refreshed, not a default search path
+                assert found_through_cache(run.stderr, "libcuda.so.1"), where
+                assert found_through_cache(run.stderr, "libnvidia-ml.so.1"), where
+                has_video = f"ok libnvcuvid.so.1 cuvidGetDecoderCaps 0 {LIB}/libnvcuvid.so.1"
+                if name == "video":
+                    assert has_video in lines, where
+                    assert run.returncode == 0, where
+                else:
+                    assert has_video not in lines, where
+                    assert any(x.startswith("fail libnvcuvid.so.1") for x in lines), where
+                    assert run.returncode == 1, where  # exactly the one missing library
+
+            undone = stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=refs), timeout=30
+            )
+            assert all(undone.claims[r.uid].error == "" for r in refs)
+        assert not list(node.cdi_dir.glob("*.json"))
+        assert node.stop() == 0, node.log.read_text()
+        assert not list((node.kubelet_dir / "plugins_registry").glob("*.sock"))
+    finally:
+        if node is not None:
+            node.stop()
+        api.stop()
