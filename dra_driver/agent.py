@@ -3,9 +3,11 @@
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
 Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
 Prometheus metrics (``--metrics-port``, off by default). Then it
-re-discovers periodically so that GPUs appearing or disappearing and MIG layout changes reach the
-slices. Background tasks retry on their own; what cannot be retried ends the process with a
-non-zero code so the DaemonSet restarts it. SIGTERM/SIGINT stop everything and remove the sockets.
+re-discovers periodically: GPUs appearing or disappearing and MIG layout changes (a MIG device
+re-created under the same name with other GPU/compute instance ids too) change, together, what
+prepare accepts, what the health stream lists and what is published. Background tasks retry on
+their own; what cannot be retried ends the process with a non-zero code so the DaemonSet
+restarts it. SIGTERM/SIGINT stop everything and remove the sockets.
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 from types import FrameType
 
 from dra_driver import devices, log, metrics
 from dra_driver.config import Config
-from dra_driver.errors import DiscoveryError, DraError, KubeError, NoGpusFound
+from dra_driver.errors import (
+    CdiError,
+    DiscoveryError,
+    DraError,
+    KubeError,
+    NoGpusFound,
+    PublishError,
+)
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.health import ProbeServer, SocketChecker
@@ -59,6 +69,14 @@ class Discovery:
                 extra={"gpu_index": failure.index, "reason": failure.error},
             )
         return inventory
+
+
+@dataclass(frozen=True)
+class _NodeState:
+    """What the last applied discovery found, and the devices published for it."""
+
+    inventory: Inventory
+    node_devices: devices.NodeDevices
 
 
 @contextmanager
@@ -162,10 +180,11 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                 },
             )
             _release_freed_memory()
+            state = _NodeState(inventory, node_devices)
             while not stop.wait(config.rediscover_interval_s):
-                node_devices = _rediscover(discovery, config, node_devices, publisher)
+                state = _rediscover(discovery, config, state, publisher=publisher, plugin=plugin)
                 if driver_metrics is not None:
-                    driver_metrics.set_published_devices(len(node_devices.devices))
+                    driver_metrics.set_published_devices(len(state.node_devices.devices))
     logger.info("stopped")
     return 0
 
@@ -181,22 +200,65 @@ def _release_freed_memory() -> None:
 
 
 def _rediscover(
-    discovery: Discovery, config: Config, current: devices.NodeDevices, publisher: Publisher
-) -> devices.NodeDevices:
-    """Re-run discovery; hand changed devices to the publisher. Failures keep the last state."""
+    discovery: Discovery,
+    config: Config,
+    current: _NodeState,
+    *,
+    publisher: Publisher,
+    plugin: KubeletPlugin,
+) -> _NodeState:
+    """Re-run discovery; when anything about the GPUs changed, apply it everywhere.
+
+    The whole inventory is compared, not only the published devices: a MIG device re-created
+    under the same name has other GPU/compute instance ids, so other device nodes. The plugin
+    (what prepare accepts, the health stream) changes first, so a new device is accepted before
+    the scheduler can see it; then the publisher. If the publisher refuses the new pool (a bug
+    in the device model) the plugin goes back to the current inventory, so both keep agreeing.
+    Every failure keeps the current state, and the next pass tries again.
+    """
     try:
-        fresh = devices.node_devices(discovery.discover(), driver_name=config.driver_name)
+        inventory = discovery.discover()
+        fresh = _NodeState(
+            inventory, devices.node_devices(inventory, driver_name=config.driver_name)
+        )
     except (DiscoveryError, DraError) as exc:
         logger.error(
             "re-discovery failed; keeping the published devices", extra={"reason": str(exc)}
         )
         return current
-    if fresh != current:
-        logger.info(
-            "devices changed; updating slices",
-            extra={"before": len(current.devices), "after": len(fresh.devices)},
+    if fresh.inventory == current.inventory:
+        return current
+    logger.info(
+        "GPUs changed; updating prepare, the health stream and the slices",
+        extra={
+            "before": len(current.node_devices.devices),
+            "after": len(fresh.node_devices.devices),
+        },
+    )
+    try:
+        plugin.set_inventory(fresh.inventory)
+    except CdiError as exc:
+        logger.error(
+            "cannot apply the re-discovered GPUs; keeping the current ones",
+            extra={"reason": str(exc)},
         )
-        publisher.set_devices(fresh)
+        return current
+    if fresh.node_devices == current.node_devices:
+        return fresh
+    try:
+        publisher.set_devices(fresh.node_devices)
+    except PublishError as exc:
+        logger.error(
+            "the re-discovered devices cannot be published; keeping the current ones",
+            extra={"reason": str(exc)},
+        )
+        try:
+            plugin.set_inventory(current.inventory)
+        except CdiError as undo:
+            logger.error(
+                "cannot go back to the current GPUs in prepare", extra={"reason": str(undo)}
+            )
+        return current
     return fresh
 
 

@@ -429,8 +429,8 @@ class DriverMetrics:
     """Every metric of the node agent, registered in ``registry``.
 
     ``error_types`` are created at 0 up front, so that ``rate()`` sees the first error of a
-    kind. Gauges computed from state (prepared devices) get their collector from the part
-    that owns the state (``prepared_devices.set_collector``).
+    kind. Gauges computed from state (prepared devices, prepared devices that are missing) get
+    their collector from the part that owns the state (``prepared_devices.set_collector``).
     """
 
     def __init__(
@@ -492,6 +492,14 @@ class DriverMetrics:
             Gauge(
                 "gpu_dra_published_devices",
                 "Devices in the ResourceSlices this agent publishes for its node.",
+                ("node", "driver"),
+            )
+        )
+        self.prepared_devices_missing = registry.register(
+            Gauge(
+                "gpu_dra_prepared_devices_missing",
+                "Devices held by prepared claims that this node no longer has (a re-discovery "
+                "found them gone); their containers cannot use them.",
                 ("node", "driver"),
             )
         )

@@ -25,7 +25,8 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from dra_driver import cdi, deviceconfig
@@ -120,6 +121,30 @@ def device_targets(inventory: Inventory) -> dict[str, DeviceTarget]:
 
 
 @dataclass(frozen=True)
+class _TargetSet:
+    """One version of what prepare accepts: the devices, what a spec says of each (made once:
+    the same for every claim that gets it) and the driver files their nodes were made from.
+    Never changed once built; Preparer.set_targets replaces it whole."""
+
+    targets: Mapping[str, DeviceTarget]
+    spec_devices: Mapping[str, cdi.ClaimDevice]
+    files: cdi.DriverFiles
+
+    @classmethod
+    def build(cls, targets: Mapping[str, DeviceTarget], files: cdi.DriverFiles) -> _TargetSet:
+        return cls(
+            targets=MappingProxyType(dict(targets)),
+            spec_devices=MappingProxyType(
+                {
+                    name: cdi.ClaimDevice(name=name, nodes=t.nodes(files))
+                    for name, t in targets.items()
+                }
+            ),
+            files=files,
+        )
+
+
+@dataclass(frozen=True)
 class _Planned:
     """One allocation result of our driver, checked and with its effective config."""
 
@@ -194,14 +219,8 @@ class Preparer:
         self.driver_name = driver_name
         self.node_name = node_name
         self.cdi_vendor = cdi_vendor
-        self.targets = dict(targets)
-        self.files = files
+        self._current = _TargetSet.build(targets, files)
         self._spec_encoder = cdi.ClaimSpecEncoder(vendor=cdi_vendor, files=files)
-        # what a spec says of each device, made once: the same for every claim that gets it
-        self._spec_devices = {
-            name: cdi.ClaimDevice(name=name, nodes=t.nodes(files))
-            for name, t in self.targets.items()
-        }
         self.specs = specs
         self.checkpoint = checkpoint
         self.locks = locks
@@ -211,6 +230,46 @@ class Preparer:
         self._spec_writes = ThreadPoolExecutor(
             max_workers=max_parallel_claims, thread_name_prefix="cdi-sync"
         )
+
+    @property
+    def targets(self) -> Mapping[str, DeviceTarget]:
+        """The devices prepare accepts now (read-only; replaced whole by set_targets)."""
+        return self._current.targets
+
+    @property
+    def files(self) -> cdi.DriverFiles:
+        """The driver files the current targets' device nodes were made from."""
+        return self._current.files
+
+    def set_targets(self, targets: Mapping[str, DeviceTarget], files: cdi.DriverFiles) -> None:
+        """Make ``targets`` the devices prepare accepts (after a re-discovery changed them).
+
+        The new version, device nodes included, is built first and then swapped in with one
+        assignment: a prepare, a reconcile pass or a scrape reads the old devices or the new
+        ones, never a mix, and no lock is taken on the prepare path. ``files`` may differ from
+        the current files only in ``mig_cap_minors`` (re-read because a driver reload renumbers
+        the capability nodes); the edits every spec shares stay those the specs were made with.
+        Claims already prepared keep their specs, and one holding a device that is gone can
+        still be unprepared (unprepare needs no target).
+        """
+        current = self._current.files
+        if replace(files, mig_cap_minors=current.mig_cap_minors) != current:
+            raise ValueError("set_targets: only the MIG capability minors of the files may change")
+        self._current = _TargetSet.build(targets, files)
+
+    def missing_devices(self) -> list[tuple[ClaimRecord, tuple[str, ...]]]:
+        """``PrepareCompleted`` claims holding devices this node no longer has (by the current
+        targets), each with those device names; read from the checkpoint, so claims another
+        instance prepared count too."""
+        targets = self._current.targets
+        missing = []
+        for record in self.checkpoint.snapshot().values():
+            if record.phase != PREPARE_COMPLETED:
+                continue
+            gone = tuple(sorted({d.device for d in record.devices} - targets.keys()))
+            if gone:
+                missing.append((record, gone))
+        return missing
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -353,13 +412,14 @@ class Preparer:
         results = _list(_get(allocation, "devices", "results"), f"{where}: allocation results")
         configs = self._decode_configs(where, allocation)
         planned = []
+        targets = self._current.targets  # one version of the devices for the whole claim
         for result in results:
             if not isinstance(result, Mapping) or result.get("driver") != self.driver_name:
                 continue
             request = str(result.get("request", ""))
             pool = str(result.get("pool", ""))
             device = str(result.get("device", ""))
-            target = self.targets.get(device)
+            target = targets.get(device)
             if pool != self.node_name or target is None:
                 raise PrepareError(
                     f"{where} is allocated device {pool}/{device}, which this node does not have"
@@ -483,9 +543,14 @@ class Preparer:
         self.specs.write(claim_uid, self._encode_spec(claim_uid, targets))
 
     def _encode_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> bytes:
+        # The current version's nodes of each name: after a swap since the claim was planned
+        # (a MIG device re-created under the same name) these are the device's nodes now. A
+        # name that is gone by then gets its planned target's nodes.
+        current = self._current
         unique = {t.name: t for t in targets}
         devices = [
-            self._spec_devices.get(name) or cdi.ClaimDevice(name=name, nodes=t.nodes(self.files))
+            current.spec_devices.get(name)
+            or cdi.ClaimDevice(name=name, nodes=t.nodes(current.files))
             for name, t in sorted(unique.items())
         ]
         return self._spec_encoder.encode(claim_uid, devices)
@@ -516,13 +581,14 @@ class Preparer:
         (both keys always present). A device shared by admin-access claims counts once. Read
         from the checkpoint, so it includes claims another instance prepared (rolling update);
         a device this node no longer has is typed by its name."""
+        targets = self._current.targets
         held: set[str] = set()
         for record in self.checkpoint.snapshot().values():
             if record.phase == PREPARE_COMPLETED:
                 held.update(d.device for d in record.devices)
         counts = {"gpu": 0, "mig": 0}
         for name in held:
-            target = self.targets.get(name)
+            target = targets.get(name)
             counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
         return counts
 
@@ -559,6 +625,7 @@ class Preparer:
             with self.locks.try_hold(uid) as held:
                 if held and self.checkpoint.get(uid) is None and self.specs.remove(uid):
                     done["orphan_specs_removed"] += 1
+        targets = self._current.targets  # one version for the pass
         for uid, record in self.checkpoint.snapshot().items():
             if record.phase != PREPARE_COMPLETED:
                 continue
@@ -566,9 +633,12 @@ class Preparer:
                 if not held:
                     continue
                 if not self.specs.path_for(uid).exists():
-                    names = [d.device for d in record.devices]
-                    self._write_spec(uid, [self.targets[n] for n in names if n in self.targets])
-                    done["specs_rewritten"] += 1
+                    # A device gone since the claim was prepared (the plugin reports those)
+                    # has no nodes to give; a spec needs at least one device.
+                    have = [targets[d.device] for d in record.devices if d.device in targets]
+                    if have:
+                        self._write_spec(uid, have)
+                        done["specs_rewritten"] += 1
                 if record.namespace and self._gone_from_api(record):
                     self._unprepare_locked(uid)
                     done["unprepared_gone"] += 1

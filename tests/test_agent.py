@@ -1,9 +1,10 @@
 """The node agent as the DaemonSet runs it: a Pod's ServiceAccount (in-cluster configuration over
 TLS), simulated GPUs, both kubelet sockets, the HTTP probes, Prometheus metrics, and a clean
-SIGTERM."""
+SIGTERM. Re-discovery applies one change to prepare, the health stream and the slices."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -13,6 +14,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -20,10 +23,19 @@ import pytest
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver.agent import _NodeState, _rediscover
+from dra_driver.config import Config
+from dra_driver.devices import NodeDevices, node_devices
+from dra_driver.errors import CdiError, DiscoveryError, DraError, PublishError
+from dra_driver.gpus.fakedriver import simulated_inventory
+from dra_driver.gpus.info import Inventory
+from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi, free_port
+from dra_driver.publisher import Publisher
 from tests.claimdata import allocated_claim
+from tests.test_plugin_server import start_plugin
 
-pytestmark = pytest.mark.skipif(
+as_a_pod = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("openssl") is None,
     reason="needs root, unshare and openssl to give the agent a Pod's ServiceAccount files",
 )
@@ -49,6 +61,7 @@ def _scrape(port: int) -> tuple[str, list[str]]:
         return answer.headers["Content-Type"], answer.read().decode().splitlines()
 
 
+@as_a_pod
 def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_path: Path) -> None:
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
@@ -118,6 +131,7 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
         api.stop()
 
 
+@as_a_pod
 def test_a_missing_api_server_is_retried_not_fatal(tmp_path: Path) -> None:
     """Unreachable API server: the agent keeps serving the kubelet and logs the retries."""
     api = FakeKubeApi(tls_dir=tmp_path / "tls")  # never started: connection refused
@@ -141,6 +155,7 @@ def test_a_missing_api_server_is_retried_not_fatal(tmp_path: Path) -> None:
     assert "127.0.0.1" in stderr and "retry" in stderr.lower()
 
 
+@as_a_pod
 def test_a_metrics_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
     api = FakeKubeApi(tls_dir=tmp_path / "tls").start()
     try:
@@ -170,3 +185,167 @@ def test_a_metrics_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path
         assert not (tmp_path / "registry" / "gpu.nvidia.com-reg.sock").exists()
     finally:
         api.stop()
+
+
+# -- re-discovery: one change, applied to prepare, the health stream and the slices -----------
+
+
+class Rediscovered:
+    """A Discovery that reports the inventories it is given, in turn (or raises them)."""
+
+    def __init__(self, *found: Inventory | DraError) -> None:
+        self._found = list(found)
+
+    def discover(self) -> Inventory:
+        found = self._found.pop(0)
+        if isinstance(found, DraError):
+            raise found
+        return found
+
+
+class Recorder:
+    """Stands in for the plugin and the publisher: records calls in one list, in order."""
+
+    def __init__(self, calls: list[tuple[str, object]], name: str, fail: DraError | None) -> None:
+        self._calls, self._name, self._fail = calls, name, fail
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        self._calls.append((self._name, inventory))
+        if self._fail is not None and len(self._calls) == 1:
+            raise self._fail
+
+    def set_devices(self, node_devices: NodeDevices) -> None:
+        self._calls.append((self._name, node_devices))
+        if self._fail is not None:
+            raise self._fail
+
+
+def state(spec: str) -> _NodeState:
+    found = simulated_inventory(spec, node_name="node1")
+    return _NodeState(found, node_devices(found, driver_name="gpu.nvidia.com"))
+
+
+CONFIG = Config(node_name="node1")
+
+
+@pytest.fixture
+def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
+    kubeapi.add_node("node1")
+    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    yield client
+    client.close()
+
+
+def test_rediscovery_updates_prepare_the_health_stream_and_the_slices(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    before, after = state("h100:4"), state("h100:8")
+    plugin = start_plugin(tmp_path, kube, gpus=before.inventory)
+    publisher = Publisher(
+        kube, driver_name="gpu.nvidia.com", node_name="node1", node_devices=before.node_devices
+    )
+    publisher.start()
+    try:
+        assert publisher.wait_synced(5)
+        now = _rediscover(
+            Rediscovered(after.inventory),  # type: ignore[arg-type]
+            CONFIG,
+            before,
+            publisher=publisher,
+            plugin=plugin,
+        )
+        assert now == after
+        assert plugin.preparer is not None and sorted(plugin.preparer.targets) == sorted(
+            d.name for d in after.node_devices.devices
+        )
+        assert publisher.wait_synced(5)
+        (stored,) = kubeapi.slices(node_name="node1")
+        assert len(stored["spec"]["devices"]) == 8
+        claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-7"]))
+        with grpc.insecure_channel(f"unix://{plugin.paths.dra}") as channel:
+            answer = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(
+                    claims=[v1.Claim(namespace="default", name="c1", uid=claim["metadata"]["uid"])]
+                ),
+                timeout=5,
+            )
+        assert answer.claims[claim["metadata"]["uid"]].error == ""
+    finally:
+        publisher.stop()
+        plugin.stop()
+
+
+def test_prepare_changes_before_the_slices_and_unchanged_gpus_change_nothing() -> None:
+    before, after = state("h100:1"), state("h100:2")
+    calls: list[tuple[str, object]] = []
+    now = _rediscover(
+        Rediscovered(before.inventory, after.inventory),  # type: ignore[arg-type]
+        CONFIG,
+        before,
+        publisher=Recorder(calls, "publisher", None),  # type: ignore[arg-type]
+        plugin=Recorder(calls, "plugin", None),  # type: ignore[arg-type]
+    )
+    assert now is before and calls == []
+    now = _rediscover(
+        Rediscovered(after.inventory),  # type: ignore[arg-type]
+        CONFIG,
+        before,
+        publisher=Recorder(calls, "publisher", None),  # type: ignore[arg-type]
+        plugin=Recorder(calls, "plugin", None),  # type: ignore[arg-type]
+    )
+    assert now == after
+    assert calls == [("plugin", after.inventory), ("publisher", after.node_devices)]
+
+
+def test_a_mig_device_re_created_under_its_name_reaches_prepare() -> None:
+    before = state("a100-40gb:1:mig=3g.20gb")
+    (gpu,) = before.inventory.gpus
+    mig = replace(gpu.mig_instances[0], gpu_instance_id=5, compute_instance_id=1)
+    inventory = replace(before.inventory, gpus=(replace(gpu, mig_instances=(mig,)),))
+    calls: list[tuple[str, object]] = []
+    now = _rediscover(
+        Rediscovered(inventory),  # type: ignore[arg-type]
+        CONFIG,
+        before,
+        publisher=Recorder(calls, "publisher", None),  # type: ignore[arg-type]
+        plugin=Recorder(calls, "plugin", None),  # type: ignore[arg-type]
+    )
+    assert now.inventory == inventory
+    # the published devices are the same; prepare's device nodes are not
+    assert now.node_devices == before.node_devices
+    assert calls == [("plugin", inventory)]
+
+
+@pytest.mark.parametrize(
+    ("failing", "expected"),
+    [
+        ("discovery", []),
+        ("plugin", ["plugin"]),  # capability table unreadable: nothing changes
+        ("publisher", ["plugin", "publisher", "plugin"]),  # prepare goes back
+    ],
+)
+def test_a_failed_rediscovery_keeps_the_current_state_everywhere(
+    failing: str, expected: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    before, after = state("h100:1"), state("h100:2")
+    calls: list[tuple[str, object]] = []
+    found: Inventory | DraError = (
+        DiscoveryError("GPU is lost") if failing == "discovery" else after.inventory
+    )
+    with caplog.at_level(logging.ERROR, logger="dra_driver.agent"):
+        now = _rediscover(
+            Rediscovered(found),  # type: ignore[arg-type]
+            CONFIG,
+            before,
+            publisher=Recorder(  # type: ignore[arg-type]
+                calls, "publisher", PublishError("bad") if failing == "publisher" else None
+            ),
+            plugin=Recorder(  # type: ignore[arg-type]
+                calls, "plugin", CdiError("unreadable") if failing == "plugin" else None
+            ),
+        )
+    assert now is before
+    assert [who for who, _ in calls] == expected
+    if failing == "publisher":
+        assert calls[-1] == ("plugin", before.inventory)
+    assert caplog.records  # logged as an error, not raised

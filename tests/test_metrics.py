@@ -224,6 +224,7 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
     lines = registry.render().splitlines()
     types = {line.split()[2]: line.split()[3] for line in lines if line.startswith("# TYPE")}
     assert types == {
+        "gpu_dra_prepared_devices_missing": "gauge",
         "gpu_dra_published_devices": "gauge",
         "nvidia_dra_node_prepare_errors_total": "counter",
         "nvidia_dra_node_unprepare_errors_total": "counter",

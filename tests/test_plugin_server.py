@@ -29,7 +29,7 @@ from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
-from dra_driver.metrics import DriverMetrics
+from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from tests.claimdata import allocated_claim, new_uid
 from tests.spares import held, spares_in
@@ -64,16 +64,18 @@ def start_plugin(
     *,
     pod_uid: str | None = None,
     metrics: DriverMetrics | None = None,
+    gpus: Inventory | None = None,
+    health_interval_s: float = 0.1,
 ) -> KubeletPlugin:
     plugin = KubeletPlugin(
         config=make_config(tmp, pod_uid=pod_uid),
-        inventory=inventory(),
+        inventory=gpus or inventory(),
         claims=kube,
         report_event=node_event_reporter(kube, node_name="node1"),
         metrics=metrics,
         proc_root=tmp / "proc",
         boot_id_path=tmp / "boot_id",
-        health_interval_s=0.1,
+        health_interval_s=health_interval_s,
     )
     plugin.start()
     return plugin
@@ -452,3 +454,165 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
         plugin.stop()
     (record,) = [r for r in caplog.records if "unexpectedly" in r.getMessage()]
     assert record.exc_info is not None and "a bug in one pass" in str(record.exc_info[1])
+
+
+# -- re-discovery: set_inventory ---------------------------------------------------------------
+
+MIG_SPEC = "a100-40gb:1:mig=3g.20gb+2g.10gb"
+
+
+def prepare(plugin: KubeletPlugin, claim: dict[str, object]) -> v1.NodePrepareResourceResponse:
+    with channel(plugin.paths.dra) as ch:
+        answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+        )
+    return answer.claims[claim["metadata"]["uid"]]  # type: ignore[index]
+
+
+def spec_nodes(plugin: KubeletPlugin, uid: str) -> list[str]:
+    spec = json.loads(plugin.specs.path_for(uid).read_bytes())
+    return [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+
+
+def test_a_device_found_by_re_discovery_is_prepared_and_in_the_health_stream(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    plugin = start_plugin(tmp_path, kube, gpus=simulated_inventory("h100:4", node_name="node1"))
+    try:
+        early = kubeapi.add_claim(allocated_claim(name="early", devices=["gpu-6"]))
+        assert "which this node does not have" in prepare(plugin, early).error
+        plugin.set_inventory(inventory())  # h100:8: gpu-4 .. gpu-7 appeared
+        claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-6"]))
+        assert prepare(plugin, claim).error == ""
+        assert spec_nodes(plugin, claim["metadata"]["uid"]) == ["/dev/nvidia6"]
+        with channel(plugin.paths.dra) as ch:
+            stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                health.NodeWatchResourcesRequest(), timeout=5
+            )
+            report = next(stream)
+            stream.cancel()
+        assert [d.device.device_name for d in report.devices] == [f"gpu-{i}" for i in range(8)]
+    finally:
+        plugin.stop()
+
+
+def test_open_health_streams_get_the_new_device_list_at_once(
+    tmp_path: Path, kube: KubeClient
+) -> None:
+    plugin = start_plugin(tmp_path, kube, health_interval_s=60)
+    try:
+        with channel(plugin.paths.dra) as ch:
+            stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                health.NodeWatchResourcesRequest(), timeout=5
+            )
+            assert len(next(stream).devices) == 8
+            plugin.set_inventory(simulated_inventory("h100:2", node_name="node1"))
+            began = time.monotonic()
+            after = next(stream)  # not 60 s later
+            stream.cancel()
+        assert time.monotonic() - began < 2
+        assert [d.device.device_name for d in after.devices] == ["gpu-0", "gpu-1"]
+    finally:
+        plugin.stop()
+
+
+def test_a_mig_device_re_created_under_the_same_name_gets_its_new_nodes(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    before = simulated_inventory(MIG_SPEC, node_name="node1")
+    plugin = start_plugin(tmp_path, kube, gpus=before)
+    try:
+        (gpu,) = before.gpus
+        big = gpu.mig_instances[0]
+        name = "gpu-0-mig-3g20gb-9-0"
+        first = kubeapi.add_claim(allocated_claim(name="first", devices=[name]))
+        assert prepare(plugin, first).error == ""
+        old_nodes = spec_nodes(plugin, first["metadata"]["uid"])
+        # The same profile and placement (so the same name), other instance ids, and a driver
+        # reload that renumbered the capability table.
+        recreated = replace(big, uuid="MIG-recreated", gpu_instance_id=7, compute_instance_id=3)
+        after = replace(before, gpus=(replace(gpu, mig_instances=(recreated,)),))
+        table = tmp_path / "proc/driver/nvidia-caps/mig-minors"
+        table.write_text(
+            table.read_text()
+            .replace("gpu0/gi7/access 66\n", "gpu0/gi7/access 900\n")
+            .replace("gpu0/gi7/ci3/access 70\n", "gpu0/gi7/ci3/access 903\n")
+        )
+        plugin.set_inventory(after)
+        with channel(plugin.paths.dra) as ch:  # the device is free again for the next claim
+            v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[v1_claim(first)]), timeout=5
+            )
+        second = kubeapi.add_claim(allocated_claim(name="second", devices=[name]))
+        assert prepare(plugin, second).error == ""
+        new_nodes = spec_nodes(plugin, second["metadata"]["uid"])
+        assert new_nodes == [
+            "/dev/nvidia0",
+            "/dev/nvidia-caps/nvidia-cap900",
+            "/dev/nvidia-caps/nvidia-cap903",
+        ]
+        assert new_nodes != old_nodes
+        assert "gpu-0-mig-2g10gb-14-4" not in plugin.preparer.targets  # type: ignore[union-attr]
+    finally:
+        plugin.stop()
+
+
+def test_a_prepared_device_that_disappears_is_reported_and_its_claim_can_be_unprepared(
+    tmp_path: Path,
+    kube: KubeClient,
+    kubeapi: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = Registry()
+    metrics = DriverMetrics(registry, driver_name="gpu.nvidia.com", node_name="node1")
+    plugin = start_plugin(tmp_path, kube, metrics=metrics)
+    missing = {"name": "gpu_dra_prepared_devices_missing", "node": "node1"}
+    try:
+        claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-6", "gpu-1"]))
+        uid = claim["metadata"]["uid"]
+        assert prepare(plugin, claim).error == ""
+        assert registry.sample_value(**missing, driver="gpu.nvidia.com") == 0
+        with caplog.at_level(logging.WARNING, logger="dra_driver.plugin.server"):
+            plugin.set_inventory(simulated_inventory("h100:4", node_name="node1"))
+            plugin.set_inventory(simulated_inventory("h100:5", node_name="node1"))  # still gone
+        (warning,) = [r for r in caplog.records if "no longer has" in r.getMessage()]
+        assert warning.devices == ["gpu-6"]  # type: ignore[attr-defined]
+        (event,) = kubeapi.objects("events")  # once, not at every re-discovery
+        assert event["reason"] == "PreparedDeviceMissing"
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "Node"
+        assert "default/c1" in event["message"] and "gpu-6" in event["message"]
+        assert registry.sample_value(**missing, driver="gpu.nvidia.com") == 1
+        # reconcile rewrites a lost spec with the devices that are left, and does not fail
+        plugin.specs.path_for(uid).unlink()
+        assert plugin.preparer is not None
+        assert plugin.preparer.reconcile()["specs_rewritten"] == 1
+        assert spec_nodes(plugin, uid) == ["/dev/nvidia1"]
+        with channel(plugin.paths.dra) as ch:
+            answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+            )
+        assert answer.claims[uid].error == ""
+        assert plugin.checkpoint.snapshot() == {}
+        assert registry.sample_value(**missing, driver="gpu.nvidia.com") == 0
+    finally:
+        plugin.stop()
+
+
+def test_a_claim_left_with_no_device_at_all_does_not_break_reconcile(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    plugin = start_plugin(tmp_path, kube)
+    try:
+        gone = kubeapi.add_claim(allocated_claim(name="gone", devices=["gpu-7"]))
+        kept = kubeapi.add_claim(allocated_claim(name="kept", devices=["gpu-0"]))
+        assert prepare(plugin, gone).error == "" and prepare(plugin, kept).error == ""
+        plugin.set_inventory(simulated_inventory("h100:2", node_name="node1"))
+        for claim in (gone, kept):
+            plugin.specs.path_for(claim["metadata"]["uid"]).unlink()
+        assert plugin.preparer is not None
+        done = plugin.preparer.reconcile()  # no spec can be made for "gone": skipped
+        assert done["specs_rewritten"] == 1
+        assert plugin.specs.claim_uids() == {kept["metadata"]["uid"]}
+    finally:
+        plugin.stop()

@@ -2,8 +2,10 @@
 
 Each message is the full list of our devices (devices missing from a report decay to Unknown),
 re-sent every ``interval_s`` (10 s), well inside the ``health_check_timeout_seconds`` we
-announce (30 s), so a healthy device never decays. Every device is reported HEALTHY: health
-monitoring from NVML events (XIDs) feeds this stream in a later stage.
+announce (30 s), so a healthy device never decays. The list is read at each report, and
+:meth:`HealthServicer.wake` sends it at once when re-discovery changed the devices. Every
+device is reported HEALTHY: health monitoring from NVML events (XIDs) feeds this stream in a
+later stage.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 from dra_driver._proto.health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
@@ -32,6 +35,14 @@ class HealthServicer(health_grpc.DRAResourceHealthServicer):
         self._device_names = device_names
         self._stopping = stopping
         self._interval_s = interval_s
+        self._changed = threading.Condition()
+        self._version = 0  # bumped by wake()
+
+    def wake(self) -> None:
+        """Every open stream reports now (the devices changed) or sees that we are stopping."""
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
 
     def _report(self) -> health_pb2.NodeWatchResourcesResponse:
         now = int(time.time())
@@ -52,5 +63,10 @@ class HealthServicer(health_grpc.DRAResourceHealthServicer):
     ) -> Iterator[health_pb2.NodeWatchResourcesResponse]:
         is_active: Callable[[], bool] = getattr(context, "is_active", lambda: True)
         while not self._stopping.is_set() and is_active():
+            seen = self._version
             yield self._report()
-            self._stopping.wait(self._interval_s)
+            with self._changed:
+                self._changed.wait_for(partial(self._woken, seen), timeout=self._interval_s)
+
+    def _woken(self, seen: int) -> bool:
+        return self._version != seen or self._stopping.is_set()

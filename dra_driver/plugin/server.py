@@ -9,6 +9,10 @@ start() (spec A.3 order, checklist H):
    soon as it registers us); both stay up for the life of the process;
 5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
 
+set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts and what the health
+stream lists in one step; prepared claims holding a device that is gone are reported (log,
+Warning Event ``PreparedDeviceMissing`` on the Node, ``gpu_dra_prepared_devices_missing``).
+
 With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
 and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.
 
@@ -24,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -49,6 +54,7 @@ from dra_driver.prepare import ClaimSource, Preparer, device_targets
 log = logging.getLogger(__name__)
 
 DEFAULT_RECONCILE_INTERVAL_S = 60.0
+MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_driver_files reads it
 _GRPC_WORKERS = 32
 
 EventReporter = Callable[[str, str], None]
@@ -124,6 +130,8 @@ class KubeletPlugin:
         self._reg_server: grpc.Server | None = None
         self._reconciler: threading.Thread | None = None
         self._rebuild_needed = False
+        self._health: HealthServicer | None = None
+        self._missing_reported: set[tuple[str, str]] = set()  # (claim uid, device)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -158,8 +166,10 @@ class KubeletPlugin:
             claims=self._claims,
         )
         self._recover(report)
+        self._report_missing_devices()
         if self.metrics is not None:
             self.metrics.prepared_devices.set_collector(self._prepared_devices)
+            self.metrics.prepared_devices_missing.set_collector(self._missing_devices)
         self._start_dra_server()
         self._start_registration_server()
         self._reconciler = threading.Thread(
@@ -170,6 +180,8 @@ class KubeletPlugin:
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving and remove both sockets. Safe to call twice or before start()."""
         self._stopping.set()
+        if self._health is not None:
+            self._health.wake()  # open health streams end now, not at their next report
         for server, path in (
             (self._reg_server, self.paths.registration),
             (self._dra_server, self.paths.dra),
@@ -204,7 +216,67 @@ class KubeletPlugin:
             for s, h in previous.items():
                 signal.signal(s, h)
 
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Make ``inventory`` (a re-discovery's) what prepare accepts and the health stream lists.
+
+        The devices, their device nodes and the MIG capability minors (read again: a driver
+        reload renumbers them) are built first and swapped into the preparer in one step, so a
+        prepare sees the old devices or the new ones, never a mix; open health streams get the
+        new list at once. Prepared claims holding a device that is gone now are reported. Before
+        start() only the inventory is kept. Raises CdiError when the capability table cannot be
+        read; the previous devices then stay. Called from one thread (the agent's re-discovery).
+        """
+        if self.preparer is None:
+            self.inventory = inventory
+            return
+        minors = cdi.read_mig_cap_minors(self._proc_root / MIG_MINORS)
+        files = replace(self.preparer.files, mig_cap_minors=minors)
+        self.preparer.set_targets(device_targets(inventory), files)
+        self.inventory = inventory
+        if self._health is not None:
+            self._health.wake()
+        self._report_missing_devices()
+
     # -- steps -----------------------------------------------------------------------------
+
+    def _report_missing_devices(self) -> None:
+        """Log and post an Event for each prepared claim that newly holds a device this node no
+        longer has (its containers lose that device; unprepare still works)."""
+        assert self.preparer is not None
+        missing = self.preparer.missing_devices()
+        now = {(record.uid, name) for record, names in missing for name in names}
+        for record, names in missing:
+            new = [n for n in names if (record.uid, n) not in self._missing_reported]
+            if not new:
+                continue
+            claim = f"{record.namespace}/{record.name}" if record.namespace else record.uid
+            log.warning(
+                "a prepared claim holds devices this node no longer has",
+                extra={"claim_uid": record.uid, "claim": claim, "devices": new},
+            )
+            self._post_event(
+                "PreparedDeviceMissing",
+                f"ResourceClaim {claim} (UID {record.uid}) is prepared with "
+                f"{', '.join(new)}, which this node no longer has (GPUs re-discovered); its "
+                "containers cannot use it. Unpreparing the claim still works.",
+            )
+        self._missing_reported = now
+
+    def _missing_devices(self) -> dict[tuple[str, ...], float]:
+        """``gpu_dra_prepared_devices_missing`` at scrape time: (node, driver) -> n."""
+        assert self.preparer is not None
+        names = {name for _, gone in self.preparer.missing_devices() for name in gone}
+        return {(self.config.node_name, self.config.driver_name): float(len(names))}
+
+    def _post_event(self, reason: str, message: str) -> None:
+        if self._report_event is None:
+            return
+        try:
+            self._report_event(reason, message)
+        except KubeError as exc:
+            log.warning(
+                "cannot post an Event on the Node", extra={"reason": reason, "error": str(exc)}
+            )
 
     def _recover(self, report: LoadReport) -> None:
         assert self.preparer is not None
@@ -263,16 +335,14 @@ class KubeletPlugin:
         v1beta1_grpc.add_DRAPluginServicer_to_server(
             V1beta1Servicer(self.preparer, self.metrics), server
         )
-        targets = self.preparer.targets
-        health_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(
-                pool=self.config.node_name,
-                device_names=lambda: sorted(targets),
-                stopping=self._stopping,
-                interval_s=self._health_interval_s,
-            ),
-            server,
+        preparer = self.preparer
+        self._health = HealthServicer(
+            pool=self.config.node_name,
+            device_names=lambda: sorted(preparer.targets),  # the current devices, at each report
+            stopping=self._stopping,
+            interval_s=self._health_interval_s,
         )
+        health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
         self._dra_server = _serve(server, self.paths.dra)
         log.info("serving DRA", extra={"socket": str(self.paths.dra)})
 
