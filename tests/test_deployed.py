@@ -167,7 +167,8 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
 
 
 def make_image(base: Path, *, flavour: str, probe: Path) -> Path:
-    """A container root: busybox, the probe, ldconfig and glibc copied from this machine, laid
+    """A container root: busybox, the probe and glibc copied from this machine (no ldconfig: the
+    hook brings the host's), laid
     out as a Debian image (multiarch directory) or a RHEL-family one (/usr/lib64 only, which
     this loader finds through its cache alone, as none of its default directories exist)."""
     root = base / f"rootfs-{flavour}-{uuid.uuid4().hex[:6]}"
@@ -186,7 +187,6 @@ def make_image(base: Path, *, flavour: str, probe: Path) -> Path:
     shutil.copy2(BUSYBOX, root / "bin/busybox")
     (root / "bin/sh").symlink_to("busybox")
     shutil.copy2(probe, root / "bin/gpuprobe")
-    shutil.copy2("/sbin/ldconfig", root / "sbin/ldconfig")  # static: runs in any root
     (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     (root / "etc/ld.so.conf.d/system.conf").write_text(f"/{libdir.relative_to(root)}\n")
     subprocess.run(["/sbin/ldconfig", "-r", str(root)], check=True)  # the image's own cache

@@ -12,8 +12,9 @@
  *       any other existing file is left alone.
  *   gpu-dra-cdi-hook update-ldcache --folder DIR [--folder DIR ...]
  *       list DIR in the container's /etc/ld.so.conf.d/00-gpu-dra.conf and rebuild the
- *       container's loader cache with the container's own ldconfig (so the cache has the
- *       format its loader reads); the host's ldconfig is used only when the image has none.
+ *       container's loader cache (/etc/ld.so.cache) with the host's ldconfig, run inside the
+ *       container's root. Never a program of the image: the hook runs with the runtime's
+ *       privileges, before the container's confinement applies.
  *
  * Both forms take the same arguments as NVIDIA's nvidia-cdi-hook, so a spec can name either.
  * Everything is done inside chroot(<container root>): symbolic links in the image resolve
@@ -229,26 +230,34 @@ static void write_conf(char **folders, int n) {
     if (fclose(f) != 0) die("cannot write %s: %s", CONF_FILE, strerror(errno));
 }
 
-static void run_ldconfig(char **folders, int n, int host_ldconfig) {
+/* The host's ldconfig, opened before entering the container: a statically linked ELF file
+ * (Debian's, RHEL's and Ubuntu's ldconfig.real are), so it runs inside any container root. */
+static int open_host_ldconfig(void) {
     static const char *candidates[] = {"/sbin/ldconfig.real", "/usr/sbin/ldconfig.real",
                                        "/sbin/ldconfig", "/usr/sbin/ldconfig", NULL};
+    for (const char **c = candidates; *c; c++) {
+        int fd = open(*c, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        char magic[4];
+        if (pread(fd, magic, 4, 0) == 4 && memcmp(magic, "\x7f" "ELF", 4) == 0) return fd;
+        close(fd); /* a wrapper script: its interpreter would come from the image */
+    }
+    return -1;
+}
+
+static void run_ldconfig(char **folders, int n, int host_ldconfig) {
     char **argv = calloc((size_t)n + 2, sizeof *argv);
     if (!argv) die("out of memory");
     argv[0] = "ldconfig";
     for (int i = 0; i < n; i++) argv[i + 1] = folders[i];
     char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
-    for (const char **c = candidates; *c; c++) {
-        if (access(*c, X_OK) == 0) {
-            execve(*c, argv, envp);
-            die("cannot run the container's %s: %s", *c, strerror(errno));
-        }
+    if (host_ldconfig < 0) {
+        fputs("gpu-dra-cdi-hook: no ldconfig on the host; the loader cache is not updated\n",
+              stderr);
+        exit(0);
     }
-    if (host_ldconfig >= 0) {
-        fexecve(host_ldconfig, argv, envp);
-        die("cannot run the host's ldconfig in the container: %s", strerror(errno));
-    }
-    fputs("gpu-dra-cdi-hook: the image has no ldconfig; the loader cache is not updated\n", stderr);
-    exit(0);
+    fexecve(host_ldconfig, argv, envp);
+    die("cannot run the host's ldconfig in the container: %s", strerror(errno));
 }
 
 int main(int argc, char **argv) {
@@ -271,10 +280,7 @@ int main(int argc, char **argv) {
         if (values[i][0] != '/') die("--folder %s is not an absolute path", values[i]);
     char *root = container_root();
     int host_ldconfig = -1;
-    if (flag[2] == 'f') {
-        host_ldconfig = open("/sbin/ldconfig", O_RDONLY | O_CLOEXEC);
-        if (host_ldconfig < 0) host_ldconfig = open("/usr/sbin/ldconfig", O_RDONLY | O_CLOEXEC);
-    }
+    if (flag[2] == 'f') host_ldconfig = open_host_ldconfig();
     pid_t pid = fork();
     if (pid < 0) die("fork: %s", strerror(errno));
     if (pid == 0) {
