@@ -7,7 +7,9 @@ re-discovers periodically: GPUs appearing or disappearing and MIG layout changes
 re-created under the same name with other GPU/compute instance ids too) change, together, what
 prepare accepts, what the health stream lists and what is published. Background tasks retry on
 their own; what cannot be retried ends the process with a non-zero code so the DaemonSet
-restarts it. SIGTERM/SIGINT stop everything and remove the sockets.
+restarts it. Every loop keeps a heartbeat for ``/healthz``; ``/readyz`` also needs the kubelet's
+registration, current slices and NVML answering (health.py). SIGTERM/SIGINT stop everything and
+remove the sockets.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dra_driver.errors import (
 )
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
-from dra_driver.health import ProbeServer, SocketChecker
+from dra_driver.health import Heartbeat, ProbeServer, SocketChecker, heartbeat_problems
 from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.server import KubeletPlugin
@@ -41,6 +43,10 @@ from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publisher import Publisher
 
 logger = logging.getLogger("dra_driver.agent")
+
+# A discovery pass takes seconds; one running this long is stuck in NVML (a wedged GPU or
+# driver), and only a restart gets the agent going again.
+REDISCOVERY_STALL_S = 300.0
 
 
 class Discovery:
@@ -54,21 +60,34 @@ class Discovery:
 
             node = stack.enter_context(simulated_nvml(config.simulate, node_name=config.node_name))
             self._sysfs_root = node.sysfs_root
+        self.last_error: str | None = None  # why the last pass failed; None after a success
 
     def discover(self) -> Inventory:
         """Run discovery once. NoGpusFound yields an empty inventory (an empty pool is published,
-        telling the scheduler the driver runs but has nothing to offer)."""
+        telling the scheduler the driver runs but has nothing to offer). Other DiscoveryErrors
+        are raised, and remembered for readiness until a pass succeeds."""
         try:
             inventory = nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
         except NoGpusFound as exc:
+            self.last_error = None  # NVML answered: there are no GPUs
             logger.warning("no GPUs found; publishing an empty pool", extra={"reason": str(exc)})
             return Inventory(gpus=())
+        except DiscoveryError as exc:
+            self.last_error = str(exc)
+            raise
+        self.last_error = None
         for failure in inventory.failures:
             logger.error(
                 "GPU not published: NVML query failed",
                 extra={"gpu_index": failure.index, "reason": failure.error},
             )
         return inventory
+
+    def readiness_problems(self) -> list[str]:
+        """Empty when the last discovery pass succeeded (for ``/readyz``). A GPU that alone
+        failed its queries does not count: NVML answers, and that GPU is logged and left out."""
+        error = self.last_error
+        return [] if error is None else [f"NVML: the last discovery failed: {error}"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +178,9 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                 driver_metrics.set_published_devices(len(node_devices.devices))
                 scrapes.start()
                 stack.callback(scrapes.stop)  # before plugin.stop: scrapes read its checkpoint
+            rediscovery = Heartbeat("rediscovery", stall_s=REDISCOVERY_STALL_S)
             if config.healthcheck_port:
+                loops = (*publisher.heartbeats, *plugin.heartbeats, rediscovery)
                 probes = ProbeServer(
                     SocketChecker(
                         registration_socket=plugin.paths.registration,
@@ -167,6 +188,12 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                         driver_name=config.driver_name,
                     ),
                     port=config.healthcheck_port,
+                    liveness=[lambda: heartbeat_problems(loops)],
+                    readiness=[
+                        plugin.readiness_problems,
+                        publisher.readiness_problems,
+                        discovery.readiness_problems,
+                    ],
                 )
                 probes.start()
                 stack.callback(probes.stop)
@@ -181,10 +208,14 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             )
             _release_freed_memory()
             state = _NodeState(inventory, node_devices)
-            while not stop.wait(config.rediscover_interval_s):
-                state = _rediscover(discovery, config, state, publisher=publisher, plugin=plugin)
-                if driver_metrics is not None:
-                    driver_metrics.set_published_devices(len(state.node_devices.devices))
+            with rediscovery.running():
+                while not stop.wait(config.rediscover_interval_s):
+                    with rediscovery.busy():
+                        state = _rediscover(
+                            discovery, config, state, publisher=publisher, plugin=plugin
+                        )
+                    if driver_metrics is not None:
+                        driver_metrics.set_published_devices(len(state.node_devices.devices))
     logger.info("stopped")
     return 0
 

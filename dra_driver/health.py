@@ -1,13 +1,25 @@
-"""HTTP liveness/readiness probes of the kubelet plugin: ``/healthz`` and ``/readyz``.
+"""HTTP liveness/readiness probes of the node agent: ``/healthz`` and ``/readyz``.
 
-Both answer 200 only when the two sockets really answer, checked the way the kubelet uses them:
-``GetInfo`` over the registration socket and an empty ``NodePrepareResources`` over ``dra.sock``
-(through the real gRPC stack, so a wedged server or a deleted socket file fails the probe).
-Anything else answers 503 with the reason in the body. Port: ``--healthcheck-port``.
+``/healthz`` (liveness: failing restarts the container) says the process and its loops are
+alive: both sockets really answer, checked the way the kubelet uses them (``GetInfo`` over the
+registration socket, an empty ``NodePrepareResources`` over ``dra.sock``, through the real gRPC
+stack, so a wedged server or a deleted socket file fails it), and every background loop
+(:class:`Heartbeat`) is running and not stuck in one pass. Nothing outside the process (the API
+server, NVML) is part of it: restarting the agent would not bring those back.
+
+``/readyz`` (readiness: a rolling update waits for it before it replaces the next node's pod)
+is everything ``/healthz`` checks plus the readiness checks the agent passes in: the kubelet
+registered the plugin, the slices are published and current, NVML answered the last discovery.
+
+Each answers 200 ``ok`` or 503 with one line per failing condition. Port:
+``--healthcheck-port``.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -20,6 +32,77 @@ from dra_driver.errors import DraError
 from dra_driver.http_server import Answer, HttpServer
 
 PROBE_TIMEOUT_S = 1.0
+
+Check = Callable[[], Iterable[str]]
+"""One probe condition: what is wrong now, one line each; nothing when it passes."""
+
+
+class Heartbeat:
+    """Liveness of one background loop, for ``/healthz``.
+
+    The loop runs its whole body inside :meth:`running` and each pass of work inside
+    :meth:`busy`; a long pass that makes progress (a watch receiving events) calls :meth:`beat`.
+    The loop is dead when its body ended by an exception, and stuck when one pass (or the time
+    since its last beat) has gone on longer than ``stall_s``: every call a pass makes has its
+    own timeout well below that, so only a hang or a deadlock gets there. Waiting between
+    passes, however long, is healthy: the loop sleeps on purpose. Not started yet, or ended
+    normally (stopped), is not a problem either. Only the loop's thread writes; probes read.
+    """
+
+    def __init__(
+        self, name: str, *, stall_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.name = name
+        self.stall_s = stall_s
+        self._clock = clock
+        self._busy_since: float | None = None
+        self._died: str | None = None
+        self.passes = 0
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around the loop's whole body: an exception out of it marks the loop dead."""
+        try:
+            yield
+        except BaseException as exc:
+            self._died = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._busy_since = None
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Around one pass of work."""
+        self._busy_since = self._clock()
+        try:
+            yield
+        finally:
+            self._busy_since = None
+            self.passes += 1
+
+    def beat(self) -> None:
+        """Progress inside a long pass: its stall clock starts again."""
+        if self._busy_since is not None:
+            self._busy_since = self._clock()
+
+    def problem(self) -> str | None:
+        """Why this loop is not alive, or None."""
+        if self._died is not None:
+            return f"loop {self.name} died: {self._died}"
+        since = self._busy_since
+        if since is not None:
+            busy_s = self._clock() - since
+            if busy_s > self.stall_s:
+                return (
+                    f"loop {self.name} is stuck: no progress for {busy_s:.0f} s "
+                    f"(limit {self.stall_s:.0f} s)"
+                )
+        return None
+
+
+def heartbeat_problems(beats: Iterable[Heartbeat]) -> list[str]:
+    """The problems of every loop in ``beats``: a :data:`Check` for ``/healthz``."""
+    return [p for p in (b.problem() for b in beats) if p is not None]
 
 
 class SocketChecker:
@@ -70,20 +153,35 @@ def _describe(exc: grpc.RpcError) -> str:
 
 
 class ProbeServer:
-    """Serves /healthz and /readyz on ``host:port`` in a background thread."""
+    """Serves /healthz and /readyz on ``host:port`` in a background thread.
 
-    def __init__(self, checker: SocketChecker, *, port: int, host: str = "") -> None:
+    ``/healthz`` fails on the sockets (``checker``) or any ``liveness`` check; ``/readyz`` on
+    those or any ``readiness`` check. Checks run on the probe's connection thread, so they
+    only read state the loops keep (no API call, no NVML call).
+    """
+
+    def __init__(
+        self,
+        checker: SocketChecker,
+        *,
+        port: int,
+        host: str = "",
+        liveness: Sequence[Check] = (),
+        readiness: Sequence[Check] = (),
+    ) -> None:
         self.checker = checker
+        alive: tuple[Check, ...] = (checker.problems, *liveness)
+        ready: tuple[Check, ...] = (*alive, *readiness)
 
-        def probe() -> Answer:
-            problems = checker.problems()
+        def probe(checks: Sequence[Check]) -> Answer:
+            problems = [p for check in checks for p in check()]
             if problems:
                 return Answer(503, "".join(f"{p}\n" for p in problems))
             return Answer(200, "ok\n")
 
         try:
             self._server = HttpServer(
-                {"/healthz": probe, "/readyz": probe},
+                {"/healthz": lambda: probe(alive), "/readyz": lambda: probe(ready)},
                 port=port,
                 host=host,
                 flag="--healthcheck-port (HEALTHCHECK_PORT)",

@@ -14,7 +14,9 @@ The node agent starts one Publisher; it runs two threads:
 
 Failures never end the threads: unreachable API server or 5xx/429 -> backoff (``Backoff``);
 403 -> an error naming the missing RBAC rule, retried slowly; the last error stays visible in
-:meth:`Publisher.status`. When the server stores less than we sent (a feature gate is off, spec
+:meth:`Publisher.status`. Each thread keeps a health.Heartbeat (``/healthz``: alive, not stuck);
+:meth:`Publisher.readiness_problems` tells ``/readyz`` whether the slices are published and
+current. When the server stores less than we sent (a feature gate is off, spec
 D.0), the gate is logged once and the stored form becomes the desired one, so no update loop.
 """
 
@@ -37,6 +39,7 @@ from dra_driver.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
+from dra_driver.health import Heartbeat
 from dra_driver.slices import (
     DesiredPool,
     JsonDict,
@@ -122,7 +125,10 @@ class WriteCounts:
 @dataclass(frozen=True)
 class PublisherStatus:
     """A snapshot for probes and logs. ``synced``: the server matched the desired slices at the
-    end of the last sync and nothing changed since."""
+    end of the last sync and nothing changed since. ``desired_written``: the desired slices of
+    the latest set_devices() (or of the start) were written, or found already there, by a sync
+    that succeeded; a later event that only asks for a re-check does not clear it.
+    ``last_error``: why the last sync (or a forbidden watch) failed; None after a success."""
 
     synced: bool
     generation: int | None
@@ -130,6 +136,7 @@ class PublisherStatus:
     last_error: str | None
     writes: WriteCounts
     dropped_gates: tuple[str, ...] = field(default=())
+    desired_written: bool = False
 
 
 class Publisher:
@@ -171,6 +178,12 @@ class Publisher:
         self._own_deletes: set[str] = set()
         self._stream: SliceWatch | None = None
         self._threads: list[threading.Thread] = []
+        # A sync pass makes a few calls of at most the client's timeout each; a watch ends
+        # after watch_timeout_s (plus the client's read margin) and every event is progress.
+        self.heartbeats = (
+            Heartbeat("slice-sync", stall_s=300.0),
+            Heartbeat("slice-watch", stall_s=watch_timeout_s + 120.0),
+        )
 
     def _build(self, node_devices: NodeDevices) -> DesiredPool:
         return build_slices(node_devices, driver_name=self._driver_name, node_name=self._node_name)
@@ -227,7 +240,23 @@ class Publisher:
                 last_error=self._last_error,
                 writes=self._writes,
                 dropped_gates=tuple(sorted(self._reported_gates)),
+                desired_written=self._synced_version == self._desired_version,
             )
+
+    def readiness_problems(self) -> list[str]:
+        """Empty when the desired slices are published and the last sync succeeded; otherwise
+        what is missing, one line each (for ``/readyz``)."""
+        status = self.status()
+        problems = []
+        if not status.desired_written:
+            problems.append(
+                "ResourceSlices: the current devices are not published yet"
+                if status.generation is not None
+                else "ResourceSlices: not published yet"
+            )
+        if status.last_error is not None:
+            problems.append(f"ResourceSlices: the last sync failed: {status.last_error}")
+        return problems
 
     def wait_synced(self, timeout_s: float) -> bool:
         """Block until the current desired pool has been synced; False on timeout."""
@@ -243,41 +272,51 @@ class Publisher:
     # --- syncer ----------------------------------------------------------------------------------
 
     def _sync_loop(self) -> None:
-        attempt = 0
+        beat = self.heartbeats[0]
+        with beat.running():
+            attempt = 0
+            wait_s: float | None = None
+            while not self._stop.is_set():
+                woken = self._wake.wait(wait_s)
+                if self._stop.is_set():
+                    return
+                with beat.busy():
+                    attempt, wait_s = self._sync_pass(woken, attempt)
+
+    def _sync_pass(self, woken: bool, attempt: int) -> tuple[int, float | None]:
+        """One sync with its error handling; returns the attempt count and how long to wait
+        for the next one unless woken (None: until woken)."""
         wait_s: float | None = None
-        while not self._stop.is_set():
-            woken = self._wake.wait(wait_s)
-            if self._stop.is_set():
-                return
-            if woken and self._debounce_s > 0:
-                # Let a burst (the kubelet deleting every slice) arrive before listing once.
-                self._stop.wait(self._debounce_s)
-            self._wake.clear()
-            try:
-                self._sync_once()
-            except KubeForbidden as exc:
-                wait_s = self._forbidden_retry_s
-                self._fail(exc, wait_s, level=logging.ERROR)
-            except (KubeUnavailable, KubeConflict, KubeNotFound, KubeGone) as exc:
-                attempt += 1
-                wait_s = self._backoff.delay_s(attempt, self._rng)
-                self._fail(exc, wait_s, level=logging.WARNING)
-            except KubeError as exc:  # 401, 422 and others: will not fix themselves quickly
-                wait_s = self._forbidden_retry_s
-                self._fail(exc, wait_s, level=logging.ERROR)
-            except Exception as exc:  # a bug must not end publishing for good
-                attempt += 1
-                wait_s = self._backoff.delay_s(attempt, self._rng)
-                with self._lock:
-                    self._last_error = f"unexpected error: {exc!r}"
-                    self._lock.notify_all()
-                log.exception(
-                    "publishing ResourceSlices failed unexpectedly, retrying in %.1f s",
-                    wait_s,
-                    extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
-                )
-            else:
-                attempt, wait_s = 0, None
+        if woken and self._debounce_s > 0:
+            # Let a burst (the kubelet deleting every slice) arrive before listing once.
+            self._stop.wait(self._debounce_s)
+        self._wake.clear()
+        try:
+            self._sync_once()
+        except KubeForbidden as exc:
+            wait_s = self._forbidden_retry_s
+            self._fail(exc, wait_s, level=logging.ERROR)
+        except (KubeUnavailable, KubeConflict, KubeNotFound, KubeGone) as exc:
+            attempt += 1
+            wait_s = self._backoff.delay_s(attempt, self._rng)
+            self._fail(exc, wait_s, level=logging.WARNING)
+        except KubeError as exc:  # 401, 422 and others: will not fix themselves quickly
+            wait_s = self._forbidden_retry_s
+            self._fail(exc, wait_s, level=logging.ERROR)
+        except Exception as exc:  # a bug must not end publishing for good
+            attempt += 1
+            wait_s = self._backoff.delay_s(attempt, self._rng)
+            with self._lock:
+                self._last_error = f"unexpected error: {exc!r}"
+                self._lock.notify_all()
+            log.exception(
+                "publishing ResourceSlices failed unexpectedly, retrying in %.1f s",
+                wait_s,
+                extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
+            )
+        else:
+            attempt, wait_s = 0, None
+        return attempt, wait_s
 
     def _fail(self, exc: KubeError, wait_s: float, *, level: int) -> None:
         with self._lock:
@@ -400,56 +439,62 @@ class Publisher:
     # --- watcher ---------------------------------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        resource_version = ""
-        attempt = 0
-        while not self._stop.is_set():
-            try:
-                if not resource_version:
-                    listing = self._api.list_slices(
-                        driver_name=self._driver_name, node_name=self._node_name
+        beat = self.heartbeats[1]
+        # Always at work (a watch is open or about to be): each round and each event is
+        # progress, and a round ends within the watch's timeout.
+        with beat.running(), beat.busy():
+            resource_version = ""
+            attempt = 0
+            while not self._stop.is_set():
+                beat.beat()
+                try:
+                    if not resource_version:
+                        listing = self._api.list_slices(
+                            driver_name=self._driver_name, node_name=self._node_name
+                        )
+                        resource_version = listing.resource_version
+                        with self._lock:
+                            # Events for writes before this list will never arrive now.
+                            self._own.clear()
+                            self._own_deletes.clear()
+                        # Anything may have happened while we were not watching.
+                        self._wake.set()
+                    resource_version = self._watch_from(resource_version)
+                    attempt = 0
+                except KubeGone:
+                    log.info(
+                        "ResourceSlice watch expired; listing again",
+                        extra={"node": self._node_name},
                     )
-                    resource_version = listing.resource_version
-                    with self._lock:
-                        # Events for writes before this list will never arrive now.
-                        self._own.clear()
-                        self._own_deletes.clear()
-                    # Anything may have happened while we were not watching.
-                    self._wake.set()
-                resource_version = self._watch_from(resource_version)
-                attempt = 0
-            except KubeGone:
-                log.info(
-                    "ResourceSlice watch expired; listing again", extra={"node": self._node_name}
-                )
-                resource_version = ""
-            except KubeError as exc:
-                attempt += 1
-                wait_s = (
-                    self._forbidden_retry_s
-                    if isinstance(exc, KubeForbidden)
-                    else self._backoff.delay_s(attempt, self._rng)
-                )
-                log.log(
-                    logging.DEBUG if isinstance(exc, KubeUnavailable) else logging.ERROR,
-                    "watching ResourceSlices failed, retrying in %.1f s: %s",
-                    wait_s,
-                    exc,
-                    extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
-                )
-                if isinstance(exc, KubeForbidden):
-                    with self._lock:
-                        self._last_error = str(exc)
-                self._stop.wait(wait_s)
-            except Exception:  # a dead watch would leave deleted slices missing
-                attempt += 1
-                wait_s = self._backoff.delay_s(attempt, self._rng)
-                log.exception(
-                    "watching ResourceSlices failed unexpectedly, listing again in %.1f s",
-                    wait_s,
-                    extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
-                )
-                resource_version = ""
-                self._stop.wait(wait_s)
+                    resource_version = ""
+                except KubeError as exc:
+                    attempt += 1
+                    wait_s = (
+                        self._forbidden_retry_s
+                        if isinstance(exc, KubeForbidden)
+                        else self._backoff.delay_s(attempt, self._rng)
+                    )
+                    log.log(
+                        logging.DEBUG if isinstance(exc, KubeUnavailable) else logging.ERROR,
+                        "watching ResourceSlices failed, retrying in %.1f s: %s",
+                        wait_s,
+                        exc,
+                        extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
+                    )
+                    if isinstance(exc, KubeForbidden):
+                        with self._lock:
+                            self._last_error = str(exc)
+                    self._stop.wait(wait_s)
+                except Exception:  # a dead watch would leave deleted slices missing
+                    attempt += 1
+                    wait_s = self._backoff.delay_s(attempt, self._rng)
+                    log.exception(
+                        "watching ResourceSlices failed unexpectedly, listing again in %.1f s",
+                        wait_s,
+                        extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
+                    )
+                    resource_version = ""
+                    self._stop.wait(wait_s)
 
     def _watch_from(self, resource_version: str) -> str:
         stream = self._api.watch_slices(
@@ -464,6 +509,7 @@ class Publisher:
             if self._stop.is_set():
                 return resource_version
             for event in stream:
+                self.heartbeats[1].beat()
                 resource_version = event.resource_version or resource_version
                 if event.type != "BOOKMARK" and self._is_foreign(event):
                     log.debug(

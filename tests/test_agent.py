@@ -1,6 +1,7 @@
 """The node agent as the DaemonSet runs it: a Pod's ServiceAccount (in-cluster configuration over
-TLS), simulated GPUs, both kubelet sockets, the HTTP probes, Prometheus metrics, and a clean
-SIGTERM. Re-discovery applies one change to prepare, the health stream and the slices."""
+TLS), simulated GPUs, both kubelet sockets, the HTTP probes (ready only once the kubelet
+registered it), Prometheus metrics, and a clean SIGTERM. Re-discovery applies one change to
+prepare, the health stream and the slices."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import pytest
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
+from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
+from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.agent import _NodeState, _rediscover
 from dra_driver.config import Config
 from dra_driver.devices import NodeDevices, node_devices
@@ -53,6 +56,15 @@ def _probe(port: int, path: str) -> tuple[int, str]:
         if isinstance(exc.reason, ConnectionRefusedError):
             return 0, "not listening"
         raise
+
+
+def _register(registration: Path) -> None:
+    """What the kubelet's plugin watcher does with a new socket (spec A.5): GetInfo, then
+    NotifyRegistrationStatus once it accepted the plugin."""
+    with grpc.insecure_channel(f"unix://{registration}") as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        assert stub.GetInfo(reg.InfoRequest(), timeout=1).type == "DRAPlugin"
+        stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
 
 
 def _scrape(port: int) -> tuple[str, list[str]]:
@@ -88,13 +100,24 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
             assert names == ["gpu-0", "gpu-1", "gpu-2-mig-3g20gb-9-0", "gpu-2-mig-2g10gb-14-4"]
             # The requests carried the ServiceAccount token from the Pod's mounted files.
             assert {r.verb for r in api.requests if r.resource == "resourceslices"} >= {"create"}
-            while _probe(port, "/readyz")[0] != 200 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert _probe(port, "/healthz") == (200, "ok\n")
-            assert _probe(port, "/readyz") == (200, "ok\n")
             registration = tmp_path / "registry" / "gpu.nvidia.com-reg.sock"
             dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
+            while _probe(port, "/healthz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _probe(port, "/healthz") == (200, "ok\n")
+            # Alive, slices published, but no kubelet has registered it: not ready (a rolling
+            # update must not count this pod as available yet).
+            unregistered = "kubelet has not registered the plugin yet (no NotifyRegistrationStatus)"
+            status, body = _probe(port, "/readyz")
+            while body.splitlines() != [unregistered] and time.monotonic() < deadline:
+                time.sleep(0.05)
+                status, body = _probe(port, "/readyz")
+            assert (status, body.splitlines()) == (503, [unregistered])
             assert registration.is_socket() and dra.is_socket()
+            _register(registration)
+            while _probe(port, "/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _probe(port, "/readyz") == (200, "ok\n")
 
             content_type, lines = _scrape(metrics_port)
             assert content_type == "text/plain; version=0.0.4; charset=utf-8"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -332,3 +333,91 @@ def test_stop_ends_the_threads_promptly(start: Callable[..., Publisher]) -> None
     publisher.stop()
     assert time.monotonic() - began < 1.0
     assert not publisher.wait_synced(0.1)
+
+
+# -- what the probes read ----------------------------------------------------------------------
+
+
+def test_readiness_needs_the_current_devices_written_and_the_last_sync_to_succeed(
+    tmp_path: Path,
+) -> None:
+    api = FakeKubeApi()  # not started yet
+    api.add_node(NODE)
+    kube = KubeClient.from_config(kubeconfig=api.write_kubeconfig(tmp_path / "kc"), timeout_s=1)
+    publisher = Publisher(
+        kube,
+        driver_name=DRIVER,
+        node_name=NODE,
+        node_devices=NodeDevices(devices=(gpu(0),)),
+        backoff=FAST,
+        forbidden_retry_s=0.3,
+    )
+    assert publisher.readiness_problems() == ["ResourceSlices: not published yet"]
+    publisher.start()
+    try:
+        assert wait_for(lambda: len(publisher.readiness_problems()) == 2, 3)
+        not_yet, failed = publisher.readiness_problems()
+        assert not_yet == "ResourceSlices: not published yet"
+        assert (
+            failed.startswith("ResourceSlices: the last sync failed: ") and "unreachable" in failed
+        )
+        api.start()
+        assert wait_for(lambda: publisher.readiness_problems() == [], 5)
+        assert publisher.status().desired_written
+        # new devices that cannot be written: not current any more, and why
+        api.forbid("update", "resourceslices")
+        publisher.set_devices(NodeDevices(devices=(gpu(0), gpu(1))))
+        assert wait_for(lambda: len(publisher.readiness_problems()) == 2, 3)
+        stale, forbidden = publisher.readiness_problems()
+        assert stale == "ResourceSlices: the current devices are not published yet"
+        assert "forbidden" in forbidden
+        api.clear_faults()
+        assert wait_for(lambda: publisher.readiness_problems() == [], 5)
+        # slices deleted behind our back (the kubelet starting): re-created without a pause
+        # in readiness, which needs the desired slices written once and no failed sync since
+        api.delete_slices(node_name=NODE)
+        assert publisher.readiness_problems() == []
+        assert wait_for(lambda: device_names(api) == ["gpu-0", "gpu-1"], 2)
+    finally:
+        publisher.stop()
+        api.stop()
+
+
+class _Stuck:
+    """The real client, but reading the Node (the first call of a sync) hangs until released."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    def get_node(self, name: str) -> Any:
+        self.release.wait(10)
+        return self._kube.get_node(name)
+
+
+def test_the_heartbeats_show_a_stuck_sync_and_live_threads(
+    kubeapi: FakeKubeApi, tmp_path: Path
+) -> None:
+    kubeapi.add_node(NODE)
+    api = _Stuck(KubeClient.from_config(kubeconfig=kubeapi.write_kubeconfig(tmp_path / "kc")))
+    publisher = Publisher(
+        api, driver_name=DRIVER, node_name=NODE, node_devices=NodeDevices(devices=(gpu(0),))
+    )
+    sync, watch = publisher.heartbeats
+    assert (sync.name, watch.name) == ("slice-sync", "slice-watch")
+    sync.stall_s = 0.2
+    publisher.start()
+    try:
+        assert wait_for(lambda: sync.problem() is not None, 3)
+        assert (sync.problem() or "").startswith("loop slice-sync is stuck: no progress for")
+        assert watch.problem() is None  # the watch is open and fine
+        api.release.set()
+        assert publisher.wait_synced(5)
+        assert sync.problem() is None and sync.passes >= 1
+    finally:
+        api.release.set()
+        publisher.stop()
+    assert sync.problem() is None and watch.problem() is None  # stopped is not dead

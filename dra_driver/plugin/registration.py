@@ -3,6 +3,8 @@
 GetInfo answers constants at once (the kubelet allows 1 s, and re-asks every 10 s for the
 plugin's whole life). NotifyRegistrationStatus tells us whether the kubelet accepted us; a
 refusal is logged with the kubelet's reason, which is the only place that reason shows up.
+Until the kubelet said it registered us the agent is not ready (``/readyz``): during a rolling
+update the new pod must not count as available before the kubelet can call it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
 
     def GetInfo(self, request: reg_pb2.InfoRequest, context: object) -> reg_pb2.PluginInfo:  # noqa: N802
         return self._info
+
+    def readiness_problem(self) -> str | None:
+        """None once the kubelet's last NotifyRegistrationStatus said ``plugin_registered``;
+        otherwise why we are not registered (never told yet, or refused with a reason)."""
+        with self._lock:
+            if self.registered.is_set():
+                return None
+            if self.last_error:
+                return f"kubelet refused the plugin registration: {self.last_error}"
+            return "kubelet has not registered the plugin yet (no NotifyRegistrationStatus)"
 
     def NotifyRegistrationStatus(  # noqa: N802
         self, request: reg_pb2.RegistrationStatus, context: object

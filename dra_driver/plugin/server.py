@@ -12,6 +12,7 @@ start() (spec A.3 order, checklist H):
 set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts and what the health
 stream lists in one step; prepared claims holding a device that is gone are reported (log,
 Warning Event ``PreparedDeviceMissing`` on the Node, ``gpu_dra_prepared_devices_missing``).
+readiness_problems() and heartbeats feed the probes (health.py).
 
 With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
 and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.
@@ -44,6 +45,7 @@ from dra_driver.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadRepo
 from dra_driver.config import Config
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
+from dra_driver.health import Heartbeat
 from dra_driver.metrics import DriverMetrics
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
@@ -54,6 +56,9 @@ from dra_driver.prepare import ClaimSource, Preparer, device_targets
 log = logging.getLogger(__name__)
 
 DEFAULT_RECONCILE_INTERVAL_S = 60.0
+# A reconcile pass GETs every prepared claim, each within the client's timeout: with a black-
+# holed API server and many claims a healthy pass can take minutes.
+RECONCILE_STALL_S = 1800.0
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_driver_files reads it
 _GRPC_WORKERS = 32
 
@@ -131,6 +136,7 @@ class KubeletPlugin:
         self._reconciler: threading.Thread | None = None
         self._rebuild_needed = False
         self._health: HealthServicer | None = None
+        self.reconcile_heartbeat = Heartbeat("reconcile", stall_s=RECONCILE_STALL_S)
         self._missing_reported: set[tuple[str, str]] = set()  # (claim uid, device)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -236,6 +242,19 @@ class KubeletPlugin:
         if self._health is not None:
             self._health.wake()
         self._report_missing_devices()
+
+    @property
+    def heartbeats(self) -> tuple[Heartbeat, ...]:
+        """The plugin's background loops, for ``/healthz`` (the gRPC servers are probed over
+        their sockets)."""
+        return (self.reconcile_heartbeat,)
+
+    def readiness_problems(self) -> list[str]:
+        """Empty once the kubelet registered the plugin; otherwise why not (for ``/readyz``)."""
+        if self.registration is None:
+            return ["kubelet: the registration socket is not served yet"]
+        problem = self.registration.readiness_problem()
+        return [] if problem is None else [problem]
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -358,22 +377,28 @@ class KubeletPlugin:
         log.info("serving registration", extra={"socket": str(self.paths.registration)})
 
     def _reconcile_loop(self) -> None:
-        while not self._stopping.wait(self._reconcile_interval_s):
-            assert self.preparer is not None
-            try:
-                if self._rebuild_needed:
-                    self._rebuild_needed = False
-                    self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
-                done = self.preparer.reconcile()
-                self.checkpoint.compact()  # off the prepare path
-            except (CdiError, CheckpointError, KubeError, OSError) as exc:
-                log.warning("reconcile failed; will retry", extra={"error": str(exc)})
-                continue
-            except Exception:  # the repair loop must outlive a bug in one pass
-                log.exception("reconcile failed unexpectedly; will retry")
-                continue
-            if any(done.values()):
-                log.info("reconciled prepared claims", extra=done)
+        beat = self.reconcile_heartbeat
+        with beat.running():
+            while not self._stopping.wait(self._reconcile_interval_s):
+                with beat.busy():
+                    self._reconcile_pass()
+
+    def _reconcile_pass(self) -> None:
+        assert self.preparer is not None
+        try:
+            if self._rebuild_needed:
+                self._rebuild_needed = False
+                self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
+            done = self.preparer.reconcile()
+            self.checkpoint.compact()  # off the prepare path
+        except (CdiError, CheckpointError, KubeError, OSError) as exc:
+            log.warning("reconcile failed; will retry", extra={"error": str(exc)})
+            return
+        except Exception:  # the repair loop must outlive a bug in one pass
+            log.exception("reconcile failed unexpectedly; will retry")
+            return
+        if any(done.values()):
+            log.info("reconciled prepared claims", extra=done)
 
 
 def _serve(server: grpc.Server, path: Path) -> grpc.Server:
