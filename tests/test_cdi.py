@@ -401,3 +401,67 @@ def test_a_spec_that_cannot_become_a_spare_is_simply_deleted(tmp_path: Path) -> 
     assert specs.remove(UID)
     assert specs.claim_uids() == set() and specs.spare_count == 0
     assert target.read_text() == "not ours to reuse"
+
+
+def test_every_claim_gets_the_daemon_sockets_and_the_running_drivers_firmware(
+    tmp_path: Path,
+) -> None:
+    import socket  # noqa: PLC0415
+
+    fake = make_fake_driver(tmp_path)
+    sock_dir = fake.root / "run/nvidia-persistenced"
+    sock_dir.mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock_dir / "socket"))
+    firmware = fake.root / "lib/firmware/nvidia" / DRIVER_VERSION
+    firmware.mkdir(parents=True)
+    (firmware / "gsp_ga10x.bin").write_bytes(b"fw")
+    (firmware / "README").write_text("not firmware")
+    old = fake.root / "lib/firmware/nvidia" / OLD_VERSION
+    old.mkdir()
+    (old / "gsp_ga10x.bin").write_bytes(b"old fw")
+    try:
+        files = cdi.find_driver_files(
+            driver_root=fake.root,
+            host_driver_root=Path("/run/nvidia/driver"),
+            driver_version=DRIVER_VERSION,
+            proc_root=fake.proc_root,
+        )
+    finally:
+        listener.close()
+    base = {m.container_path: m.host_path for m in files.mounts_by_capability[cdi.BASE]}
+    assert base == {
+        "/run/nvidia-persistenced/socket": "/run/nvidia/driver/run/nvidia-persistenced/socket",
+        f"/lib/firmware/nvidia/{DRIVER_VERSION}/gsp_ga10x.bin": (
+            f"/run/nvidia/driver/lib/firmware/nvidia/{DRIVER_VERSION}/gsp_ga10x.bin"
+        ),
+    }
+    for capabilities in (cdi.DEFAULT_CAPABILITIES, frozenset({"video"})):
+        paths = {m["containerPath"] for m in files.edits(capabilities)["mounts"]}
+        assert set(base) <= paths
+
+
+def test_graphics_brings_its_icd_files_and_the_modeset_node_only_when_asked(
+    tmp_path: Path,
+) -> None:
+    fake = make_fake_driver(tmp_path)
+    icd = fake.root / "usr/share/vulkan/icd.d/nvidia_icd.json"
+    icd.parent.mkdir(parents=True)
+    icd.write_text('{"ICD": {"library_path": "libGLX_nvidia.so.0"}}')
+    (fake.root / LIB_DIR / f"libGLX_nvidia.so.{DRIVER_VERSION}").write_text("glx")
+    (fake.root / "dev/nvidia-modeset").write_text("")
+    files = cdi.find_driver_files(
+        driver_root=fake.root, driver_version=DRIVER_VERSION, proc_root=fake.proc_root
+    )
+    plain = files.edits(cdi.DEFAULT_CAPABILITIES)
+    graphics = files.edits(cdi.DEFAULT_CAPABILITIES | {"graphics"})
+
+    def paths(edits: dict[str, Any]) -> set[str]:
+        return {m["containerPath"] for m in edits["mounts"]}
+
+    assert "/usr/share/vulkan/icd.d/nvidia_icd.json" in paths(graphics) - paths(plain)
+    assert f"{LIB}/libGLX_nvidia.so.{DRIVER_VERSION}" in paths(graphics) - paths(plain)
+    assert "/dev/nvidia-modeset" in [n["path"] for n in graphics["deviceNodes"]]
+    assert "/dev/nvidia-modeset" not in [n["path"] for n in plain["deviceNodes"]]
+    assert "hooks" not in graphics  # no hook configured here: the soname link is a mount
+    assert f"{LIB}/libGLX_nvidia.so.0" in paths(graphics)
