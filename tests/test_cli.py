@@ -96,3 +96,25 @@ def test_the_console_script_reports_bad_configuration_with_exit_code_2() -> None
     )
     assert result.returncode == 2
     assert "--node-name (NODE_NAME): 'BAD_NAME' is not a valid DNS subdomain" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "hook"),
+    [
+        ("builtin", "builtin"),
+        ("none", "none"),
+        ("/usr/bin/nvidia-cdi-hook", "/usr/bin/nvidia-cdi-hook"),
+    ],
+)
+def test_the_cdi_hook_is_builtin_none_or_a_host_path(value: str, hook: str) -> None:
+    assert build_config(["--node-name", "n1", "--cdi-hook", value], {}).cdi_hook == hook
+    assert build_config(["--node-name", "n1"], {"CDI_HOOK": value}).cdi_hook == hook
+    assert build_config(["--node-name", "n1"], {}).cdi_hook == "builtin"
+    assert build_config(["--node-name", "n1"], {}).hook_dir == Path(
+        "/var/lib/kubelet/plugins/gpu.nvidia.com/bin"
+    )
+
+
+def test_a_relative_cdi_hook_is_refused_naming_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"--cdi-hook \(CDI_HOOK\).*'nvidia-cdi-hook'"):
+        build_config(["--node-name", "n1", "--cdi-hook", "nvidia-cdi-hook"], {})
