@@ -2,14 +2,23 @@
 
 Set ``KUBEBUILDER_ASSETS`` to a directory holding the ``etcd`` and ``kube-apiserver`` binaries
 (for example what ``setup-envtest use -p path`` prints). Without it every test here is skipped
-with a message saying so. The server gets a throw-away CA and serving certificate and a
-ServiceAccount signing key made with the ``openssl`` command, a static token for an admin user
-(group system:masters), and the resource.k8s.io version and DynamicResourceAllocation gate its
-Kubernetes version needs.
+with a message saying so; with it they run, and anything that keeps them from running (a missing
+binary, no ``openssl``, a Kubernetes older than 1.32) fails them instead of skipping.
+
+The server gets what controller-runtime's envtest gives it (its ``controlplane/apiserver.go``
+and ``etcd.go``): a serving certificate, a ServiceAccount issuer and signing key, RBAC,
+``--disable-admission-plugins=ServiceAccount`` (no controller-manager makes the default
+ServiceAccounts), ``--unsafe-no-fsync`` for an etcd that has it (3.5+). Differences: the
+certificates come from the ``openssl`` command (a CA with the key usages strict verifiers ask
+for, Python 3.13 among them), clients authenticate with a static token of an admin user (group
+system:masters), and the resource.k8s.io versions and DynamicResourceAllocation gate its
+Kubernetes version needs are turned on. Ready means ``/readyz`` answers ``ok`` (plain text, not
+JSON) and the ``default`` namespace exists (its controller creates it after start).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -26,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from dra_driver.kube import KubeClient
 
 TOKEN = "integration-admin-token"
 _START_TIMEOUT_S = 90.0
@@ -44,30 +55,42 @@ def _assets() -> Path:
             "KUBEBUILDER_ASSETS is not set: point it at a directory with the etcd and "
             "kube-apiserver binaries to run the real-apiserver tier"
         )
+    # Set: the tier was asked for, so what keeps it from running is a failure, not a skip.
     assets = Path(value)
     missing = [b for b in ("etcd", "kube-apiserver") if not os.access(assets / b, os.X_OK)]
     if missing:
-        pytest.skip(f"KUBEBUILDER_ASSETS={assets} has no executable {' or '.join(missing)}")
+        pytest.fail(f"KUBEBUILDER_ASSETS={assets} has no executable {' or '.join(missing)}")
     if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make the test certificates")
+        pytest.fail("the openssl command is needed to make the test certificates")
     return assets
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"openssl {' '.join(args)} failed: {done.stderr.strip()}")
 
 
 def _make_certs(pki: Path) -> None:
     pki.mkdir()
     _openssl(
         "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
         "-keyout", "ca.key", "-out", "ca.crt", cwd=pki,
     )  # fmt: skip
     _openssl(
         "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
         "-keyout", "server.key", "-out", "server.csr", cwd=pki,
     )  # fmt: skip
-    (pki / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    (pki / "san.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid\n"
+    )
     _openssl(
         "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
         "-CAcreateserial", "-days", "1", "-extfile", "san.cnf", "-out", "server.crt", cwd=pki,
@@ -81,17 +104,25 @@ def _minor_version(apiserver: Path) -> int:
     version = subprocess.run(
         [str(apiserver), "--version"], capture_output=True, text=True, check=False
     )
-    out = version.stdout
-    match = re.search(r"v1\.(\d+)", out)
+    out = version.stdout + version.stderr
+    match = re.search(r"v1\.(\d+)", out)  # "Kubernetes v1.34.1"
     if match is None:
-        pytest.skip(f"cannot tell the Kubernetes version of {apiserver}: {out!r}")
+        pytest.fail(f"cannot tell the Kubernetes version of {apiserver}: {out!r}")
     return int(match.group(1))
 
 
+def _has_flag(binary: Path, flag: str) -> bool:
+    """Whether ``binary --help`` lists ``flag`` (envtest's flag discovery)."""
+    done = subprocess.run([str(binary), "--help"], capture_output=True, text=True, check=False)
+    return f"--{flag}" in done.stdout + done.stderr
+
+
 def _dra_flags(minor: int) -> list[str]:
-    """resource.k8s.io versions and gates per release (spec D.0)."""
+    """resource.k8s.io versions and gates per release (spec D.0): v1 is served by default from
+    1.34 (turned on anyway, harmless); before, the beta versions and the beta gate, both off
+    by default, are turned on."""
     if minor < 32:
-        pytest.skip(f"kube-apiserver 1.{minor} predates resource.k8s.io/v1beta1 (needs 1.32+)")
+        pytest.fail(f"kube-apiserver 1.{minor} predates resource.k8s.io/v1beta1 (needs 1.32+)")
     if minor >= 34:
         return ["--runtime-config=resource.k8s.io/v1=true"]
     versions = "resource.k8s.io/v1beta1=true" + (
@@ -108,7 +139,12 @@ class RealApiServer:
     minor: int
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        """An admin request (test set-up and checks; the code under test uses kube.py)."""
+        """An admin request answered with JSON (test set-up and checks; the code under test
+        uses kube.py)."""
+        return json.loads(self.request_bytes(method, path, body) or b"{}")
+
+    def request_bytes(self, method: str, path: str, body: Any = None) -> bytes:
+        """An admin request; the answer's body as it came (``/readyz`` answers plain text)."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
             self.url + path,
@@ -118,7 +154,17 @@ class RealApiServer:
         )
         context = ssl.create_default_context(cafile=str(self.ca_file))
         with urllib.request.urlopen(req, context=context, timeout=10) as response:
-            return json.loads(response.read() or b"{}")
+            body_bytes: bytes = response.read()
+            return body_bytes
+
+    @functools.cached_property
+    def resource_api_version(self) -> str:
+        """The resource.k8s.io version the driver's client picks on this server."""
+        client = KubeClient.from_config(kubeconfig=self.kubeconfig)
+        try:
+            return client.resource_api_version
+        finally:
+            client.close()
 
     def create_node(self, name: str) -> dict[str, Any]:
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
@@ -127,19 +173,37 @@ class RealApiServer:
 
 
 def _wait_ready(server: RealApiServer, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
+    """Until ``/readyz`` says ``ok`` (every post-start hook done: RBAC bootstrap, built-in API
+    groups) and the ``default`` namespace exists (created by a controller after start)."""
     deadline = time.monotonic() + _START_TIMEOUT_S
     last = ""
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                pytest.fail(f"{proc.args[0]} exited {proc.returncode}; see {log}")
-        try:
-            server.request("GET", "/readyz")
-            return
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            last = str(exc)
-        time.sleep(0.5)
-    pytest.fail(f"kube-apiserver not ready after {_START_TIMEOUT_S:.0f} s ({last}); see {log}")
+    for path in ("/readyz", "/api/v1/namespaces/default"):
+        while True:
+            for proc in procs:
+                if proc.poll() is not None:
+                    pytest.fail(
+                        f"{proc.args[0]} exited {proc.returncode}; its log ends:\n{_tail(log)}"
+                    )
+            try:
+                answer = server.request_bytes("GET", path)
+                if path != "/readyz" or answer.strip() == b"ok":
+                    break
+                last = f"{path}: {answer[-500:]!r}"
+            except urllib.error.HTTPError as exc:  # 500 with the failing checks, 404, ...
+                last = f"{path}: {exc.code} {exc.read()[-500:].decode(errors='replace')}"
+                exc.close()
+            except (urllib.error.URLError, OSError) as exc:  # not listening yet
+                last = f"{path}: {exc}"
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"kube-apiserver not ready after {_START_TIMEOUT_S:.0f} s ({last}); "
+                    f"its log ends:\n{_tail(log)}"
+                )
+            time.sleep(0.2)
+
+
+def _tail(log: Path, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture(scope="session")
@@ -149,6 +213,7 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
     pki = work / "pki"
     _make_certs(pki)
     minor = _minor_version(assets / "kube-apiserver")
+    etcd = assets / "etcd"
     etcd_client, etcd_peer, secure = _free_port(), _free_port(), _free_port()
     log = work / "logs.txt"
     procs: list[subprocess.Popen[bytes]] = []
@@ -156,7 +221,7 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
         procs.append(
             subprocess.Popen(
                 [
-                    str(assets / "etcd"),
+                    str(etcd),
                     "--name=default",
                     f"--data-dir={work / 'etcd'}",
                     f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
@@ -164,7 +229,8 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
                     f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
                     f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
                     f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-                    "--unsafe-no-fsync=true",
+                    # what envtest sets when etcd has it (3.5+): tests need no durability
+                    *(["--unsafe-no-fsync=true"] if _has_flag(etcd, "unsafe-no-fsync") else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -188,6 +254,9 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
                     "--service-cluster-ip-range=10.0.0.0/24",
                     f"--token-auth-file={pki / 'tokens.csv'}",
                     "--authorization-mode=RBAC",
+                    # as envtest: no controller-manager creates the default ServiceAccounts
+                    "--disable-admission-plugins=ServiceAccount",
+                    "--allow-privileged=true",
                     *_dra_flags(minor),
                 ],
                 stdout=out,

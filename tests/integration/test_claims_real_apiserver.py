@@ -43,7 +43,7 @@ def create_claim(server: RealApiServer, version: str, name: str) -> dict[str, An
 def test_the_claim_get_reads_what_the_official_client_reads(
     real_apiserver: RealApiServer, kube: KubeClient
 ) -> None:
-    assert kube._getter is not None and kube._getter._tls is not None  # HTTPS, CA verified
+    assert kube._getter is not None and kube._getter._tls[0] is not None  # HTTPS, CA verified
     version = kube.resource_api_version
     name = f"claim-{uuid.uuid4().hex[:8]}"
     created = create_claim(real_apiserver, version, name)

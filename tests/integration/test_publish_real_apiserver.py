@@ -34,7 +34,7 @@ def simulated(spec: str, node_name: str) -> NodeDevices:
 
 
 def stored_slices(server: RealApiServer, node_name: str) -> list[dict[str, Any]]:
-    version = KubeClient.from_config(kubeconfig=server.kubeconfig).resource_api_version
+    version = server.resource_api_version
     selector = f"spec.driver%3D{DRIVER}%2Cspec.nodeName%3D{node_name}"
     listing = server.request(
         "GET", f"/apis/resource.k8s.io/{version}/resourceslices?fieldSelector={selector}"
@@ -58,23 +58,27 @@ def nodes(real_apiserver: RealApiServer) -> dict[str, str]:
 
 
 @pytest.fixture
-def publishers(real_apiserver: RealApiServer) -> Iterator[list[Publisher]]:
-    started: list[Publisher] = []
+def publishers(real_apiserver: RealApiServer) -> Iterator[list[tuple[Publisher, KubeClient]]]:
+    started: list[tuple[Publisher, KubeClient]] = []
     yield started
-    for publisher in started:
+    for publisher, client in started:
         publisher.stop()
+        client.close()
 
 
-def start(server: RealApiServer, node_name: str, started: list[Publisher]) -> Publisher:
+def start(
+    server: RealApiServer, node_name: str, started: list[tuple[Publisher, KubeClient]]
+) -> Publisher:
+    client = KubeClient.from_config(kubeconfig=server.kubeconfig)
     publisher = Publisher(
-        KubeClient.from_config(kubeconfig=server.kubeconfig),
+        client,
         driver_name=DRIVER,
         node_name=node_name,
         node_devices=simulated(NODES[node_name], node_name),
         backoff=Backoff(initial_s=0.1, max_s=1.0),
     )
     publisher.start()
-    started.append(publisher)
+    started.append((publisher, client))
     return publisher
 
 
@@ -82,7 +86,7 @@ def start(server: RealApiServer, node_name: str, started: list[Publisher]) -> Pu
 def test_the_server_accepts_and_stores_the_slices(
     real_apiserver: RealApiServer,
     nodes: dict[str, str],
-    publishers: list[Publisher],
+    publishers: list[tuple[Publisher, KubeClient]],
     node_name: str,
 ) -> None:
     publisher = start(real_apiserver, node_name, publishers)
@@ -103,7 +107,7 @@ def test_the_server_accepts_and_stores_the_slices(
 def test_a_restart_with_unchanged_devices_writes_nothing(
     real_apiserver: RealApiServer,
     nodes: dict[str, str],
-    publishers: list[Publisher],
+    publishers: list[tuple[Publisher, KubeClient]],
     node_name: str,
 ) -> None:
     first = start(real_apiserver, node_name, publishers)
@@ -121,13 +125,15 @@ def test_a_restart_with_unchanged_devices_writes_nothing(
 
 
 def test_slices_deleted_like_the_kubelet_does_come_back_within_two_seconds(
-    real_apiserver: RealApiServer, nodes: dict[str, str], publishers: list[Publisher]
+    real_apiserver: RealApiServer,
+    nodes: dict[str, str],
+    publishers: list[tuple[Publisher, KubeClient]],
 ) -> None:
     node_name = "h100-node"
     publisher = start(real_apiserver, node_name, publishers)
     assert publisher.wait_synced(15), publisher.status().last_error
     expected = device_names(real_apiserver, node_name)
-    version = KubeClient.from_config(kubeconfig=real_apiserver.kubeconfig).resource_api_version
+    version = real_apiserver.resource_api_version
     began = time.monotonic()
     real_apiserver.request(
         "DELETE",
