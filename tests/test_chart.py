@@ -625,6 +625,16 @@ def test_image_digest_wins_over_the_tag() -> None:
 # values.schema.json
 
 
+def test_the_cdi_hook_value_reaches_the_agent() -> None:
+    for value in ("builtin", "none", "/usr/bin/nvidia-cdi-hook"):
+        (ds,) = [d for d in render("--set", f"cdiHook={value}") if d["kind"] == "DaemonSet"]
+        env = {
+            e["name"]: e.get("value")
+            for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["CDI_HOOK"] == value
+
+
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [
@@ -640,6 +650,7 @@ def test_image_digest_wins_over_the_tag() -> None:
         (("--set-string", "admissionPolicy.enabled=yes"), "enabled"),
         (("--set", "image.digest=latest"), "digest"),
         (("--set", "kubeletPlugin.resources.requests.gpu=1"), "gpu"),
+        (("--set", "cdiHook=nvidia-cdi-hook"), "cdiHook"),
     ],
 )
 def test_values_schema_rejects_typos_and_wrong_types(args: tuple[str, ...], complaint: str) -> None:
