@@ -8,9 +8,11 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    recorded answer without side effects (idempotent).
 3. GET the ResourceClaim; refuse it when the UID differs, it is not allocated, or it is allocated
    to another node. Keep only results of our driver; every device must be one we have.
-4. Decode our opaque configs (class configs, then claim configs; later wins) strictly.
+4. Decode our opaque configs (class configs, then claim configs; later wins) strictly; refuse a
+   config this driver cannot carry out (``sharing``) rather than ignore it.
 5. Record ``PrepareStarted`` (refusing a device another prepared claim holds, admin access aside),
-   write the CDI spec, record ``PrepareCompleted``; answer one Device per result.
+   write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
+   ``PrepareCompleted``; answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec; an unknown claim succeeds.
 ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind.
@@ -21,6 +23,7 @@ per-claim outcome, and independent claims of a batch run concurrently.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -339,8 +342,11 @@ class Preparer:
             # turns). Order on disk does not matter: a spec no record owns is removed by
             # reconcile (under the claim's lock, which we hold), the missing spec of a completed
             # claim is rewritten, and the kubelet hears of success only after both are durable.
+            capabilities = frozenset().union(
+                *(deviceconfig.driver_capabilities(p.config) for p in planned)
+            )
             pending = self.specs.begin(
-                ref.uid, self._encode_spec(ref.uid, [p.target for p in planned])
+                ref.uid, self._encode_spec(ref.uid, [p.target for p in planned], capabilities)
             )
             try:
                 synced = self._spec_writes.submit(pending.sync)
@@ -348,7 +354,6 @@ class Preparer:
                     # PrepareStarted only has to survive a crash of this process (an append
                     # without fdatasync): after a power loss the boot ID discards every claim.
                     self.checkpoint.transact(self._start_op(ref, planned, devices), durable=False)
-                    self._apply_configs(planned)
                     self.checkpoint.transact(_complete_op(ref.uid))
                 finally:
                     sync_error = synced.exception()  # waits: the temp file is busy till then
@@ -382,7 +387,6 @@ class Preparer:
         # need not be synced: a spec that comes back after a power loss is an orphan too.
         self.specs.remove(uid, sync_dir=False)
         if record is not None:
-            self._undo_configs(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
     # -- steps -------------------------------------------------------------------------------
@@ -530,19 +534,17 @@ class Preparer:
 
         return op
 
-    def _apply_configs(self, planned: Sequence[_Planned]) -> None:
-        # Sharing (time slicing, MPS) is applied in a later stage; the effective config is
-        # already validated and recorded per device, so undo has what it needs.
-        del planned
-
-    def _undo_configs(self, record: ClaimRecord) -> None:
-        del record
-
-    def _write_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> None:
+    def _write_spec(
+        self, claim_uid: str, targets: Iterable[DeviceTarget], capabilities: frozenset[str]
+    ) -> None:
         """Write the claim's spec (atomically; see cdi.CdiSpecDir for what is synced)."""
-        self.specs.write(claim_uid, self._encode_spec(claim_uid, targets))
+        self.specs.write(claim_uid, self._encode_spec(claim_uid, targets, capabilities))
 
-    def _encode_spec(self, claim_uid: str, targets: Iterable[DeviceTarget]) -> bytes:
+    def _encode_spec(
+        self, claim_uid: str, targets: Iterable[DeviceTarget], capabilities: frozenset[str]
+    ) -> bytes:
+        """The claim's spec: its devices' nodes, and the driver files of ``capabilities``
+        (the union of what its devices' configs ask for)."""
         # The current version's nodes of each name: after a swap since the claim was planned
         # (a MIG device re-created under the same name) these are the device's nodes now. A
         # name that is gone by then gets its planned target's nodes.
@@ -553,12 +555,11 @@ class Preparer:
             or cdi.ClaimDevice(name=name, nodes=t.nodes(current.files))
             for name, t in sorted(unique.items())
         ]
-        return self._spec_encoder.encode(claim_uid, devices)
+        return self._spec_encoder.encode(claim_uid, devices, capabilities)
 
     def _roll_back(self, record: ClaimRecord) -> None:
-        """Undo a half-done prepare (lock held): spec and config first, then the record."""
+        """Undo a half-done prepare (lock held): the spec first, then the record."""
         self.specs.remove(record.uid)
-        self._undo_configs(record)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
 
     def _roll_back_quietly(self, uid: str) -> None:
@@ -637,7 +638,7 @@ class Preparer:
                     # has no nodes to give; a spec needs at least one device.
                     have = [targets[d.device] for d in record.devices if d.device in targets]
                     if have:
-                        self._write_spec(uid, have)
+                        self._write_spec(uid, have, _recorded_capabilities(record))
                         done["specs_rewritten"] += 1
                 if record.namespace and self._gone_from_api(record):
                     self._unprepare_locked(uid)
@@ -711,6 +712,19 @@ class Preparer:
             return added
 
         return self.checkpoint.transact(op)
+
+
+def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
+    """The driver capabilities a prepared claim's spec was written with, from the effective
+    configs recorded per device (a claim rebuilt from its spec has none: the default)."""
+    capabilities: set[str] = set()
+    for device in record.devices:
+        config = deviceconfig.DEFAULT_DRIVER_CAPABILITIES
+        if device.config:
+            with contextlib.suppress(ConfigDecodeError):  # an older agent's: its default
+                config = deviceconfig.driver_capabilities(deviceconfig.decode(device.config))
+        capabilities |= config
+    return frozenset(capabilities) or deviceconfig.DEFAULT_DRIVER_CAPABILITIES
 
 
 def _complete_op(uid: str) -> Callable[[Claims], None]:

@@ -23,6 +23,7 @@ once instead of after two failed 10 s probes).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from dra_driver import cdi
+from dra_driver import cdi, cdihook
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
@@ -145,17 +146,28 @@ class KubeletPlugin:
         """Prepare state, then serve dra.sock, then the registration socket. Not re-entrant."""
         cfg = self.config
         driver_version = self.inventory.gpus[0].driver_version if self.inventory.gpus else None
+        # Scanned where this process sees the install, named in specs as the host sees it.
         files = cdi.find_driver_files(
-            driver_root=cfg.nvidia_driver_root,
+            driver_root=cfg.driver_root_in_container,
+            host_driver_root=cfg.nvidia_driver_root,
             driver_version=driver_version,
             proc_root=self._proc_root,
         )
+        cfg.plugin_data_dir.mkdir(parents=True, exist_ok=True)
+        files = dataclasses.replace(files, hook_path=self._hook_path())
         log.info(
             "found driver files",
-            extra={"driver_root": str(cfg.nvidia_driver_root), "mounts": len(files.mounts),
-                   "dev_root": str(files.dev_root)},
+            extra={"driver_root": str(cfg.nvidia_driver_root),
+                   "scanned_at": str(cfg.driver_root_in_container), "mounts": len(files.mounts),
+                   "dev_root": str(files.dev_root), "cdi_hook": files.hook_path},
         )  # fmt: skip
-        cfg.plugin_data_dir.mkdir(parents=True, exist_ok=True)
+        if not files.mounts_by_capability.get("compute"):
+            log.warning(
+                "no CUDA driver library (libcuda.so) found under the driver root: containers "
+                "get device nodes but cannot run CUDA programs; check --nvidia-driver-root and "
+                "the driver root mount",
+                extra={"scanned_at": str(cfg.driver_root_in_container)},
+            )
         cfg.kubelet_registrar_directory_path.mkdir(parents=True, exist_ok=True)
         self.specs.ensure()
         self.locks.open()
@@ -296,6 +308,15 @@ class KubeletPlugin:
             log.warning(
                 "cannot post an Event on the Node", extra={"reason": reason, "error": str(exc)}
             )
+
+    def _hook_path(self) -> str | None:
+        """The host path of the CDI hook the specs name (installs the builtin one)."""
+        hook = self.config.cdi_hook
+        if hook == cdihook.NONE:
+            return None
+        if hook == cdihook.BUILTIN:
+            return str(cdihook.install(self.config.hook_dir))
+        return hook  # a host path we cannot see from here: taken as given
 
     def _recover(self, report: LoadReport) -> None:
         assert self.preparer is not None
