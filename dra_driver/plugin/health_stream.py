@@ -4,8 +4,9 @@ Each message is the full list of our devices (devices missing from a report deca
 re-sent every ``interval_s`` (10 s), well inside the ``health_check_timeout_seconds`` we
 announce (30 s), so a healthy device never decays. The list is read at each report, and
 :meth:`HealthServicer.wake` sends it at once when re-discovery changed the devices. Every
-device is reported HEALTHY: health monitoring from NVML events (XIDs) feeds this stream in a
-later stage.
+device present is reported HEALTHY: the agent does not watch NVML health events (XIDs, ECC) yet,
+so this stream tells the kubelet which devices exist, not whether they work; a device that
+disappears drops out of the list and decays to Unknown.
 """
 
 from __future__ import annotations
