@@ -68,6 +68,11 @@ def pod(plan: dict[str, Any]) -> None:
     spec = plan["pod"]
     root = Path(spec["root"])
     _mount("-t", "tmpfs", "tmpfs", str(root))
+    # emptyDirs first: an image directory may lie below one (a checkout under /tmp, say)
+    for path in spec["empty_dirs"]:
+        target = root / path.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        _mount("-t", "tmpfs", "tmpfs", str(target))
     for directory in spec["image"]:
         target = root / directory.lstrip("/")
         if os.path.islink(directory):  # merged /usr: /bin -> usr/bin
@@ -77,7 +82,7 @@ def pod(plan: dict[str, Any]) -> None:
         target.mkdir(parents=True, exist_ok=True)
         _mount("--bind", directory, str(target))  # no submounts: the node's overlays stay out
         _mount("-o", "remount,bind,ro", str(target))
-    for name in ("proc", "sys", "run", "tmp", "var"):
+    for name in ("proc", "sys", "run", "var"):
         (root / name).mkdir(exist_ok=True)
     _mount("-t", "proc", "proc", str(root / "proc"))
     _mount("--rbind", "/sys", str(root / "sys"))
@@ -96,10 +101,6 @@ def pod(plan: dict[str, Any]) -> None:
             _mount("-o", "remount,bind,ro", str(target))
         if volume["propagation"] == "HostToContainer":
             _mount("--make-rslave", str(target))
-    for path in spec["empty_dirs"]:
-        target = root / path.lstrip("/")
-        target.mkdir(parents=True, exist_ok=True)
-        _mount("-t", "tmpfs", "tmpfs", str(target))
     for path, source in spec["files"].items():
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)

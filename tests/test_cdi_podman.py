@@ -30,28 +30,9 @@ from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim
+from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
 
-BUSYBOX = Path("/bin/busybox")
-CONTAINERS_CONF = """[containers]
-default_ulimits = []
-[engine]
-cgroup_manager = "cgroupfs"
-runtime = "runc"
-"""
-
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "needs root (device nodes and rootful podman)"
-    for tool in ("podman", "runc"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install podman runc busybox-static)"
-    if not BUSYBOX.exists():
-        return "busybox-static is not installed (/bin/busybox)"
-    return ""
-
-
-pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(_missing()), reason=_missing() or "-")]
+pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
 
 
 @pytest.fixture

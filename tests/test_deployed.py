@@ -56,31 +56,21 @@ from dra_driver.gpus.fakedriver import LIBRARIES, make_device_nodes, make_fake_d
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from dra_driver.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, opaque
+from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
 from tests.test_chart import CHART, HELM, NAMESPACE, RELEASE
 
 REPO = Path(__file__).resolve().parent.parent
 PODSIM = REPO / "tests" / "podsim.py"
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
-BUSYBOX = Path("/bin/busybox")
 NODE = "gpu-node-1"
-CONTAINERS_CONF = """[containers]
-default_ulimits = []
-[engine]
-cgroup_manager = "cgroupfs"
-runtime = "runc"
-"""
 
 
 def _missing() -> str:
-    if os.geteuid() != 0:
-        return "needs root (mount namespaces, device nodes, rootful podman)"
-    for tool in ("podman", "runc", "unshare", "nsenter", "cc", "mount"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
+    basic = missing("unshare", "nsenter", "cc", "mount")
+    if basic:
+        return basic
     if HELM is None:
         return "helm not on PATH nor at .tools/bin/helm (run `make helm`)"
-    if not BUSYBOX.exists():
-        return "busybox-static is not installed (/bin/busybox)"
     if not Path(f"/{MULTIARCH}/libc.so.6").exists():
         return f"this test copies glibc from /{MULTIARCH} (x86_64 Debian or Ubuntu)"
     if not cdi_hook_built():
@@ -256,9 +246,10 @@ class Node:
 def image_dirs() -> list[str]:
     """What the agent's image holds: the system's userland, this Python and this checkout."""
     dirs = ["/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc"]
-    for path in (Path(os.path.realpath(sys.base_prefix)), REPO):
-        if not any(str(path).startswith(d + "/") for d in dirs):
-            dirs.append(str(path))
+    python, venv = (os.path.realpath(p) for p in (sys.base_prefix, sys.prefix))
+    for path in (python, str(REPO), venv):
+        if not any(path == d or path.startswith(d + "/") for d in dirs):
+            dirs.append(path)
     return [d for d in dirs if os.path.lexists(d)]
 
 
@@ -316,7 +307,7 @@ def start_node(
     env.update(
         KUBERNETES_SERVICE_HOST="127.0.0.1",
         KUBERNETES_SERVICE_PORT=str(api.port),
-        PATH=f"{REPO}/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        PATH=f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         HOME="/root",
         PYTHONDONTWRITEBYTECODE="1",
     )
