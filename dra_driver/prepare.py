@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, deviceconfig
+from dra_driver import cdi
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -55,6 +55,9 @@ from dra_driver.errors import (
     PrepareError,
 )
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
+
+if TYPE_CHECKING:
+    from dra_driver import deviceconfig
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +159,36 @@ class _Planned:
     pool: str
     share_id: str | None
     admin_access: bool
-    config: deviceconfig.DeviceConfig
+    config: deviceconfig.DeviceConfig | None  # None: no opaque config applies (the default)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        if self.config is None:
+            return cdi.DEFAULT_CAPABILITIES
+        from dra_driver.deviceconfig import driver_capabilities  # noqa: PLC0415
+
+        return driver_capabilities(self.config)
+
+    def config_json(self) -> dict[str, Any]:
+        if self.config is None:
+            return default_config_json(self.target.type)
+        from dra_driver.deviceconfig import to_json  # noqa: PLC0415
+
+        return to_json(self.config)
+
+
+# deviceconfig is imported where it is used (the ``noqa: PLC0415`` lines), so it is loaded with
+# the first claim that carries an opaque config of ours: building its pydantic models (and
+# pydantic's plugin scan of every installed distribution) costs the idle agent about 0.2 MiB,
+# and most claims carry no opaque config. A device no config applies to gets the default one,
+# recorded as deviceconfig.to_json(deviceconfig.default_for(type)) would give it (a test holds
+# the two equal).
+_DEFAULT_CONFIG_KINDS = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
+
+
+def default_config_json(device_type: str) -> dict[str, Any]:
+    """The recorded form of the config a device gets when no opaque config applies."""
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": _DEFAULT_CONFIG_KINDS[device_type]}
 
 
 # What failed, as a short fixed label (the ``error_type`` of the error metrics); the first
@@ -342,9 +374,7 @@ class Preparer:
             # turns). Order on disk does not matter: a spec no record owns is removed by
             # reconcile (under the claim's lock, which we hold), the missing spec of a completed
             # claim is rewritten, and the kubelet hears of success only after both are durable.
-            capabilities = frozenset().union(
-                *(deviceconfig.driver_capabilities(p.config) for p in planned)
-            )
+            capabilities = frozenset().union(*(p.capabilities for p in planned))
             pending = self.specs.begin(
                 ref.uid, self._encode_spec(ref.uid, [p.target for p in planned], capabilities)
             )
@@ -428,12 +458,15 @@ class Preparer:
                 raise PrepareError(
                     f"{where} is allocated device {pool}/{device}, which this node does not have"
                 )
-            config = _effective(configs, request) or deviceconfig.default_for(target.type)
-            try:
-                deviceconfig.check_fits(config, device_type=target.type, device_name=device)
-                deviceconfig.check_supported(config, device_name=device, request=request)
-            except ConfigDecodeError as exc:
-                raise type(exc)(f"{where}: {exc}") from exc
+            config = _effective(configs, request)
+            if config is not None:  # the default config fits every device and asks for nothing
+                from dra_driver.deviceconfig import check_fits, check_supported  # noqa: PLC0415
+
+                try:
+                    check_fits(config, device_type=target.type, device_name=device)
+                    check_supported(config, device_name=device, request=request)
+                except ConfigDecodeError as exc:
+                    raise type(exc)(f"{where}: {exc}") from exc
             share_id = result.get("shareID")
             planned.append(
                 _Planned(
@@ -479,10 +512,14 @@ class Preparer:
         ordered = [e for e in ours if e.get("source") == "FromClass"] + [
             e for e in ours if e.get("source") != "FromClass"
         ]
+        if not ordered:
+            return []
+        from dra_driver.deviceconfig import decode  # noqa: PLC0415
+
         decoded = []
         for index, entry in enumerate(ordered):
             try:
-                config = deviceconfig.decode(entry["opaque"].get("parameters"))
+                config = decode(entry["opaque"].get("parameters"))
             except ConfigDecodeError as exc:
                 raise ConfigDecodeError(
                     f"{where}: config {index} ({entry.get('source', 'FromClaim')}): {exc}"
@@ -502,7 +539,7 @@ class Preparer:
             ),
             share_id=planned.share_id,
             admin_access=planned.admin_access,
-            config=deviceconfig.to_json(planned.config),
+            config=planned.config_json(),
         )
 
     def _start_op(
@@ -719,12 +756,14 @@ def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
     configs recorded per device (a claim rebuilt from its spec has none: the default)."""
     capabilities: set[str] = set()
     for device in record.devices:
-        config = deviceconfig.DEFAULT_DRIVER_CAPABILITIES
-        if device.config:
+        config = cdi.DEFAULT_CAPABILITIES
+        if device.config and "driverCapabilities" in device.config:
+            from dra_driver.deviceconfig import decode, driver_capabilities  # noqa: PLC0415
+
             with contextlib.suppress(ConfigDecodeError):  # an older agent's: its default
-                config = deviceconfig.driver_capabilities(deviceconfig.decode(device.config))
+                config = driver_capabilities(decode(device.config))
         capabilities |= config
-    return frozenset(capabilities) or deviceconfig.DEFAULT_DRIVER_CAPABILITIES
+    return frozenset(capabilities) or cdi.DEFAULT_CAPABILITIES
 
 
 def _complete_op(uid: str) -> Callable[[Claims], None]:

@@ -7,6 +7,8 @@ drive the same code through gRPC and the real Kubernetes client.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -675,3 +677,35 @@ def test_specs_from_before_the_boot_are_not_rebuilt_as_prepared(env: Env) -> Non
     assert env.preparer.rebuild_from_specs(booted_at_s=time.time() + 60) == 0
     env.preparer.reconcile()
     assert env.specs.claim_uids() == set()
+
+
+@pytest.mark.parametrize("device_type", ["gpu", "mig"])
+def test_the_default_config_is_recorded_as_deviceconfig_writes_it(device_type: str) -> None:
+    from dra_driver import deviceconfig, prepare  # noqa: PLC0415
+
+    default = deviceconfig.default_for("gpu" if device_type == "gpu" else "mig")
+    assert prepare.default_config_json(device_type) == deviceconfig.to_json(default)
+
+
+def test_claims_without_opaque_configs_never_load_the_config_models(tmp_path: Path) -> None:
+    # A fresh interpreter: the agent's modules, then a prepare without configs.
+    script = f"""
+import sys
+from pathlib import Path
+import dra_driver.agent
+assert "dra_driver.deviceconfig" not in sys.modules, "loaded at import"
+from tests.test_prepare import build_env
+from tests.claimdata import allocated_claim
+env = build_env(Path({str(tmp_path)!r}))
+claim = env.store.add(allocated_claim(name="c", devices=["gpu-0"]))
+assert env.preparer.prepare(env.ref(claim))[0].config["kind"] == "GpuConfig"
+env.preparer.close()
+assert "dra_driver.deviceconfig" not in sys.modules, "loaded by a prepare without configs"
+print("ok")
+"""
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=repo, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert run.stdout.strip() == "ok", run.stderr
