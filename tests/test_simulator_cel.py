@@ -175,6 +175,11 @@ def test_integer_arithmetic_checks_overflow_and_division_by_zero() -> None:
         ("device.capacity['a'].b > quantity('1')", "no matching overload for '_>_'", 24),
         ("device.driver", "must evaluate to bool", 1),
         ("device.driver == 'a' $ 1", "syntax error", 22),
+        # Logic over two literals: the parser gives the tree no position of its own (this was a
+        # Python TypeError out of compile_selector, a crash on user input).
+        ("false && 32", "no matching overload for '_&&_' applied to '(bool, int)'", 1),
+        ("true || 32", "no matching overload for '_||_' applied to '(bool, int)'", 1),
+        ("32 ? true : false", "no matching overload for '_?_:_' applied to '(int, ...)'", 1),
     ],
 )
 def test_compile_errors_carry_the_position(expression: str, message: str, column: int) -> None:

@@ -1329,8 +1329,13 @@ class _Compiler:
         self.scope: dict[str, T] = dict(variables)
 
     def fail(self, meta: Any, message: str) -> CelCompileError:
+        # lark leaves a tree's position empty when it has no tokens of its own to take it from
+        # (``false && 32``: two literals): the error then points at the expression's start.
         return _compile_error(
-            self.source, message, getattr(meta, "line", 1), getattr(meta, "column", 1)
+            self.source,
+            message,
+            getattr(meta, "line", None) or 1,
+            getattr(meta, "column", None) or 1,
         )
 
     def fail_at(self, offset: int, message: str) -> CelCompileError:
