@@ -131,6 +131,39 @@ def test_string_extensions_work() -> None:
     assert run("'H100 SXM'.matches('^H1[0-9]+') && 'abc'.find('b.') == 'bc'")
 
 
+@pytest.mark.parametrize(
+    "expression",
+    [
+        # RE2 as the API server runs it, not Python's re
+        r"!'abc\n'.matches('abc$')",  # $ is the end of the text, not before a final newline
+        r"!'\u0661'.matches('^\\d$')",  # \d is ASCII only (U+0661 is an Arabic-Indic one)
+        r"'a'.matches('^[[:alpha:]]$') && !'1'.matches('[[:alpha:]]')",  # POSIX classes
+        r"'\u00e9'.matches('^\\pL$') && 'ab'.matches('b\\z')",  # Unicode classes, \z
+        # Go's FindAllString: no empty match right where the previous match ended
+        "'123a45'.findAll('[0-9]*') == ['123', '45'] && 'a12b'.findAll('[0-9]*') == ['', '12', '']",
+        "'a1b2c3'.findAll('[0-9]', 2) == ['1', '2'] && 'x\u00e912'.find('[0-9]+') == '12'",
+        # linear time: a pattern that backtracks exponentially in Python's re answers at once
+        "!'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!'.matches('^(a+)+$')",
+    ],
+)
+def test_regular_expressions_are_re2(expression: str) -> None:
+    assert run(expression)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("device.driver.matches('(?=gpu)')", "invalid perl operator: (?="),
+        ("device.driver.find(r'(a)\\1') == ''", "invalid escape sequence: \\1"),
+        ("matches(device.driver, '(?<=a)b')", "invalid perl operator: (?<"),
+    ],
+)
+def test_a_constant_pattern_re2_refuses_is_a_compile_error(expression: str, message: str) -> None:
+    with pytest.raises(CelCompileError, match="invalid regular expression") as info:
+        compile_selector(expression)
+    assert message in str(info.value)
+
+
 def test_optional_access_and_or_value() -> None:
     assert run("device.attributes['gpu.nvidia.com'].?addressingMode.orValue('none') == 'none'")
     assert run("device.attributes['gpu.nvidia.com'].?type.orValue('') == 'gpu'")

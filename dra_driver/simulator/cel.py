@@ -11,7 +11,9 @@ other side decides), unknown attribute domains read as empty maps, unknown attri
 "no such key" error.
 
 Libraries: the CEL standard functions and macros, ``cel.bind``, optional types, ext.Strings
-v2, Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex (find/findAll),
+v2, Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex (``matches``,
+``find``/``findAll``, with RE2 through google-re2 as the API server has it; a constant pattern RE2
+refuses is a compile error),
 two-variable comprehensions, and DRA ``includes()``. Not implemented (compile error
 "undeclared reference"): timestamps and durations, url/ip/cidr/format libraries, protobuf
 message construction, optional list/map literal entries (``[?x]``, ``{?k: v}``).
@@ -31,6 +33,7 @@ from importlib import resources
 from typing import Any, Final
 
 import lark
+import re2
 from lark.exceptions import LarkError, UnexpectedInput
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
@@ -513,11 +516,22 @@ def _str2(fn: str, impl: Callable[[str, str], Any]) -> Callable[[Any, Any], Any]
 
 
 @lru_cache(maxsize=256)
-def _regex(pattern: str) -> re.Pattern[str]:
+def _regex(pattern: str) -> re2._Regexp:
+    """``pattern`` compiled with RE2, the engine (and so the syntax and semantics) of the API
+    server's CEL: no look-arounds or back-references, ``$`` only at the very end, ``\\d`` ASCII
+    only, POSIX classes and ``\\pL``; matching time linear in the input."""
     try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise _err(f"invalid regular expression {pattern!r}: {exc}") from exc
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise _err(f"invalid regular expression {pattern!r}: {reason}") from exc
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error is the caller's to report, not a log line on stderr
+
+
+_REGEX_FUNCS = frozenset({"matches", "find", "findAll"})
 
 
 def _matches(s: Any, p: Any) -> bool:
@@ -742,10 +756,27 @@ def _find(s: Any, p: Any) -> str:
 
 
 def _find_all(s: Any, p: Any, n: Any = -1) -> list[str]:
+    """Go's ``Regexp.FindAllString``: an empty match right where the previous match ended is
+    not a match of its own (``'123a45'.findAll('[0-9]*')`` is ``['123', '45']``)."""
     if type(s) is not str or type(p) is not str or type(n) is not int:
         raise _no_overload("findAll", s, p)
-    found = [m.group(0) for m in _regex(p).finditer(s)]
-    return found if n < 0 else found[:n]
+    regex = _regex(p)
+    found: list[str] = []
+    pos, previous_end = 0, -1
+    while pos <= len(s) and (n < 0 or len(found) < n):
+        m = regex.search(s, pos)
+        if m is None:
+            break
+        start, end = m.span()
+        if end > start:
+            found.append(m.group(0))
+            pos = end
+        else:
+            if start != previous_end:
+                found.append("")
+            pos = end + 1
+        previous_end = end
+    return found
 
 
 # lists (Kubernetes lists v0 and ext.Lists v3)
@@ -1750,6 +1781,8 @@ class _Compiler:
             raise self.fail_at(
                 at, f"found no matching overload for '{name}' applied to '{recv.type}.({shown})'"
             )
+        if name in _REGEX_FUNCS and args:
+            self._check_regex(args[0], lambda message: self.fail_at(at, message))
         impl = _METHODS[name]
         tf = recv.fn
         afs = [a.fn for a in args]
@@ -1782,6 +1815,8 @@ class _Compiler:
             raise self.fail(
                 tree.meta, f"found no matching overload for '{name}' applied to '({shown})'"
             )
+        if name in _REGEX_FUNCS and len(args) > 1:
+            self._check_regex(args[1], lambda message: self.fail(tree.meta, message))
         impl = _GLOBAL_FUNCS[name]
         afs = [a.fn for a in args]
         if len(afs) == 1:
@@ -1790,6 +1825,17 @@ class _Compiler:
         else:
             fn = lambda v: impl(*[a(v) for a in afs])  # noqa: E731
         return self._maybe_fold(Expr("call", fn, result, tree.meta, name=name, parts=tuple(args)))
+
+    @staticmethod
+    def _check_regex(pattern: Expr, fail: Callable[[str], CelCompileError]) -> None:
+        """A constant pattern RE2 refuses is a compile error, as the API server reports it (cel-go
+        compiles constant patterns when it checks the expression)."""
+        if pattern.kind != "lit" or pattern.type != STRING:
+            return
+        try:
+            _regex(pattern.fn({}))
+        except CelRuntimeError as exc:
+            raise fail(str(exc)) from exc
 
     @staticmethod
     def _maybe_fold(e: Expr) -> Expr:
