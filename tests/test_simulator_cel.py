@@ -9,6 +9,7 @@ from dra_driver.simulator.cel import (
     MAX_EXPRESSION_BYTES,
     CelQuantity,
     Semver,
+    compile_expression,
     compile_selector,
     device_variable,
 )
@@ -256,3 +257,25 @@ def test_why_false_names_the_selector_values() -> None:
     ).why_false(dev)  # type: ignore[arg-type]
     assert why == ["architecture is 'Ampere', not 'Hopper'"]
     assert compile_selector("device.driver == 'gpu.nvidia.com'").why_false(dev) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # an int against a double as cel-go compares them: the int becomes a double
+        ("dyn(9223372036854775807) < 9223372036854775808.0", False),
+        ("dyn(9223372036854775807) == 9223372036854775808.0", True),
+        ("dyn(9223372036854775807) < 9223372036854777857.0", True),
+        ("dyn(9223372036854775807) < -9223372036854777857.0", False),
+        ("dyn(18446744073709551615u) < 18446744073709551616.0", False),
+        ("dyn(2u) > 1.5 && dyn(1) == 1.0 && dyn(-1) < 0.5", True),
+    ],
+)
+def test_mixed_numeric_comparisons_follow_cel_go(expression: str, expected: bool) -> None:
+    assert compile_expression(expression, {}).evaluate({}) is expected
+
+
+@pytest.mark.parametrize("value", ["-9223372036854775808.0", "9223372036854775807.0", "1e99"])
+def test_a_double_at_or_past_the_int_range_is_a_range_error(value: str) -> None:
+    with pytest.raises(CelRuntimeError, match="out of int range"):
+        compile_expression(f"int({value})", {}).evaluate({})

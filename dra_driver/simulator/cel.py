@@ -323,6 +323,8 @@ def _eq(a: Any, b: Any) -> bool:
     if ta is bool or tb is bool:
         return False
     if ta in (int, UInt, float) and tb in (int, UInt, float):
+        if ta is float or tb is float:
+            return _mixed_cmp(a, b) == 0
         return bool(a == b)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b, strict=True))
@@ -342,8 +344,36 @@ def _cmp(op: str, a: Any, b: Any) -> int:
     ):
         if (ta is float and math.isnan(a)) or (tb is float and math.isnan(b)):
             return 2  # NaN: every ordering is false
+        if ta is not tb and (ta is float or tb is float):
+            return _mixed_cmp(a, b)
         return -1 if a < b else (1 if a > b else 0)
     raise _no_overload(op, a, b)
+
+
+_INT_MIN_AS_DOUBLE = float(-(2**63))
+_INT_MAX_AS_DOUBLE = float(2**63 - 1)  # rounds to 2^63, as Go's float64(math.MaxInt64)
+_UINT_MAX_AS_DOUBLE = float(2**64 - 1)
+
+
+def _mixed_cmp(a: Any, b: Any) -> int:
+    """An int or uint against a double, as cel-go compares them (neither is NaN): a double
+    outside the integer type's range orders by its sign; otherwise the integer is converted to a
+    double (so ``9223372036854775807 == 9223372036854775808.0``), exact comparison being what
+    Python would do instead."""
+    if type(a) is float:
+        return -_mixed_cmp(b, a)
+    if type(a) is int:
+        if b < _INT_MIN_AS_DOUBLE:
+            return 1
+        if b > _INT_MAX_AS_DOUBLE:
+            return -1
+    else:
+        if b < 0:
+            return 1
+        if b > _UINT_MAX_AS_DOUBLE:
+            return -1
+    fa = float(a)
+    return -1 if fa < b else (1 if fa > b else 0)
 
 
 def _check_int(n: int) -> int:
@@ -547,7 +577,8 @@ def _to_int(v: Any) -> int:
     if t is UInt:
         return _check_int(int(v))
     if t is float:
-        if math.isnan(v) or math.isinf(v) or not (_INT_MIN <= v < 2.0**63):
+        # cel-go: -2^63 itself is out of range too (its check is v <= float64(MinInt64))
+        if math.isnan(v) or math.isinf(v) or not (_INT_MIN < v < 2.0**63):
             raise _err("double out of int range")
         return int(v)
     if t is str:
