@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
@@ -279,3 +281,41 @@ def test_mixed_numeric_comparisons_follow_cel_go(expression: str, expected: bool
 def test_a_double_at_or_past_the_int_range_is_a_range_error(value: str) -> None:
     with pytest.raises(CelRuntimeError, match="out of int range"):
         compile_expression(f"int({value})", {}).evaluate({})
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("has({}.?x.y)", False),
+        ("has({'x': {'y': 'z'}}.?x.y)", True),
+        ("has({'foo': optional.none()}.foo.bar)", False),
+        (
+            "has(optional.of({'c': {'e': 1}}).c) && !has(optional.of({'c': {'e': 1}}).c.missing)",
+            True,
+        ),
+        ("type(optional.none()) == optional_type", True),
+        ("optional.of(42).optMap(y, y + 1).value() == 43", True),
+        ("optional.none().optMap(y, y + 1).hasValue()", False),
+        ("{'key': {'sub': 'v'}}.?key.optFlatMap(k, k.?sub).value() == 'v'", True),
+        ("{'key': {}}.?key.optFlatMap(k, k.?sub).hasValue()", False),
+        ("[?{}.?c, ?optional.of(42), ?optional.none()] == [42]", True),
+        ("{?'a': optional.none(), 'b': 1, ?'c': optional.of(2)} == {'b': 1, 'c': 2}", True),
+        ("has({?'foo': optional.none()}.foo)", False),
+    ],
+)
+def test_optional_types_as_cel_go_has_them(expression: str, expected: bool) -> None:
+    assert compile_expression(expression, {}).evaluate({}) is expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("[?1]", "expected type 'optional_type' but found 'int'"),
+        ("{?'a': 1}", "expected type 'optional_type' but found 'int'"),
+        ("optional.of(1).optFlatMap(x, x + 1)", "optFlatMap() expression must be an optional"),
+        ("(1).optMap(x, x)", "no matching overload for 'optMap'"),
+    ],
+)
+def test_optional_misuse_is_a_compile_error(expression: str, message: str) -> None:
+    with pytest.raises(CelCompileError, match=re.escape(message)):
+        compile_expression(expression, {})

@@ -16,7 +16,8 @@ v2, Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex (``
 refuses is a compile error),
 two-variable comprehensions, and DRA ``includes()``. Not implemented (compile error
 "undeclared reference"): timestamps and durations, url/ip/cidr/format libraries, protobuf
-message construction, optional list/map literal entries (``[?x]``, ``{?k: v}``).
+message construction. Optional types include ``optMap``/``optFlatMap``, ``optional_type``,
+``has()`` through optional chains and optional list/map literal entries (``[?x]``, ``{?k: v}``).
 """
 
 from __future__ import annotations
@@ -1199,6 +1200,7 @@ _TYPE_IDENTS: Final = {
         "map",
         "null_type",
         "type",
+        "optional_type",
     )
 }
 
@@ -1327,7 +1329,25 @@ def _grammar() -> str:
         'member_dot_opt : member "." "?" IDENT\n'
         'member_index_opt : member "[" "?" expr "]"'
     )
-    return text.replace(old, new)
+    text = text.replace(old, new)
+    # Optional entries of list and map literals: [?x, y], {?k: v, k2: v2}.
+    lists = 'list_lit       : "[" [exprlist] "]"'
+    maps = 'map_lit        : "{" [mapinits] "}"'
+    if lists not in text or maps not in text:  # pragma: no cover
+        raise RuntimeError("cel-python grammar changed; cannot add optional entries")
+    text = text.replace(
+        lists,
+        'list_lit       : "[" [listelems] "]"\n'
+        'listelems      : listelem ("," listelem)*\n'
+        "listelem       : opt_entry | expr\n"
+        'opt_entry      : "?" expr',
+    )
+    return text.replace(
+        maps,
+        'map_lit        : "{" [mapentries] "}"\n'
+        'mapentries     : mapentry ("," mapentry)*\n'
+        'mapentry       : opt_entry ":" expr | expr ":" expr',
+    )
 
 
 def _bool_literal(t: lark.Token) -> lark.Token:
@@ -1801,6 +1821,8 @@ class _Compiler:
             "sortBy",
         ):
             return self.comprehension(tree, name, recv_tree, arg_trees)
+        if name in ("optMap", "optFlatMap"):
+            return self.opt_map(tree, name, recv_tree, arg_trees)
         recv = self.visit(recv_tree)
         args = [self.visit(a) for a in arg_trees]
         at = self.dot_offset(ch[1], self.source)
@@ -1910,11 +1932,65 @@ class _Compiler:
 
         def has(v: Activation) -> bool:
             o = of(v)
+            if type(o) is OptionalValue:  # has(m.?x.y), has(optional.of(m).c): none has nothing
+                if not o.present:
+                    return False
+                o = o.value
             if isinstance(o, dict):
                 return field in o
             raise _err(f"invalid type for has(): {_tname(o)}")
 
         return Expr("has", has, BOOL, tree.meta, name=field, target=obj)
+
+    def opt_map(
+        self,
+        tree: lark.Tree[Any],
+        name: str,
+        recv_tree: lark.Tree[Any],
+        arg_trees: list[lark.Tree[Any]],
+    ) -> Expr:
+        """``opt.optMap(x, expr)``: ``optional.of(expr)`` with ``x`` bound to the value, or none;
+        ``opt.optFlatMap(x, expr)``: the same, where ``expr`` is itself an optional."""
+        var = self._simple_ident(arg_trees[0]) if len(arg_trees) == 2 else None
+        if var is None:
+            raise self.fail(tree.meta, f"{name}() requires a variable name and an expression")
+        recv = self.visit(recv_tree)
+        if recv.type.name not in ("optional_type", "dyn"):
+            raise self.fail(
+                tree.meta, f"found no matching overload for '{name}' applied to '{recv.type}'"
+            )
+        saved = self.scope.get(var)
+        self.scope[var] = recv.type.params[0] if recv.type.params else DYN
+        try:
+            body = self.visit(arg_trees[1])
+        finally:
+            if saved is None:
+                del self.scope[var]
+            else:
+                self.scope[var] = saved
+        if name == "optFlatMap" and body.type.name not in ("optional_type", "dyn"):
+            raise self.fail(
+                tree.meta, f"optFlatMap() expression must be an optional, not {body.type}"
+            )
+        rf, bf, flat = recv.fn, body.fn, name == "optFlatMap"
+
+        def run(v: Activation) -> OptionalValue:
+            o = rf(v)
+            if type(o) is not OptionalValue:
+                raise _no_overload(name, o)
+            if not o.present:
+                return NONE
+            inner = dict(v)
+            inner[var] = o.value
+            result = bf(inner)
+            if not flat:
+                return OptionalValue(result, present=True)
+            if type(result) is not OptionalValue:
+                raise _no_overload(name, result)
+            return result
+
+        typ = body.type if flat else opt_of(body.type)
+        return Expr("call", run, typ, tree.meta, name=name, parts=(body,), target=recv)
 
     def bind(self, tree: lark.Tree[Any], arg_trees: list[lark.Tree[Any]]) -> Expr:
         if len(arg_trees) != 3:
@@ -1997,8 +2073,39 @@ class _Compiler:
         return Expr("comprehension", fn, typ, tree.meta, name=name, parts=tuple(bodies), target=rng)
 
     # -- literals
+    def _entry(self, tree: lark.Tree[Any]) -> tuple[Expr, bool]:
+        """A list element: the expression, and whether it is an optional entry (``?x``), whose
+        value must be an optional and is left out when it is none."""
+        if tree.data == "opt_entry":
+            e = self.visit(tree.children[0])
+            if e.type.name not in ("optional_type", "dyn"):
+                raise self.fail(tree.meta, f"expected type 'optional_type' but found '{e.type}'")
+            return e, True
+        return self.visit(tree), False
+
     def list_lit(self, tree: lark.Tree[Any]) -> Expr:
-        items = self.args(tree.children[0]) if tree.children else []
+        elems = (
+            [self._entry(c.children[0]) for c in tree.children[0].children] if tree.children else []
+        )
+        items = [e for e, _ in elems]
+        if any(opt for _, opt in elems):
+            parts = [(e.fn, opt) for e, opt in elems]
+
+            def list_(v: Activation) -> list[Any]:
+                out: list[Any] = []
+                for f, opt in parts:
+                    x = f(v)
+                    if not opt:
+                        out.append(x)
+                    elif type(x) is not OptionalValue:
+                        raise _no_overload("optional entry", x)
+                    elif x.present:
+                        out.append(x.value)
+                return out
+
+            etypes = {(e.type.params[0] if opt and e.type.params else e.type) for e, opt in elems}
+            typ = list_of(etypes.pop()) if len(etypes) == 1 else LIST_DYN
+            return Expr("list", list_, typ, tree.meta, parts=tuple(items))
         fns = [i.fn for i in items]
         types = {i.type for i in items}
         typ = list_of(types.pop()) if len(types) == 1 else LIST_DYN
@@ -2008,25 +2115,47 @@ class _Compiler:
         return Expr("list", lambda v: [f(v) for f in fns], typ, tree.meta, parts=tuple(items))
 
     def map_lit(self, tree: lark.Tree[Any]) -> Expr:
-        items = self.args(tree.children[0]) if tree.children else []
-        keys, values = items[0::2], items[1::2]
+        entries = []
+        for entry in tree.children[0].children if tree.children else []:
+            key_tree = entry.children[0]
+            optional = key_tree.data == "opt_entry"  # {?k: v}: v is an optional, none leaves k out
+            key = self.visit(key_tree.children[0] if optional else key_tree)
+            value = self.visit(entry.children[1])
+            if optional and value.type.name not in ("optional_type", "dyn"):
+                raise self.fail(
+                    key_tree.meta, f"expected type 'optional_type' but found '{value.type}'"
+                )
+            entries.append((key, optional, value))
+        keys = [k for k, _, _ in entries]
+        items = [e for k, _, x in entries for e in (k, x)]
         for k in keys:
             if k.type.name not in ("dyn", "string", "int", "uint", "bool"):
                 raise self.fail(tree.meta, f"unsupported map key type {k.type}")
-        pairs = [(k.fn, x.fn) for k, x in zip(keys, values, strict=True)]
+        pairs = [(k.fn, opt, x.fn) for k, opt, x in entries]
 
         def map_(v: Activation) -> dict[Any, Any]:
             out: dict[Any, Any] = {}
-            for kf, xf in pairs:
+            for kf, opt, xf in pairs:
                 k = kf(v)
                 if type(k) not in (str, int, UInt, bool):
                     raise _err(f"unsupported map key type {_tname(k)}")
                 if _map_key(out, k) is not _ABSENT:
                     raise _err(f"Failed with repeated key: {_show(k)}")
-                out[k] = xf(v)
+                x = xf(v)
+                if opt:
+                    if type(x) is not OptionalValue:
+                        raise _no_overload("optional entry", x)
+                    if not x.present:
+                        continue
+                    x = x.value
+                out[k] = x
             return out
 
-        ktypes, vtypes = {k.type for k in keys}, {x.type for x in values}
+        ktypes = {k.type for k in keys}
+        vtypes = {
+            (x.type.params[0] if opt and x.type.params else DYN if opt else x.type)
+            for _, opt, x in entries
+        }
         typ = map_of(
             ktypes.pop() if len(ktypes) == 1 else DYN, vtypes.pop() if len(vtypes) == 1 else DYN
         )
