@@ -319,3 +319,34 @@ def test_optional_types_as_cel_go_has_them(expression: str, expected: bool) -> N
 def test_optional_misuse_is_a_compile_error(expression: str, message: str) -> None:
     with pytest.raises(CelCompileError, match=re.escape(message)):
         compile_expression(expression, {})
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("'%s is %d GiB, %.1f%% used'.format(['gpu-0', 80, 12.25])", "gpu-0 is 80 GiB, 12.2% used"),
+        ("'%x %X %o %b'.format([255, 255u, 8, true])", "ff FF 10 1"),
+        ("'%x'.format(['Hi'])", "4869"),
+        ("'%e'.format([1052.032911275])", "1.052033e+03"),
+        ("'%.0f %.0f'.format([1.5, 2.5])", "2 2"),  # halfway to the nearest even, as Go rounds
+        ("'%s'.format([[1, 'a', null, [2.5]]])", "[1, a, null, [2.5]]"),
+        ("'%s'.format([{'b': 1, 'a': true}])", "{a: true, b: 1}"),
+        ("'%d %f'.format([double('NaN'), double('-Infinity')])", "NaN -Infinity"),
+    ],
+)
+def test_string_format_as_cel_go_formats(expression: str, expected: str) -> None:
+    assert compile_expression(expression, {}).evaluate({}) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("'%a'.format([1])", 'unrecognized formatting clause "a"'),
+        ("'%d %d'.format([1])", "index 1 out of range"),
+        ("'%d'.format([0.5])", "decimal clause can only be used on integers, was given double"),
+        ("'%b'.format(['x'])", "only integers and bools can be formatted as binary"),
+    ],
+)
+def test_string_format_errors_name_the_clause(expression: str, message: str) -> None:
+    with pytest.raises(CelRuntimeError, match=re.escape(message)):
+        compile_expression(expression, {}).evaluate({})

@@ -11,7 +11,7 @@ other side decides), unknown attribute domains read as empty maps, unknown attri
 "no such key" error.
 
 Libraries: the CEL standard functions and macros, ``cel.bind``, optional types, ext.Strings
-v2, Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex (``matches``,
+v2 (with ``format``), Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex (``matches``,
 ``find``/``findAll``, with RE2 through google-re2 as the API server has it; a constant pattern RE2
 refuses is a compile error),
 two-variable comprehensions, and DRA ``includes()``. Not implemented (compile error
@@ -667,6 +667,103 @@ def _type_of(v: Any) -> CelType:
 # strings extension (ext.Strings v2)
 
 
+# string.format (ext.Strings): %s %d %f %e %b %o %x %X and %%, precision for f and e (``%.3f``)
+_FORMAT_CLAUSE = re.compile(r"%(?:(%)|(?:\.(\d+))?(.))", re.S)
+_STRING_CLAUSE_TYPES = (
+    "strings, bools, bytes, ints, doubles, maps, lists, types, durations, and timestamps"
+)
+
+
+def _format_error(message: str, v: Any) -> CelRuntimeError:
+    return _err(f"error during formatting: {message}, was given {_tname(v)}")
+
+
+def _special_double(v: float) -> str | None:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return None
+
+
+def _format_s(v: Any) -> str:
+    t = type(v)
+    if t is float:
+        return _special_double(v) or _to_string(v)
+    if t in (str, bool, int, UInt, bytes):
+        return _to_string(v)
+    if v is None:
+        return "null"
+    if t is CelType:
+        return str(v.name)
+    if isinstance(v, list):
+        return "[" + ", ".join(_format_s(x) for x in v) + "]"
+    if isinstance(v, dict):
+        entries = sorted((_format_s(k), _format_s(x)) for k, x in v.items())
+        return "{" + ", ".join(f"{k}: {x}" for k, x in entries) + "}"
+    raise _format_error(f"string clause can only be used on {_STRING_CLAUSE_TYPES}", v)
+
+
+def _format_clause(verb: str, precision: int | None, v: Any) -> str:
+    t = type(v)
+    if verb == "s":
+        return _format_s(v)
+    if verb == "d":
+        if t in (int, UInt):
+            return str(int(v))
+        special = _special_double(v) if t is float else None
+        if special is None:
+            raise _format_error("decimal clause can only be used on integers", v)
+        return special
+    if verb in ("f", "e"):
+        if t not in (int, UInt, float):
+            what = "fixed-point" if verb == "f" else "scientific"
+            raise _format_error(f"{what} clause can only be used on doubles", v)
+        x = float(v)
+        return _special_double(x) or format(x, f".{6 if precision is None else precision}{verb}")
+    if verb == "b":
+        if t in (int, UInt, bool):
+            return format(int(v), "b")
+        raise _format_error("only integers and bools can be formatted as binary", v)
+    if verb == "o":
+        if t in (int, UInt):
+            return format(int(v), "o")
+        raise _format_error("octal clause can only be used on integers", v)
+    # x, X
+    if t in (int, UInt):
+        text = format(int(v), "x")
+    elif t in (str, bytes):
+        text = (v.encode() if t is str else v).hex()
+    else:
+        raise _format_error("only integers, byte buffers, and strings can be formatted as hex", v)
+    return text.upper() if verb == "X" else text
+
+
+def _format(s: Any, args: Any) -> str:
+    if type(s) is not str or not isinstance(args, list):
+        raise _no_overload("format", s, args)
+    out: list[str] = []
+    index = 0
+    last = 0
+    for m in _FORMAT_CLAUSE.finditer(s):
+        out.append(s[last : m.start()])
+        last = m.end()
+        if m[1]:
+            out.append("%")
+            continue
+        verb = m[3]
+        if verb not in "sdfeboxX":
+            raise _err(
+                f'could not parse formatting clause: unrecognized formatting clause "{verb}"'
+            )
+        if index >= len(args):
+            raise _err(f"index {index} out of range")
+        out.append(_format_clause(verb, None if m[2] is None else int(m[2]), args[index]))
+        index += 1
+    out.append(s[last:])
+    return "".join(out)
+
+
 def _char_at(s: Any, i: Any) -> str:
     if type(s) is not str or type(i) is not int:
         raise _no_overload("charAt", s, i)
@@ -1118,6 +1215,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "substring": _substring,
     "trim": _trim,
     "join": _join,
+    "format": _format,
     "reverse": _reverse,
     "find": _find,
     "findAll": _find_all,
@@ -1246,6 +1344,7 @@ _SIGS: dict[str, list[_Sig]] = {
     "substring": [(STRING, (INT,), STRING), (STRING, (INT, INT), STRING)],
     "trim": [(STRING, (), STRING)],
     "join": [(list_of(STRING), (), STRING), (list_of(STRING), (STRING,), STRING)],
+    "format": [(STRING, (LIST_DYN,), STRING)],
     "reverse": [(STRING, (), STRING), (LIST_DYN, (), LIST_DYN)],
     "strings.quote": [(None, (STRING,), STRING)],
     "find": [(STRING, (STRING,), STRING)],
