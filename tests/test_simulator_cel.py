@@ -324,13 +324,17 @@ def test_optional_misuse_is_a_compile_error(expression: str, message: str) -> No
 @pytest.mark.parametrize(
     ("expression", "expected"),
     [
-        ("'%s is %d GiB, %.1f%% used'.format(['gpu-0', 80, 12.25])", "gpu-0 is 80 GiB, 12.2% used"),
-        ("'%x %X %o %b'.format([255, 255u, 8, true])", "ff FF 10 1"),
+        # the API server's literals are homogeneous: mixed arguments go through dyn()
+        (
+            "'%s is %d GiB, %.1f%% used'.format([dyn('gpu-0'), dyn(80), dyn(12.25)])",
+            "gpu-0 is 80 GiB, 12.2% used",
+        ),
+        ("'%x %X %o %b'.format([dyn(255), dyn(255u), dyn(8), dyn(true)])", "ff FF 10 1"),
         ("'%x'.format(['Hi'])", "4869"),
         ("'%e'.format([1052.032911275])", "1.052033e+03"),
         ("'%.0f %.0f'.format([1.5, 2.5])", "2 2"),  # halfway to the nearest even, as Go rounds
-        ("'%s'.format([[1, 'a', null, [2.5]]])", "[1, a, null, [2.5]]"),
-        ("'%s'.format([{'b': 1, 'a': true}])", "{a: true, b: 1}"),
+        ("'%s'.format([[dyn(1), dyn('a'), dyn(null), dyn([2.5])]])", "[1, a, null, [2.5]]"),
+        ("'%s'.format([{'b': dyn(1), 'a': dyn(true)}])", "{a: true, b: 1}"),
         ("'%d %f'.format([double('NaN'), double('-Infinity')])", "NaN -Infinity"),
     ],
 )
@@ -350,3 +354,21 @@ def test_string_format_as_cel_go_formats(expression: str, expected: str) -> None
 def test_string_format_errors_name_the_clause(expression: str, message: str) -> None:
     with pytest.raises(CelRuntimeError, match=re.escape(message)):
         compile_expression(expression, {}).evaluate({})
+
+
+@pytest.mark.parametrize(
+    ("expression", "message", "column"),
+    [
+        ("[1, 'a']", "expected type 'int' but found 'string'", 5),
+        ("[1, 2.0]", "expected type 'int' but found 'double'", 5),
+        ("[[1], ['a']]", "expected type 'list(int)' but found 'list(string)'", 7),
+        ("{'a': 1, 2: 1}", "expected type 'string' but found 'int'", 10),
+    ],
+)
+def test_aggregate_literals_are_homogeneous_as_in_the_api_server(
+    expression: str, message: str, column: int
+) -> None:
+    with pytest.raises(CelCompileError) as info:
+        compile_expression(expression, {})
+    assert message in str(info.value) and f"column {column}:" in str(info.value)
+    assert compile_expression("[1, dyn('a'), dyn([]), dyn(2.0)].size() == 4", {}).evaluate({})

@@ -11,9 +11,9 @@ other side decides), unknown attribute domains read as empty maps, unknown attri
 "no such key" error.
 
 Libraries: the CEL standard functions and macros, ``cel.bind``, optional types, ext.Strings
-v2 (with ``format``), Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex (``matches``,
-``find``/``findAll``, with RE2 through google-re2 as the API server has it; a constant pattern RE2
-refuses is a compile error),
+v2 (with ``format``), Kubernetes quantity, semver, lists (v0 and ext.Lists v3), sets and regex
+(``matches``, ``find``/``findAll``, with RE2 through google-re2 as the API server has it; a
+constant pattern RE2 refuses is a compile error),
 two-variable comprehensions, and DRA ``includes()``. Not implemented (compile error
 "undeclared reference"): timestamps and durations, url/ip/cidr/format libraries, protobuf
 message construction. Optional types include ``optMap``/``optFlatMap``, ``optional_type``,
@@ -26,7 +26,7 @@ import functools
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -2202,16 +2202,34 @@ class _Compiler:
                         out.append(x.value)
                 return out
 
-            etypes = {(e.type.params[0] if opt and e.type.params else e.type) for e, opt in elems}
-            typ = list_of(etypes.pop()) if len(etypes) == 1 else LIST_DYN
-            return Expr("list", list_, typ, tree.meta, parts=tuple(items))
+            elem = self._common_type(
+                [(e, e.type.params[0] if opt and e.type.params else DYN if opt else e.type)
+                 for e, opt in elems]
+            )  # fmt: skip
+            return Expr("list", list_, list_of(elem), tree.meta, parts=tuple(items))
         fns = [i.fn for i in items]
-        types = {i.type for i in items}
-        typ = list_of(types.pop()) if len(types) == 1 else LIST_DYN
+        typ = list_of(self._common_type([(i, i.type) for i in items]))
         if all(i.kind == "lit" for i in items):
             value = [f({}) for f in fns]
             return Expr("lit", lambda _v: list(value), typ, tree.meta)
         return Expr("list", lambda v: [f(v) for f in fns], typ, tree.meta, parts=tuple(items))
+
+    def _common_type(self, typed: Sequence[tuple[Expr, T]]) -> T:
+        """The element (or key, or value) type of an aggregate literal. The API server's CEL
+        environment has homogeneous aggregate literals: ``[1, 'a']`` is a compile error there
+        (``[1, dyn('a')]`` is not), so it is one here."""
+        common: T | None = None
+        for e, t in typed:
+            if t.name == "dyn":
+                continue
+            if common is None:
+                common = t
+            elif not _fits(common, t):
+                raise self.fail_expr(e, f"expected type '{common}' but found '{t}'")
+        return common or DYN
+
+    def fail_expr(self, e: Expr, message: str) -> CelCompileError:
+        return _compile_error(self.source, message, e.line or 1, e.column or 1)
 
     def map_lit(self, tree: lark.Tree[Any]) -> Expr:
         entries = []
@@ -2250,14 +2268,13 @@ class _Compiler:
                 out[k] = x
             return out
 
-        ktypes = {k.type for k in keys}
-        vtypes = {
-            (x.type.params[0] if opt and x.type.params else DYN if opt else x.type)
-            for _, opt, x in entries
-        }
         typ = map_of(
-            ktypes.pop() if len(ktypes) == 1 else DYN, vtypes.pop() if len(vtypes) == 1 else DYN
-        )
+            self._common_type([(k, k.type) for k in keys]),
+            self._common_type(
+                [(x, x.type.params[0] if opt and x.type.params else DYN if opt else x.type)
+                 for _, opt, x in entries]
+            ),
+        )  # fmt: skip
         return Expr("map", map_, typ, tree.meta, parts=tuple(items))
 
     def literal(self, tree: lark.Tree[Any]) -> Expr:
