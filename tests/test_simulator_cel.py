@@ -372,3 +372,16 @@ def test_aggregate_literals_are_homogeneous_as_in_the_api_server(
         compile_expression(expression, {})
     assert message in str(info.value) and f"column {column}:" in str(info.value)
     assert compile_expression("[1, dyn('a'), dyn([]), dyn(2.0)].size() == 4", {}).evaluate({})
+
+
+@pytest.mark.parametrize(
+    ("left", "right", "expected"),
+    [("40Gi", "40960Mi", 0), ("1.5", "1500m", 0), ("-1m", "0", -1), ("1Ki", "1k", 1),
+     ("0.1", "100m", 0), ("-2Gi", "-3Gi", 1)],
+)  # fmt: skip
+def test_quantity_compare_to_orders_by_exact_value(left: str, right: str, expected: int) -> None:
+    expression = f"quantity('{left}').compareTo(quantity('{right}'))"
+    assert compile_expression(expression, {}).evaluate({}) == expected
+    assert compile_expression(expression.replace("compareTo", "isGreaterThan"), {}).evaluate(
+        {}
+    ) is (expected > 0)
