@@ -98,10 +98,20 @@ ClusterRole grants exactly these. Discovery (``GET /apis/resource.k8s.io``) is a
 every authenticated user may read."""
 
 EXPLAIN_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
-    {("list", GROUP, "resourceslices"), ("list", GROUP, "deviceclasses")}
+    {
+        ("list", GROUP, "resourceslices"),
+        ("list", GROUP, "deviceclasses"),
+        ("list", GROUP, "resourceclaims"),
+        ("list", GROUP, "devicetaintrules"),
+    }
 )
 """What ``gpu-dra explain --kubeconfig`` reads, with the user's own credentials (never the
-agent's ServiceAccount): every node's slices and the cluster's DeviceClasses."""
+agent's ServiceAccount): every node's slices, the cluster's DeviceClasses, the ResourceClaims of
+all namespaces (the devices already in use) and the DeviceTaintRules where served."""
+
+DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+"""resource.k8s.io versions that can serve DeviceTaintRule, preferred first (spec D.4: v1alpha3
+since 1.33, v1beta2 since 1.36, v1 since 1.37; each only with the DRADeviceTaintRules gate on)."""
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -456,6 +466,55 @@ class KubeClient:
             item.setdefault("apiVersion", f"{GROUP}/{version}")
             item.setdefault("kind", "DeviceClass")
         return items
+
+    def list_resource_claims(self) -> list[JsonDict]:
+        """Every ResourceClaim of the cluster (all namespaces), v1 shape, sorted by (namespace,
+        name), status included: what the scheduler counts as in use. For ``gpu-dra explain``;
+        the agent never calls it."""
+        version = self.resource_api_version
+        data = self._request(
+            "GET", f"/apis/{GROUP}/{version}/resourceclaims", verb="list", resource="resourceclaims"
+        )
+        claims = []
+        for item in data.get("items") or ():
+            claim = claim_to_v1(item, api_version=version)
+            claim.setdefault("kind", "ResourceClaim")
+            claims.append(claim)
+        return sorted(
+            claims,
+            key=lambda c: (
+                str(c.get("metadata", {}).get("namespace", "")),
+                str(c.get("metadata", {}).get("name", "")),
+            ),
+        )
+
+    def list_device_taint_rules(self) -> list[JsonDict] | None:
+        """Every DeviceTaintRule of the cluster, sorted by name, or None when the cluster serves
+        none (the DRADeviceTaintRules gate is off, or Kubernetes < 1.33). The served version is
+        found by discovery (:data:`DEVICE_TAINT_RULE_VERSIONS`); the fields explain uses
+        (``spec.deviceSelector``, ``spec.taint``) have the same shape in all of them. For
+        ``gpu-dra explain``; the agent never calls it."""
+        group = self._request("GET", f"/apis/{GROUP}", verb="get", resource=GROUP)
+        served = {str(v.get("version")) for v in group.get("versions") or ()}
+        for version in DEVICE_TAINT_RULE_VERSIONS:
+            if version not in served:
+                continue
+            resources = self._request("GET", f"/apis/{GROUP}/{version}", verb="get", resource=GROUP)
+            names = {str(r.get("name")) for r in resources.get("resources") or ()}
+            if "devicetaintrules" not in names:
+                continue
+            data = self._request(
+                "GET",
+                f"/apis/{GROUP}/{version}/devicetaintrules",
+                verb="list",
+                resource="devicetaintrules",
+            )
+            items: list[JsonDict] = list(data.get("items") or ())
+            for item in items:
+                item.setdefault("apiVersion", f"{GROUP}/{version}")
+                item.setdefault("kind", "DeviceTaintRule")
+            return sorted(items, key=lambda r: str(r.get("metadata", {}).get("name", "")))
+        return None
 
     def get_node(self, name: str) -> JsonDict:
         """The Node object; KubeNotFound if it does not exist."""

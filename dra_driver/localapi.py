@@ -6,7 +6,9 @@ It implements just what the driver uses, with the semantics the driver relies on
   served resource.k8s.io versions are configurable (``versions=("v1beta1",)`` mimics 1.32);
 * ResourceSlices (cluster-scoped; v1, v1beta2 and v1beta1, whose devices are wrapped in ``basic``),
   ResourceClaims (namespaced; v1beta1 requests flat instead of under ``exactly``), DeviceClasses,
-  Nodes, Events;
+  Nodes, Events; DeviceTaintRules only in the versions given as ``device_taint_rule_versions``
+  (none by default, as on a cluster whose DRADeviceTaintRules gate is off; ``("v1alpha3",)``
+  mimics 1.33-1.35 with the gate on);
 * list with ``fieldSelector`` (``spec.driver``, ``spec.nodeName``, ``spec.pool.name``,
   ``metadata.name``) and ``labelSelector`` (``k=v``, ``k!=v``, ``k``); watch as a chunked JSON event
   stream from a resourceVersion (ADDED/MODIFIED/DELETED, BOOKMARK when asked, an ERROR event with
@@ -56,6 +58,7 @@ _KINDS = {
     "deviceclasses": ("DeviceClass", False),
     "nodes": ("Node", False),
     "events": ("Event", True),
+    "devicetaintrules": ("DeviceTaintRule", False),
 }
 _SLICE_FIELDS = ("spec.driver", "spec.nodeName", "spec.pool.name", "metadata.name")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real generator's alphabet
@@ -110,10 +113,14 @@ class FakeKubeApi:
         token: str | None = None,
         validate: bool = True,
         tls_dir: Path | None = None,
+        device_taint_rule_versions: Iterable[str] = (),
     ) -> None:
         """``tls_dir``: serve HTTPS with a fresh self-signed certificate written there
-        (``ca.crt``; needed by clients that insist on TLS, like the in-cluster configuration)."""
+        (``ca.crt``; needed by clients that insist on TLS, like the in-cluster configuration).
+        ``device_taint_rule_versions``: the resource.k8s.io versions that serve DeviceTaintRules
+        (a version only listed here, like v1alpha3, serves nothing else)."""
         self.versions = tuple(versions)
+        self.device_taint_rule_versions = tuple(device_taint_rule_versions)
         self.tls_dir = tls_dir
         self.token = token
         self.validate = validate
@@ -246,6 +253,21 @@ class FakeKubeApi:
         )
         env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
         return ["unshare", "--mount", "sh", "-c", script, str(account), *argv], env
+
+    @property
+    def served_versions(self) -> tuple[str, ...]:
+        """Every resource.k8s.io version served, preferred first; DeviceTaintRule-only ones last."""
+        extra = tuple(v for v in self.device_taint_rule_versions if v not in self.versions)
+        return self.versions + extra
+
+    def resources_served(self, version: str) -> tuple[str, ...]:
+        """The resource.k8s.io resources served in ``version``."""
+        out: tuple[str, ...] = ()
+        if version in self.versions:
+            out = ("resourceslices", "resourceclaims", "deviceclasses")
+        if version in self.device_taint_rule_versions:
+            out += ("devicetaintrules",)
+        return out
 
     # --- test controls ---------------------------------------------------------------------------
 
@@ -525,7 +547,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _discovery(self, path: str) -> JsonDict | None:
-        versions = self.api.versions
+        versions = self.api.served_versions
         group_versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in versions]
         group = {
             "kind": "APIGroup",
@@ -550,9 +572,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "kind": "APIResourceList",
                 "apiVersion": "v1",
                 "groupVersion": f"{GROUP}/{version}",
-                "resources": [
-                    _resource_info(r) for r in ("resourceslices", "resourceclaims", "deviceclasses")
-                ],
+                "resources": [_resource_info(r) for r in self.api.resources_served(version)],
             }
         return None
 
@@ -561,7 +581,9 @@ class _Handler(BaseHTTPRequestHandler):
         not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
         if parts[:2] == ["api", "v1"]:
             version, rest = "v1", parts[2:]
-        elif parts[:2] == ["apis", GROUP] and len(parts) > 2 and parts[2] in self.api.versions:
+        elif (
+            parts[:2] == ["apis", GROUP] and len(parts) > 2 and parts[2] in self.api.served_versions
+        ):
             version, rest = parts[2], parts[3:]
         else:
             raise not_found
@@ -571,6 +593,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not rest or rest[0] not in _KINDS or len(rest) > 2:
             raise not_found
         resource = rest[0]
+        if parts[0] == "apis" and resource not in self.api.resources_served(version):
+            raise not_found
         if (version == "v1" and resource not in ("nodes", "events")) and parts[0] == "api":
             raise not_found
         if parts[0] == "apis" and resource in ("nodes", "events"):

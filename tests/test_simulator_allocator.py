@@ -13,8 +13,10 @@ from dra_driver.simulator.allocator import (
     Node,
     allocate,
     allocated_state,
+    apply_taint_rules,
     parse_claim,
     parse_device_class,
+    parse_device_taint_rule,
     parse_slice,
 )
 
@@ -206,7 +208,10 @@ def test_allocation_mode_all_fails_when_one_is_in_use() -> None:
     )
     assert not result.satisfiable
     reasons = {v.device: v.reasons for v in result.diagnoses[0].verdicts}
-    assert reasons["gpu-1"] == ("already allocated to claim ns/other",)
+    assert reasons["gpu-1"] == ("in use by ns/other",)
+    assert result.diagnoses[0].summary == (
+        "needs all 2 matching devices, but 1 is allocated: gpu-1 (ns/other)"
+    )
 
 
 def test_devices_allocated_to_other_claims_are_skipped() -> None:
@@ -370,6 +375,9 @@ def test_counters_used_by_allocated_devices_are_not_available() -> None:
         "memory-slice-2: needs 1, 0 left (used by big of claim ns/other)" in r
         for r in reasons["overlap"]
     )
+    assert result.diagnoses[0].summary == (
+        "the one matching device is taken by allocated claims: overlap (ns/other)"
+    )
 
 
 def test_taints_block_unless_tolerated() -> None:
@@ -402,7 +410,12 @@ def test_consumable_capacity_shares_a_device_until_it_is_full() -> None:
         [claim(req)], [slice_([shared])], allocated=[allocated_claim("gpu-0", share=True)] * 2
     )
     assert not full.satisfiable
-    assert "capacity memory: needs 30Gi, 20Gi of 80Gi left" in full.diagnoses[0].verdicts[0].reasons
+    assert full.diagnoses[0].verdicts[0].reasons == (
+        "capacity memory: needs 30Gi, 20Gi of 80Gi left (in use by ns/other)",
+    )
+    assert full.diagnoses[0].summary == (
+        "the one matching device is taken by allocated claims: gpu-0 (ns/other)"
+    )
 
 
 def test_only_the_highest_generation_counts() -> None:
@@ -481,3 +494,112 @@ def test_unknown_class_and_bad_selector_are_input_errors() -> None:
         run([claim(exactly(selectors=("device.nope",)))], [slice_([gpu("gpu-0")])])
     with pytest.raises(ExplainError, match="count must be a positive integer"):
         parse_claim(claim(exactly(count=0)))
+
+
+def taint_rule(name: str, selector: dict[str, Any] | None, effect: str = "NoSchedule") -> Any:
+    spec: dict[str, Any] = {"taint": {"key": "example.com/broken", "effect": effect}}
+    if selector is not None:
+        spec["deviceSelector"] = selector
+    return parse_device_taint_rule(
+        {"kind": "DeviceTaintRule", "metadata": {"name": name}, "spec": spec}
+    )
+
+
+def test_device_taint_rules_taint_what_their_selector_picks() -> None:
+    counters = [
+        {"name": "gpu-0-cs", "counters": {f"memory-slice-{i}": {"value": "1"} for i in range(8)}}
+    ]
+    slices = [
+        parse_slice(
+            slice_([gpu("gpu-0"), gpu("gpu-1"), mig("mig-a", start=0, size=1)], counters=counters)
+        )
+    ]
+
+    def tainted(*rules: Any) -> dict[str, list[str]]:
+        out = apply_taint_rules(slices, rules, classes=CLASSES)
+        return {d.name: [t.rule for t in d.taints] for s in out for d in s.devices if d.taints}
+
+    assert tainted(taint_rule("one", {"device": "gpu-1", "pool": "node1"})) == {"gpu-1": ["one"]}
+    assert tainted(taint_rule("other-driver", {"driver": "x.example.com"})) == {}
+    assert tainted(taint_rule("no-selector", None)) == {}
+    assert tainted(taint_rule("all", {})) == {"gpu-0": ["all"], "gpu-1": ["all"], "mig-a": ["all"]}
+    # v1alpha3 before 1.35: a class and CEL selectors narrow the rule
+    assert tainted(taint_rule("migs", {"deviceClassName": "mig.nvidia.com"})) == {"mig-a": ["migs"]}
+    assert tainted(taint_rule("missing-class", {"deviceClassName": "nope"})) == {}
+
+    rules = [taint_rule("one", {"device": "gpu-0"})]
+    result = allocate(
+        [parse_claim(claim(exactly(count=2)))],
+        classes=CLASSES,
+        slices=apply_taint_rules(slices, rules, classes=CLASSES),
+        node=NODE,
+    )
+    assert not result.satisfiable
+    reasons = {v.device: v.reasons for v in result.diagnoses[0].verdicts}
+    assert reasons["gpu-0"] == (
+        "taint example.com/broken:NoSchedule is not tolerated (from DeviceTaintRule one)",
+    )
+    tolerant = exactly(count=2, tolerations=[{"key": "example.com/broken", "operator": "Exists"}])
+    result = allocate(
+        [parse_claim(claim(tolerant))],
+        classes=CLASSES,
+        slices=apply_taint_rules(slices, rules, classes=CLASSES),
+        node=NODE,
+    )
+    assert devices_of(result) == ["gpu-0", "gpu-1"]
+
+
+def test_an_already_allocated_claim_keeps_its_allocation() -> None:
+    held = allocated_claim("gpu-1")
+    held["metadata"]["uid"] = "uid-1"
+    slices = [slice_([gpu("gpu-0"), gpu("gpu-1")])]
+    same_name = claim(exactly(), name="other")
+    result = run([same_name], slices, allocated=[held])
+    assert devices_of(result) == ["gpu-1"]
+    assert result.allocations[0].existing
+    assert any("already allocated" in n for n in result.notes)
+
+    renamed = claim(exactly(), name="renamed")
+    renamed["metadata"]["uid"] = "uid-1"
+    assert devices_of(run([renamed], slices, allocated=[held])) == ["gpu-1"]
+
+    # allocated together with a new claim: the new one cannot take the held device
+    result = run([same_name, claim(exactly(), name="new")], slices, allocated=[held])
+    assert devices_of(result) == ["gpu-1", "gpu-0"]
+    assert [a.existing for a in result.allocations] == [True, False]
+
+
+def test_an_allocation_for_another_node_is_unsatisfiable_here() -> None:
+    held = allocated_claim("gpu-0")
+    held["status"]["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node2"]}]}
+        ]
+    }
+    result = run([claim(exactly(), name="other")], [slice_([gpu("gpu-0")])], allocated=[held])
+    assert not result.satisfiable
+    assert result.error == "claim ns/other is already allocated, for node node2"
+
+
+def test_allocated_state_counts_each_kind_of_result_as_the_scheduler_does() -> None:
+    def named(name: str, c: dict[str, Any]) -> dict[str, Any]:
+        c["metadata"]["name"] = name
+        return c
+
+    admin = named("monitor", allocated_claim("gpu-0"))
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    state = allocated_state(
+        [
+            admin,
+            named("share-a", allocated_claim("gpu-1", share=True)),
+            named("share-b", allocated_claim("gpu-1", share=True)),
+            named("whole", allocated_claim("gpu-2")),
+            {"metadata": {"name": "pending", "namespace": "ns"}},
+        ]
+    )
+    assert state.holders((DRIVER, "node1", "gpu-0")) == ()  # admin access holds nothing
+    assert state.holders((DRIVER, "node1", "gpu-1")) == ("ns/share-a", "ns/share-b")
+    assert state.holders((DRIVER, "node1", "gpu-2")) == ("ns/whole",)
+    assert state.shared_capacity[(DRIVER, "node1", "gpu-1")] == {"memory": 60 * 2**30}
+    assert sorted(state.claims) == ["ns/monitor", "ns/share-a", "ns/share-b", "ns/whole"]
+    assert state.claims["ns/monitor"].results[0].admin_access

@@ -1,8 +1,9 @@
 """The scheduler's structured-parameters allocation for the pools of one node. Pure.
 
 Input: ResourceClaims (v1, v1beta2 or v1beta1 JSON), DeviceClasses, ResourceSlices (v1 or
-v1beta1 JSON) and the claims already allocated. Output: the allocation the kube-scheduler's DRA
-plugin would make on that node, or, per request, why each device is unusable.
+v1beta1 JSON), DeviceTaintRules and the claims already allocated. Output: the allocation the
+kube-scheduler's DRA plugin would make on that node, or, per request, why each device is unusable
+(naming the claims that hold a device in use).
 
 Behaviour follows ``dra:structured/internal/{stable,incubating,experimental}`` (spec D, E):
 only the highest generation of a pool counts; incomplete or invalid pools are skipped (an
@@ -11,15 +12,17 @@ order, devices in slice order; first fit with backtracking, trying device combin
 permutations) within a request; ``firstAvailable`` sub-requests in order; class selectors before
 request selectors; a CEL runtime error aborts the attempt (it is not "false"); devices in use by
 other claims are excluded (admin access excepted); shared counters (partitionable devices),
-taints/tolerations, ``matchAttribute``/``distinctAttribute`` constraints and consumable capacity
-(``allowMultipleAllocations``, ``capacity.requests``, ``requestPolicy``).
+taints/tolerations (a slice's own and those DeviceTaintRules add), ``matchAttribute``/
+``distinctAttribute`` constraints and consumable capacity (``allowMultipleAllocations``,
+``capacity.requests``, ``requestPolicy``). A claim that is already allocated keeps its
+allocation: the scheduler only checks that its node can use it (spec D.3, ``status.allocation``).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Final
 
@@ -58,6 +61,7 @@ class Taint:
     key: str
     value: str
     effect: str
+    rule: str = ""  # the DeviceTaintRule that put it on the device; "" for the slice's own
 
     def __str__(self) -> str:
         return (
@@ -148,6 +152,7 @@ class Claim:
     requests: tuple[Request, ...]
     constraints: tuple[Constraint, ...] = ()
     config: tuple[JSON, ...] = ()
+    uid: str = ""
 
     @property
     def key(self) -> str:
@@ -162,11 +167,49 @@ class DeviceClass:
 
 
 @dataclass(frozen=True)
+class DeviceTaintRule:
+    """A DeviceTaintRule: ``taint`` on every device its ``spec.deviceSelector`` picks.
+
+    Unset fields match any device; a rule without a selector matches none (API docs of
+    DeviceTaintSelector). ``device_class`` and ``selectors`` exist only in v1alpha3 before 1.35.
+    """
+
+    name: str
+    taint: Taint
+    selected: bool = True  # False: the rule has no deviceSelector
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    device_class: str | None = None
+    selectors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class AllocatedState:
-    """What claims that are already allocated hold."""
+    """What claims that are already allocated hold, and their allocations."""
 
     exclusive: Mapping[DeviceID, str] = field(default_factory=dict)  # device -> claim key
     shared_capacity: Mapping[DeviceID, Mapping[str, Fraction]] = field(default_factory=dict)
+    shared_holders: Mapping[DeviceID, tuple[str, ...]] = field(default_factory=dict)
+    claims: Mapping[str, ClaimAllocation] = field(default_factory=dict)  # claim key -> allocation
+    uids: Mapping[str, str] = field(default_factory=dict)  # claim uid -> claim key
+
+    def holders(self, dev: DeviceID) -> tuple[str, ...]:
+        """The claims that hold ``dev`` (admin-access allocations hold nothing)."""
+        if dev in self.exclusive:
+            return (self.exclusive[dev],)
+        return tuple(self.shared_holders.get(dev, ()))
+
+    def existing(self, claim: Claim) -> ClaimAllocation | None:
+        """The allocation ``claim`` already has: found by UID, else by namespace/name (a claim
+        without a namespace is looked up as given, then in ``default``, where kubectl would
+        create it without ``-n``)."""
+        key = self.uids.get(claim.uid) if claim.uid else None
+        if key is None:
+            key = claim.key
+            if key not in self.claims and not claim.namespace:
+                key = f"default/{claim.name}"
+        return self.claims.get(key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,6 +234,7 @@ class ClaimAllocation:
     results: tuple[DeviceResult, ...]
     config: tuple[JSON, ...]
     node_selector: JSON | None
+    existing: bool = False  # already allocated (status.allocation): shown, not allocated again
 
 
 @dataclass(frozen=True)
@@ -201,6 +245,7 @@ class DeviceVerdict:
     pool: str
     device: str
     reasons: tuple[str, ...]
+    in_use_by: tuple[str, ...] = ()  # allocated claims that keep it from this request
 
 
 @dataclass(frozen=True)
@@ -211,6 +256,7 @@ class RequestDiagnosis:
     wanted: str  # "2" or "all"
     summary: str
     verdicts: tuple[DeviceVerdict, ...]
+    all_taken: bool = False  # some devices match, and allocated claims keep all of them from it
 
 
 @dataclass(frozen=True)
@@ -398,6 +444,7 @@ def parse_claim(obj: JSON, *, where: str = "") -> Claim:
         requests=tuple(requests),
         constraints=tuple(constraints),
         config=config,
+        uid=str(meta.get("uid") or ""),
     )
 
 
@@ -526,26 +573,149 @@ def parse_slice(obj: JSON) -> Slice:
 
 
 def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
-    """Devices held by allocated claims (admin-access results hold nothing, as upstream)."""
+    """What allocated claims hold, as the scheduler counts it, and each claim's allocation.
+
+    Claims without ``status.allocation`` are skipped. A result with ``adminAccess`` holds
+    nothing (it neither blocks nor is blocked, spec D.3); one with ``shareID`` holds its
+    ``consumedCapacity`` of a device that allows multiple allocations; any other holds its device
+    (and, through it, the shared counters it consumes).
+    """
     exclusive: dict[DeviceID, str] = {}
     shared: dict[DeviceID, dict[str, Fraction]] = {}
+    shared_holders: dict[DeviceID, list[str]] = {}
+    allocations: dict[str, ClaimAllocation] = {}
+    uids: dict[str, str] = {}
     for obj in claims:
         meta = _obj(obj.get("metadata"), "metadata")
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}".lstrip("/")
-        allocation = _obj(_obj(obj.get("status"), "status").get("allocation"), "status.allocation")
-        results = _list(_obj(allocation.get("devices"), "").get("results"), "results")
-        for raw in results:
-            r = _obj(raw, f"{key}: status.allocation.devices.results")
+        status = _obj(obj.get("status"), f"{key}: status")
+        if status.get("allocation") is None:
+            continue
+        where = f"{key}: status.allocation"
+        allocation = _obj(status.get("allocation"), where)
+        devices = _obj(allocation.get("devices"), f"{where}.devices")
+        results = []
+        for raw in _list(devices.get("results"), f"{where}.devices.results"):
+            r = _obj(raw, f"{where}.devices.results")
+            dev: DeviceID = (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+            consumed = _obj(r.get("consumedCapacity"), f"{where}.devices.results")
+            results.append(
+                DeviceResult(
+                    request=str(r.get("request", "")),
+                    driver=dev[0],
+                    pool=dev[1],
+                    device=dev[2],
+                    admin_access=bool(r.get("adminAccess")),
+                    tolerations=_tolerations(r.get("tolerations"), f"{where}.tolerations"),
+                    share_id=str(r["shareID"]) if r.get("shareID") else None,
+                    consumed_capacity={str(n): str(v) for n, v in consumed.items()},
+                )
+            )
             if r.get("adminAccess"):
                 continue
-            dev: DeviceID = (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
             if r.get("shareID"):
                 agg = shared.setdefault(dev, {})
-                for n, v in _obj(r.get("consumedCapacity"), "").items():
+                for n, v in consumed.items():
                     agg[str(n)] = agg.get(str(n), Fraction(0)) + _quantity(v, key)[0]
+                holders = shared_holders.setdefault(dev, [])
+                if key not in holders:
+                    holders.append(key)
             else:
                 exclusive[dev] = key
-    return AllocatedState(exclusive, shared)
+        allocations[key] = ClaimAllocation(
+            claim=key,
+            results=tuple(results),
+            config=tuple(
+                _obj(c, f"{where}.devices.config")
+                for c in _list(devices.get("config"), f"{where}.devices.config")
+            ),
+            node_selector=allocation.get("nodeSelector") or None,
+            existing=True,
+        )
+        if meta.get("uid"):
+            uids[str(meta["uid"])] = key
+    return AllocatedState(
+        exclusive,
+        shared,
+        {d: tuple(h) for d, h in shared_holders.items()},
+        allocations,
+        uids,
+    )
+
+
+def parse_device_taint_rule(obj: JSON) -> DeviceTaintRule:
+    """A DeviceTaintRule (v1alpha3, v1beta2 or v1 JSON); ExplainError names bad fields."""
+    meta = _obj(obj.get("metadata"), "metadata")
+    name = str(meta.get("name") or "unnamed")
+    where = f"DeviceTaintRule {name}"
+    spec = _obj(obj.get("spec"), f"{where}: spec")
+    t = _obj(spec.get("taint"), f"{where}: spec.taint")
+    if not t.get("key") or not t.get("effect"):
+        raise _fail(where, "spec.taint.key and spec.taint.effect are required")
+    taint = Taint(str(t["key"]), str(t.get("value") or ""), str(t["effect"]), rule=name)
+    if spec.get("deviceSelector") is None:
+        return DeviceTaintRule(name, taint, selected=False)
+    sel = _obj(spec.get("deviceSelector"), f"{where}: spec.deviceSelector")
+
+    def field_(k: str) -> str | None:
+        v = sel.get(k)
+        return str(v) if v else None
+
+    return DeviceTaintRule(
+        name,
+        taint,
+        driver=field_("driver"),
+        pool=field_("pool"),
+        device=field_("device"),
+        device_class=field_("deviceClassName"),
+        selectors=_selectors(sel.get("selectors"), f"{where}: spec.deviceSelector.selectors"),
+    )
+
+
+def apply_taint_rules(
+    slices: Sequence[Slice],
+    rules: Sequence[DeviceTaintRule],
+    *,
+    classes: Mapping[str, DeviceClass],
+) -> list[Slice]:
+    """``slices`` with the taints of ``rules`` added to the devices the rules select: the
+    devices as the scheduler sees them (its DeviceTaintRule tracker patches them the same way).
+    A rule's class or CEL selectors (v1alpha3 before 1.35) that fail on a device, with false or
+    a runtime error, do not select it; an unknown class selects nothing."""
+    if not rules:
+        return list(slices)
+    out = []
+    for s in slices:
+        devices = []
+        for d in s.devices:
+            extra = tuple(r.taint for r in rules if _rule_selects(r, s, d, classes))
+            devices.append(replace(d, taints=d.taints + extra) if extra else d)
+        changed = any(a is not b for a, b in zip(devices, s.devices, strict=True))
+        out.append(replace(s, devices=tuple(devices)) if changed else s)
+    return out
+
+
+def _rule_selects(
+    rule: DeviceTaintRule, s: Slice, d: SliceDevice, classes: Mapping[str, DeviceClass]
+) -> bool:
+    if not rule.selected:
+        return False
+    for wanted, have in ((rule.driver, s.driver), (rule.pool, s.pool), (rule.device, d.name)):
+        if wanted is not None and wanted != have:
+            return False
+    exprs = rule.selectors
+    if rule.device_class is not None:
+        cls = classes.get(rule.device_class)
+        if cls is None:
+            return False
+        exprs = cls.selectors + exprs
+    for expr in exprs:
+        try:
+            if not cel.compile_selector(expr).matches(d.cel_device):
+                return False
+        except CelRuntimeError:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1127,10 +1297,13 @@ def allocate(
 ) -> AllocationResult:
     """Allocate all ``claims`` together on ``node`` as the scheduler would.
 
-    Raise ExplainError (or CelCompileError) for input errors: an unknown class, a selector that
-    does not compile. A CEL runtime error is not an input error: like the scheduler, the attempt
-    is aborted and the result carries the error. With ``diagnose``, an unsatisfiable result
-    explains per request why each device was unusable.
+    A claim that ``allocated`` already holds an allocation for (same UID, else same
+    namespace/name) keeps it, as the scheduler keeps ``status.allocation``: the node only has to
+    be one its ``nodeSelector`` admits, and its devices stay in use. Raise ExplainError (or
+    CelCompileError) for input errors: an unknown class, a selector that does not compile. A CEL
+    runtime error is not an input error: like the scheduler, the attempt is aborted and the
+    result carries the error. With ``diagnose``, an unsatisfiable result explains per request
+    why each device was unusable.
     """
     allocated = allocated or AllocatedState()
     compile_selectors(claims, classes)
@@ -1146,6 +1319,29 @@ def allocate(
         for p in pools
         if p.incomplete or p.invalid
     )
+    existing = [allocated.existing(c) for c in claims]
+    for claim, done in zip(claims, existing, strict=True):
+        if done is None:
+            continue
+        notes += (
+            f"claim {claim.key} is already allocated (status.allocation of {done.claim}): "
+            "shown as it is, not allocated again",
+        )
+        if done.node_selector and not _selector_matches(done.node_selector, node):
+            return AllocationResult(
+                node=node.name,
+                satisfiable=False,
+                error=f"claim {claim.key} is already allocated, for {_nodes_of(done)}",
+                notes=notes,
+            )
+    if all(done is not None for done in existing):
+        return AllocationResult(
+            node=node.name,
+            satisfiable=True,
+            allocations=tuple(done for done in existing if done is not None),
+            notes=notes,
+        )
+    claims = [c for c, done in zip(claims, existing, strict=True) if done is None]
     datas = _request_data(claims, classes)
     search = _Search(claims, datas, pools, allocated)
     for cand in search.candidates:
@@ -1161,16 +1357,31 @@ def allocate(
     except _TooMany:
         error = f"more than {MAX_RESULTS_PER_CLAIM} devices requested by one claim"
     if ok and error is None:
+        new = iter(_results(search, classes))
         return AllocationResult(
             node=node.name,
             satisfiable=True,
-            allocations=_results(search, classes),
+            allocations=tuple(next(new) if done is None else done for done in existing),
             notes=notes,
         )
     diagnoses = _diagnose(search, node) if diagnose else ()
     return AllocationResult(
         node=node.name, satisfiable=False, error=error, diagnoses=diagnoses, notes=notes
     )
+
+
+def _nodes_of(allocation: ClaimAllocation) -> str:
+    """The nodes an existing allocation's nodeSelector names, in words."""
+    names = [
+        str(v)
+        for term in (allocation.node_selector or {}).get("nodeSelectorTerms") or []
+        for r in term.get("matchFields") or []
+        if r.get("key") == "metadata.name" and r.get("operator") == "In"
+        for v in r.get("values") or []
+    ]
+    if names:
+        return f"node {', '.join(names)}" if len(names) == 1 else f"nodes {', '.join(names)}"
+    return "other nodes (its nodeSelector does not match this one)"
 
 
 def _request_data(
@@ -1313,61 +1524,90 @@ def _node_selector(cands: list[_Candidate]) -> JSON | None:
 # Diagnosis: per request, why each device is unusable
 
 
+@dataclass
+class _Why:
+    """Why one device cannot serve one request, and whether allocated claims are the cause."""
+
+    reasons: list[str] = field(default_factory=list)
+    matches: bool = True  # its pool is usable, it is on the node and it passes the selectors
+    in_use_by: list[str] = field(default_factory=list)  # claims holding it or what it needs
+    allocated: bool = False  # held itself (not only its shared counters or capacity)
+
+    def blame(self, holders: Iterable[str]) -> None:
+        for h in holders:
+            if h not in self.in_use_by:
+                self.in_use_by.append(h)
+
+
 def _diagnose(search: _Search, node: Node) -> tuple[RequestDiagnosis, ...]:
     out = []
     every = [_Candidate(p, s, d) for p in search.pools for s in p.slices for d in s.devices]
-    for key, data in search.datas.items():
+    for data in search.datas.values():
         claim = search.claims[data.claim_index]
         verdicts = []
-        usable: list[_Candidate] = []
+        whys = []
         for cand in every:
-            reasons = _device_reasons(search, data, cand, node)
+            why = _device_reasons(search, data, cand, node)
+            whys.append((cand, why))
             verdicts.append(
-                DeviceVerdict(cand.pool.driver, cand.pool.name, cand.device.name, tuple(reasons))
+                DeviceVerdict(
+                    cand.pool.driver,
+                    cand.pool.name,
+                    cand.device.name,
+                    tuple(why.reasons),
+                    tuple(why.in_use_by),
+                )
             )
-            if not reasons:
-                usable.append(cand)
         req = data.request
         wanted = "all" if req.allocation_mode == "All" else str(req.count)
+        matching = [w for _, w in whys if w.matches]
         out.append(
             RequestDiagnosis(
                 claim=claim.key,
                 request=data.full_name,
                 device_class=data.device_class.name,
                 wanted=wanted,
-                summary=_summary(search, data, usable, len(every)),
+                summary=_summary(search, data, whys),
                 verdicts=tuple(verdicts),
+                all_taken=bool(matching) and all(w.in_use_by for w in matching),
             )
         )
-        del key
     return tuple(out)
 
 
-def _device_reasons(search: _Search, data: _ReqData, cand: _Candidate, node: Node) -> list[str]:
-    reasons: list[str] = []
+def _device_reasons(search: _Search, data: _ReqData, cand: _Candidate, node: Node) -> _Why:
+    why = _Why()
+    reasons = why.reasons
     pool = cand.pool
     if pool.invalid:
         reasons.append(f"pool {pool.name} is invalid: {pool.invalid}")
     elif pool.incomplete:
         reasons.append(f"pool {pool.name} is incomplete (not all of its slices are published)")
-    if not _device_on_node(cand.slice, cand.device, node):
+    on_node = _device_on_node(cand.slice, cand.device, node)
+    if not on_node:
         reasons.append(f"not available on node {node.name}")
     req = data.request
     dev = cand.id
     holder = search.allocated.exclusive.get(dev)
     if holder is not None and not req.admin_access and not cand.device.allow_multiple_allocations:
-        reasons.append(f"already allocated to claim {holder}")
-    reasons.extend(_selector_reasons(data, cand))
+        reasons.append(f"in use by {holder}")
+        why.blame([holder])
+        why.allocated = True
+    selector = _selector_reasons(data, cand)
+    reasons.extend(selector)
+    why.matches = on_node and not selector and not pool.invalid and not pool.incomplete
     taint = _taint_blocks(cand.device, req)
     if taint is not None:
-        reasons.append(f"taint {taint} is not tolerated")
-    shared = (
-        dict(search.allocated.shared_capacity.get(dev, {}))
-        if cand.device.allow_multiple_allocations
-        else {}
-    )
+        source = f" (from DeviceTaintRule {taint.rule})" if taint.rule else ""
+        reasons.append(f"taint {taint} is not tolerated{source}")
+    multi = cand.device.allow_multiple_allocations
+    shared = dict(search.allocated.shared_capacity.get(dev, {})) if multi else {}
     problem = capacity_problem(req, cand.device, shared)
     if problem is not None:
+        holders = search.allocated.shared_holders.get(dev, ()) if multi else ()
+        if holders and capacity_problem(req, cand.device, {}) is None:
+            problem += f" (in use by {', '.join(holders)})"
+            why.blame(holders)
         reasons.append(problem)
     if cand.device.consumes_counters and not pool.invalid:
         avail = search.available_counters(pool)
@@ -1377,13 +1617,18 @@ def _device_reasons(search: _Search, data: _ReqData, cand: _Candidate, node: Nod
                 if have is None:
                     reasons.append(f"consumes unknown counter {cs}/{n}")
                 elif v > have:
-                    holders = _counter_holders(search, pool, cs, n)
+                    users = _counter_holders(search, pool, cs, n)
                     reasons.append(
                         f"counter {cs}/{n}: needs {format_quantity(v)}, "
                         f"{format_quantity(max(have, Fraction(0)))} left"
-                        + (f" (used by {', '.join(holders)})" if holders else "")
+                        + (
+                            f" (used by {', '.join(f'{d} of claim {c}' for d, c in users[:3])})"
+                            if users
+                            else ""
+                        )
                     )
-    return reasons
+                    why.blame(c for _, c in users)
+    return why
 
 
 def _selector_reasons(data: _ReqData, cand: _Candidate) -> list[str]:
@@ -1400,33 +1645,78 @@ def _selector_reasons(data: _ReqData, cand: _Candidate) -> list[str]:
     return []
 
 
-def _counter_holders(search: _Search, pool: _Pool, cs: str, counter: str) -> list[str]:
+def _counter_holders(search: _Search, pool: _Pool, cs: str, counter: str) -> list[tuple[str, str]]:
+    """(device, claim) of the allocated devices of ``pool`` that consume ``cs``/``counter``."""
     out = []
     for s in pool.slices:
         for d in s.devices:
-            dev = (pool.driver, pool.name, d.name)
-            if dev in search.allocated.exclusive and any(
-                c == cs and counter in m for c, m in d.consumes_counters
-            ):
-                out.append(f"{d.name} of claim {search.allocated.exclusive[dev]}")
-    return out[:3]
+            if not any(c == cs and counter in m for c, m in d.consumes_counters):
+                continue
+            for holder in search.allocated.holders((pool.driver, pool.name, d.name)):
+                out.append((d.name, holder))
+    return out
 
 
-def _summary(search: _Search, data: _ReqData, usable: list[_Candidate], total: int) -> str:
+def _names(devices: Sequence[str], limit: int = 8) -> str:
+    return ", ".join(devices[:limit]) + (" ..." if len(devices) > limit else "")
+
+
+def _taken(whys: Sequence[tuple[_Candidate, _Why]]) -> tuple[list[str], bool]:
+    """The matching devices kept from the request by allocated claims, as "dev (claims)", and
+    whether every one of them is allocated itself (not only through counters or capacity)."""
+    taken = [
+        f"{c.device.name} ({', '.join(w.in_use_by)})" for c, w in whys if w.matches and w.in_use_by
+    ]
+    direct = all(w.allocated for _, w in whys if w.matches and w.in_use_by)
+    return taken, direct
+
+
+def _how(direct: bool) -> str:
+    return "allocated" if direct else "taken by allocated claims"
+
+
+def _all_taken(n: int, taken: list[str], direct: bool) -> str:
+    """The headline when allocated claims hold every device that matches."""
+    if n == 1:
+        return f"the one matching device is {_how(direct)}: {taken[0]}"
+    return f"all {n} matching devices are {_how(direct)}: {_names(taken)}"
+
+
+def _summary(search: _Search, data: _ReqData, whys: Sequence[tuple[_Candidate, _Why]]) -> str:
     req = data.request
-    names = ", ".join(c.device.name for c in usable[:8]) + (" ..." if len(usable) > 8 else "")
+    total = len(whys)
+    usable = [c for c, w in whys if not w.reasons]
+    matching = [c for c, w in whys if w.matches]
+    taken, direct = _taken(whys)
+    names = _names([c.device.name for c in usable])
+    are = "are" if len(taken) > 1 else "is"
+    also = (
+        f"; {len(taken)} matching device{'s' if len(taken) > 1 else ''} {are} {_how(direct)}: "
+        f"{_names(taken)}"
+        if taken
+        else ""
+    )
     if req.allocation_mode == "All":
         if data.all_error:
             return data.all_error
-        if not usable:
+        if not matching:
             return f"needs all matching devices, but none of {total} matches"
+        if taken:
+            return (
+                f"needs all {len(matching)} matching devices, but {len(taken)} {are} "
+                f"{_how(direct)}: {_names(taken)}"
+            )
         return (
             f"needs all {len(usable)} matching devices ({names}); "
             "not all of them can be allocated together"
         )
     if len(usable) < req.count:
-        return f"needs {req.count}, {len(usable)} of {total} devices usable" + (
-            f": {names}" if usable else ""
+        if not usable and taken and len(taken) == len(matching):
+            return _all_taken(len(matching), taken, direct)
+        return (
+            f"needs {req.count}, {len(usable)} of {total} devices usable"
+            + (f": {names}" if usable else "")
+            + also
         )
     claim = search.claims[data.claim_index]
     for con in claim.constraints:
@@ -1446,21 +1736,23 @@ def _summary(search: _Search, data: _ReqData, usable: list[_Candidate], total: i
             shown = ", ".join(f"{k} x{n}" for k, n in sorted(groups.items()))
             return (
                 f"needs {req.count} devices with the same {probe.attribute}; usable devices have "
-                f"{shown or 'no such attribute'}" + (f" ({missing} lack it)" if missing else "")
+                f"{shown or 'no such attribute'}"
+                + (f" ({missing} lack it)" if missing else "")
+                + also
             )
         if con.distinct_attribute and len(groups) < req.count:
             return (
                 f"needs {req.count} devices with distinct {probe.attribute}; only "
-                f"{len(groups)} distinct values among usable devices"
+                f"{len(groups)} distinct values among usable devices" + also
             )
     if any(c.device.consumes_counters for c in usable):
         return (
             f"{len(usable)} devices usable ({names}), but no {req.count} of them fit the shared "
-            f"counters together (overlapping partitions) alongside the other requests"
+            f"counters together (overlapping partitions) alongside the other requests" + also
         )
     return (
         f"{len(usable)} devices usable ({names}), but no combination satisfies the claim's "
-        f"constraints together with its other requests"
+        f"constraints together with its other requests" + also
     )
 
 

@@ -2,9 +2,11 @@
 
 Reads a ResourceClaim, ResourceClaimTemplate or Pod (with its claims) from YAML, DeviceClasses
 (default: the chart's, ``dra_driver.deviceclasses``), and an inventory: simulated GPUs built by the
-real discovery pipeline (``--simulate``), a file of ResourceSlices, or the live cluster. Runs the
-allocator (``simulator.allocator``) per node and prints the allocation, or per request why every
-device was rejected. Exit code 0: satisfiable, 1: not satisfiable, 2: input error.
+real discovery pipeline (``--simulate``), a file of ResourceSlices, or the live cluster, whose
+ResourceClaims (the devices in use) and DeviceTaintRules are read too. Runs the allocator
+(``simulator.allocator``) per node and prints the allocation, or per request why every device was
+rejected, naming the claims that hold the devices in use. Exit code 0: satisfiable, 1: not
+satisfiable, 2: input error.
 
 This module is the I/O edge of the simulator: files, stdin, the cluster; the rest is pure.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,12 +24,13 @@ from typing import Any, TextIO
 import yaml
 
 from dra_driver.deviceclasses import DEFAULT_DRIVER_NAME, default_device_classes
-from dra_driver.errors import DraError, ExplainError
+from dra_driver.errors import DraError, ExplainError, KubeForbidden
 from dra_driver.simulator import allocator
 from dra_driver.simulator.allocator import (
     AllocationResult,
     Claim,
     DeviceClass,
+    DeviceTaintRule,
     Node,
     Slice,
 )
@@ -46,6 +49,7 @@ class ExplainResult:
     chosen: AllocationResult | None  # the first satisfiable node in name order
     satisfiable_nodes: tuple[str, ...]
     nodes: tuple[AllocationResult, ...]  # every node checked (diagnosed when none fits)
+    notes: tuple[str, ...] = ()  # about the inputs: what was read from the cluster
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,18 +62,33 @@ def allocate(
     slices: Sequence[JSON],
     *,
     allocated: Sequence[JSON] = (),
+    taint_rules: Sequence[JSON] = (),
     node: str | None = None,
+    notes: Sequence[str] = (),
 ) -> ExplainResult:
     """Allocate ``claims`` (JSON, allocated together) on the nodes of ``slices``.
 
-    ``node`` limits the check to one node. Raise ExplainError (or CelCompileError) for bad input.
+    ``allocated``: ResourceClaims with ``status.allocation`` (others are ignored): their devices,
+    counters and capacity are in use, and a claim of ``claims`` among them keeps its allocation.
+    ``taint_rules``: DeviceTaintRules, whose taints are added to the devices they select.
+    ``node`` limits the check to one node; ``notes`` are passed through to the result. Raise
+    ExplainError (or CelCompileError) for bad input.
     """
     claim_objs = [claims] if isinstance(claims, dict) else list(claims)
     parsed = [allocator.parse_claim(c) for c in claim_objs]
     class_map = _classes(classes)
     parsed_slices = [allocator.parse_slice(s) for s in slices]
     state = allocator.allocated_state(allocated)
-    return explain_parsed(parsed, class_map, parsed_slices, allocated=state, node=node)
+    rules = [allocator.parse_device_taint_rule(r) for r in taint_rules]
+    return explain_parsed(
+        parsed,
+        class_map,
+        parsed_slices,
+        allocated=state,
+        taint_rules=rules,
+        node=node,
+        notes=notes,
+    )
 
 
 def explain_parsed(
@@ -78,10 +97,13 @@ def explain_parsed(
     slices: Sequence[Slice],
     *,
     allocated: allocator.AllocatedState | None = None,
+    taint_rules: Sequence[DeviceTaintRule] = (),
     node: str | None = None,
+    notes: Sequence[str] = (),
 ) -> ExplainResult:
     keys = tuple(c.key for c in claims)
     allocator.compile_selectors(claims, classes)
+    slices = allocator.apply_taint_rules(slices, taint_rules, classes=classes)
     by_node: dict[str, list[Slice]] = {}
     shared: list[Slice] = []
     for s in slices:
@@ -117,7 +139,7 @@ def explain_parsed(
             for name in names
         ]
     chosen = next((r for r in results if r.satisfiable), None)
-    return ExplainResult(keys, bool(fitting), chosen, fitting, tuple(results))
+    return ExplainResult(keys, bool(fitting), chosen, fitting, tuple(results), tuple(notes))
 
 
 def _classes(objs: Sequence[JSON]) -> dict[str, DeviceClass]:
@@ -164,28 +186,56 @@ def load_documents(source: str, *, stdin: TextIO | None = None) -> list[JSON]:
     return out
 
 
-def claims_from_documents(docs: Iterable[JSON], *, label: str) -> list[JSON]:
+def claims_from_documents(
+    docs: Iterable[JSON], *, label: str, known: Mapping[str, JSON] | None = None
+) -> list[JSON]:
     """The claims to allocate together: ResourceClaims, templates, and those Pods reference.
 
-    A Pod's ``resourceClaimTemplateName`` becomes one claim per Pod (named ``<pod>-<claim>``, as
-    the control plane generates it); a ``resourceClaimName`` must be in the same input.
+    ``known``: claims that exist already (the cluster's, or those of ``--allocated``), by
+    ``namespace/name``. A Pod's ``resourceClaimName`` must be in the input or in ``known``. Its
+    ``resourceClaimTemplateName`` becomes one claim per Pod, named as the Pod's
+    ``status.resourceClaimStatuses`` says (the known claim itself when there is one), else
+    ``<pod>-<claim>``, as the control plane generates it.
     """
     docs = list(docs)
+    known = known or {}
     claims = {_name(d): d for d in docs if d.get("kind") == "ResourceClaim"}
     templates = {_name(d): d for d in docs if d.get("kind") == "ResourceClaimTemplate"}
     pods = [d for d in docs if d.get("kind") == "Pod" or d.get("kind") in _WORKLOADS]
     out: list[JSON] = list(claims.values())
     used_templates: set[str] = set()
+    taken: set[str] = set()
+
+    def add_known(key: str) -> None:
+        if key not in taken:
+            taken.add(key)
+            out.append(known[key])
+
     for pod in pods:
         spec = _pod_spec(pod)
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        generated_names = {
+            str(s.get("name")): str(s["resourceClaimName"])
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+            if isinstance(s, dict) and s.get("resourceClaimName")
+        }
         for ref in spec.get("resourceClaims") or []:
-            if ref.get("resourceClaimName") and ref["resourceClaimName"] not in claims:
-                raise ExplainError(
-                    f"{label}: {pod.get('kind')} {_name(pod)} uses ResourceClaim "
-                    f"{ref['resourceClaimName']!r}, which is not in the input"
-                )
+            claim_name = ref.get("resourceClaimName")
+            if claim_name and claim_name not in claims:
+                if f"{namespace}/{claim_name}" not in known:
+                    raise ExplainError(
+                        f"{label}: {pod.get('kind')} {_name(pod)} uses ResourceClaim "
+                        f"{claim_name!r}, which is not in the input"
+                        + (f" nor in namespace {namespace} of the cluster" if known else "")
+                    )
+                add_known(f"{namespace}/{claim_name}")
             template = ref.get("resourceClaimTemplateName")
             if template:
+                name = generated_names.get(str(ref.get("name")))
+                if name and f"{namespace}/{name}" in known:
+                    used_templates.add(template)
+                    add_known(f"{namespace}/{name}")
+                    continue
                 if template not in templates:
                     raise ExplainError(
                         f"{label}: {pod.get('kind')} {_name(pod)} uses ResourceClaimTemplate "
@@ -195,7 +245,7 @@ def claims_from_documents(docs: Iterable[JSON], *, label: str) -> list[JSON]:
                 generated = dict(templates[template])
                 generated["metadata"] = {
                     **(generated.get("metadata") or {}),
-                    "name": f"{_name(pod)}-{ref.get('name')}",
+                    "name": name or f"{_name(pod)}-{ref.get('name')}",
                 }
                 out.append(generated)
     out.extend(t for name, t in templates.items() if name not in used_templates)
@@ -241,28 +291,73 @@ def simulated_slices(
     return objs
 
 
-def live_inventory(
-    kubeconfig: Path | None, *, node: str | None, driver_name: str
-) -> tuple[list[JSON], list[JSON]]:
-    """Slices and DeviceClasses from the cluster through ``dra_driver.kube.KubeClient``."""
+@dataclass(frozen=True)
+class ClusterState:
+    """What ``--kubeconfig`` reads: what the scheduler sees, as plain v1-shape JSON."""
+
+    slices: list[JSON]
+    classes: list[JSON]
+    claims: list[JSON]  # every ResourceClaim, allocated or not
+    taint_rules: list[JSON]
+    notes: tuple[str, ...]
+
+
+def read_cluster(kubeconfig: Path | None) -> ClusterState:
+    """Slices, DeviceClasses, ResourceClaims (all namespaces) and DeviceTaintRules from the
+    cluster, through ``dra_driver.kube.KubeClient``, with the user's credentials.
+
+    DeviceTaintRules that the cluster does not serve, or that these credentials may not list,
+    are skipped with a note; ResourceClaims that may not be listed are an ExplainError: without
+    them every device would look free.
+    """
     from dra_driver.kube import KubeClient  # noqa: PLC0415 - the only path that talks to the API
 
     client = KubeClient.from_config(kubeconfig=kubeconfig)
     try:
-        lister = getattr(client, "list_all_slices", None)
-        if lister is not None:
-            slices = list(lister())
-        elif node:
-            slices = list(client.list_slices(driver_name=driver_name, node_name=node).items)
-        else:
+        slices = client.list_all_slices()
+        classes = client.list_device_classes()
+        try:
+            claims = client.list_resource_claims()
+        except KubeForbidden as exc:
             raise ExplainError(
-                "--kubeconfig needs --node NAME (listing every node's slices is not available)"
+                "these credentials may not list resourceclaims.resource.k8s.io in all "
+                "namespaces (403); explain needs them to know which devices are in use. "
+                "Without that permission, use --slices and --allocated with files exported by "
+                "someone who has it"
+            ) from exc
+        try:
+            rules = client.list_device_taint_rules()
+        except KubeForbidden:
+            rules = None
+            rules_note = (
+                "DeviceTaintRules: these credentials may not list "
+                "devicetaintrules.resource.k8s.io; only the slices' own taints were applied"
             )
-        class_lister = getattr(client, "list_device_classes", None)
-        classes = list(class_lister()) if class_lister is not None else []
+        else:
+            rules_note = (
+                "DeviceTaintRules: not served by this cluster; only the slices' own taints apply"
+                if rules is None
+                else f"{_count(len(rules), 'DeviceTaintRule')} applied"
+            )
     finally:
         client.close()
-    return slices, classes
+    allocated = sum(1 for c in claims if (c.get("status") or {}).get("allocation") is not None)
+    notes = (
+        f"read from the cluster: {_count(len(slices), 'ResourceSlice')}, "
+        f"{_count(len(classes), 'DeviceClass', 'DeviceClasses')}, "
+        f"{_count(len(claims), 'ResourceClaim')} ({allocated} allocated)",
+        rules_note,
+    )
+    return ClusterState(slices, classes, claims, list(rules or ()), notes)
+
+
+def _count(n: int, singular: str, plural: str = "") -> str:
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"
+
+
+def _claim_key(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +373,7 @@ def result_json(result: ExplainResult) -> JSON:
             "claims": [
                 {
                     "claim": a.claim,
+                    **({"alreadyAllocated": True} if a.existing else {}),
                     "allocation": {
                         "devices": {
                             "results": [_device_result(r) for r in a.results],
@@ -295,6 +391,7 @@ def result_json(result: ExplainResult) -> JSON:
         "nodesChecked": len(result.nodes),
         "satisfiableNodes": list(result.satisfiable_nodes),
         "allocation": chosen,
+        **({"notes": list(result.notes)} if result.notes else {}),
         "nodes": [
             {
                 "node": r.node,
@@ -308,6 +405,7 @@ def result_json(result: ExplainResult) -> JSON:
                         "deviceClass": d.device_class,
                         "wanted": d.wanted,
                         "summary": d.summary,
+                        **({"allMatchingTaken": True} if d.all_taken else {}),
                         "devices": [
                             {
                                 "driver": v.driver,
@@ -315,6 +413,7 @@ def result_json(result: ExplainResult) -> JSON:
                                 "device": v.device,
                                 "usable": not v.reasons,
                                 "reasons": list(v.reasons),
+                                **({"inUseBy": list(v.in_use_by)} if v.in_use_by else {}),
                             }
                             for v in d.verdicts
                         ],
@@ -348,6 +447,13 @@ def _table(rows: Sequence[Sequence[str]], out: TextIO, indent: str = "") -> None
         out.write(indent + "  ".join(cells).rstrip() + "\n")
 
 
+_SUMMARIES_SHOWN = 10
+
+
+def _names(nodes: Sequence[str], limit: int = 3) -> str:
+    return ", ".join(nodes[:limit]) + (", ..." if len(nodes) > limit else "")
+
+
 def render_table(result: ExplainResult, out: TextIO) -> None:
     """The human report: the allocation, or per request why each device was rejected."""
     claims = ", ".join(result.claims)
@@ -366,6 +472,8 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
         for a in result.chosen.allocations:
             for r in a.results:
                 notes = []
+                if a.existing:
+                    notes.append("already allocated")
                 if r.admin_access:
                     notes.append("adminAccess")
                 if r.consumed_capacity:
@@ -374,7 +482,10 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
                     )
                 rows.append((a.claim, r.request, r.device, r.pool, r.driver, "; ".join(notes)))
         _table(rows, out)
-        for note in result.chosen.notes:
+        footnotes = (*result.chosen.notes, *result.notes)
+        if footnotes:
+            out.write("\n")
+        for note in footnotes:
             out.write(f"note: {note}\n")
         return
     where = f"node {result.nodes[0].node}" if total == 1 else f"any of {total} nodes"
@@ -387,31 +498,51 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
             errors.setdefault(f"note: {note}", []).append(node_result.node)
     for message, nodes in errors.items():
         out.write(f"\n{message}" + (f"  ({len(nodes)} nodes)" if total > 1 else "") + "\n")
-    # Group per request, then identical (device, reasons) across nodes.
+    # Group per request, then identical summaries and (device, reasons) across nodes.
     order: list[tuple[str, str]] = []
     grouped: dict[tuple[str, str], dict[tuple[str, tuple[str, ...]], list[str]]] = {}
-    headers: dict[tuple[str, str], tuple[str, set[str]]] = {}
+    headers: dict[tuple[str, str], tuple[str, dict[str, list[str]]]] = {}
+    all_taken: dict[tuple[str, str], int] = {}
     for node_result in result.nodes:
         for d in node_result.diagnoses:
             key = (d.claim, d.request)
             if key not in grouped:
                 order.append(key)
                 grouped[key] = {}
-                headers[key] = (f"class {d.device_class}, wants {d.wanted}", set())
-            headers[key][1].add(d.summary)
+                headers[key] = (f"class {d.device_class}, wants {d.wanted}", {})
+            headers[key][1].setdefault(d.summary, []).append(node_result.node)
+            all_taken[key] = all_taken.get(key, 0) + d.all_taken
             for v in d.verdicts:
                 grouped[key].setdefault((v.device, v.reasons), []).append(node_result.node)
     for key in order:
         info, summaries = headers[key]
         out.write(f"\nrequest {key[1]} of claim {key[0]} ({info}):\n")
-        for s in sorted(summaries):
-            out.write(f"  {s}\n")
+        checked = sum(len(nodes) for nodes in summaries.values())
+        if checked > 1 and all_taken[key]:
+            on = f"all {checked}" if all_taken[key] == checked else f"{all_taken[key]} of {checked}"
+            out.write(f"  on {on} nodes, allocated claims hold every matching device\n")
+        ranked = sorted(summaries.items(), key=lambda item: (-len(item[1]), item[0]))
+        for summary, nodes in ranked[:_SUMMARIES_SHOWN]:
+            where = (
+                ""
+                if total == 1
+                else f"  (node {nodes[0]})"
+                if len(nodes) == 1
+                else f"  ({len(nodes)} nodes: {_names(nodes)})"
+            )
+            out.write(f"  {summary}{where}\n")
+        if len(ranked) > _SUMMARIES_SHOWN:
+            out.write(f"  ... {len(ranked) - _SUMMARIES_SHOWN} more (-o json has every node's)\n")
         why_rows = [("DEVICE", "NODES" if total > 1 else "NODE", "WHY NOT")]
         for (device, reasons), nodes in grouped[key].items():
-            node_col = str(len(nodes)) if total > 1 else nodes[0]
+            node_col = str(len(nodes)) if len(nodes) > 1 else nodes[0]
             why_rows.append((device, node_col, "; ".join(reasons) if reasons else "usable"))
         out.write("\n")
         _table(why_rows, out, indent="  ")
+    if result.notes:
+        out.write("\n")
+    for note in result.notes:
+        out.write(f"note: {note}\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,9 +564,23 @@ def _parser() -> argparse.ArgumentParser:
     inv.add_argument(
         "--slices", metavar="FILE", help="ResourceSlices (kubectl get resourceslices -o yaml)"
     )
-    inv.add_argument("--kubeconfig", metavar="FILE", type=Path, help="read slices from the cluster")
+    inv.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        type=Path,
+        help="read slices, classes, claims in use and DeviceTaintRules from the cluster",
+    )
     p.add_argument("--classes", metavar="FILE", help="DeviceClasses (default: the chart's classes)")
-    p.add_argument("--allocated", metavar="FILE", help="claims already allocated (with status)")
+    p.add_argument(
+        "--allocated",
+        metavar="FILE",
+        help="claims already allocated, with status (kubectl get resourceclaims -A -o yaml)",
+    )
+    p.add_argument(
+        "--taint-rules",
+        metavar="FILE",
+        help="DeviceTaintRules (kubectl get devicetaintrules -o yaml)",
+    )
     p.add_argument("--node", help="check only this node (with --simulate: the node's name)")
     p.add_argument(
         "--driver", default=DEFAULT_DRIVER_NAME, help="driver name (default %(default)s)"
@@ -469,8 +614,15 @@ def main(argv: list[str], *, stdout: TextIO | None = None, stderr: TextIO | None
 
 def _run(args: argparse.Namespace) -> ExplainResult:
     label = "<stdin>" if args.claim == "-" else args.claim
-    claim_objs = claims_from_documents(load_documents(args.claim), label=label)
+    docs = load_documents(args.claim)
     classes = load_documents(args.classes) if args.classes else default_device_classes(args.driver)
+    allocated = load_documents(args.allocated) if args.allocated else []
+    taint_rules = [
+        d
+        for d in (load_documents(args.taint_rules) if args.taint_rules else [])
+        if d.get("kind", "DeviceTaintRule") == "DeviceTaintRule"
+    ]
+    notes: tuple[str, ...] = ()
     node = args.node
     if args.simulate:
         node = node or DEFAULT_SIMULATED_NODE
@@ -482,12 +634,25 @@ def _run(args: argparse.Namespace) -> ExplainResult:
             if d.get("kind", "ResourceSlice") == "ResourceSlice"
         ]
     else:
-        slices, live_classes = live_inventory(args.kubeconfig, node=node, driver_name=args.driver)
-        if live_classes and not args.classes:
-            classes = live_classes
-    allocated = load_documents(args.allocated) if args.allocated else []
+        cluster = read_cluster(args.kubeconfig)
+        slices = cluster.slices
+        if cluster.classes and not args.classes:
+            classes = cluster.classes
+        allocated = cluster.claims + allocated
+        taint_rules = cluster.taint_rules + taint_rules
+        notes = cluster.notes
+    known = {_claim_key(c): c for c in allocated}
+    claim_objs = claims_from_documents(docs, label=label, known=known)
     try:
-        return allocate(claim_objs, classes, slices, allocated=allocated, node=node)
+        return allocate(
+            claim_objs,
+            classes,
+            slices,
+            allocated=allocated,
+            taint_rules=taint_rules,
+            node=node,
+            notes=notes,
+        )
     except ExplainError as exc:
         raise type(exc)(f"{label}: {exc}") from exc
 
