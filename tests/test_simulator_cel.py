@@ -385,3 +385,27 @@ def test_quantity_compare_to_orders_by_exact_value(left: str, right: str, expect
     assert compile_expression(expression.replace("compareTo", "isGreaterThan"), {}).evaluate(
         {}
     ) is (expected > 0)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("1.0 == 1", "no matching overload for '_==_' applied to '(double, int)'"),
+        ("2u != 2", "no matching overload for '_!=_' applied to '(uint, int)'"),
+        ("true ? 'cows' : 17", "no matching overload for '_?_:_' applied to '(bool, string, int)'"),
+        ("'abc'.reverse() == 'cba'", "no matching overload for 'reverse'"),  # ext.Strings v3
+    ],
+)
+def test_the_checker_refuses_what_the_api_server_refuses(expression: str, message: str) -> None:
+    with pytest.raises(CelCompileError, match=re.escape(message)):
+        compile_expression(expression, {})
+
+
+def test_cross_type_numbers_compare_through_dyn_and_nan_is_never_equal() -> None:
+    for expression, expected in (
+        ("dyn(1.0) == 1 && 1 < 1.5 && dyn(2u) == 2", True),
+        ("dyn(1) == 0.0/0.0 || dyn(1u) == 0.0/0.0", False),
+        ("dyn(1) != 0.0/0.0", True),
+        ("'\\X41\\x42' == 'AB' && b'\\X41' == b'A'", True),
+    ):
+        assert compile_expression(expression, {}).evaluate({}) is expected

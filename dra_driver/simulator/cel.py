@@ -325,6 +325,8 @@ def _eq(a: Any, b: Any) -> bool:
         return False
     if ta in (int, UInt, float) and tb in (int, UInt, float):
         if ta is float or tb is float:
+            if (ta is float and math.isnan(a)) or (tb is float and math.isnan(b)):
+                return False
             return _mixed_cmp(a, b) == 0
         return bool(a == b)
     if isinstance(a, list) and isinstance(b, list):
@@ -988,8 +990,6 @@ def _distinct(v: Any) -> list[Any]:
 
 
 def _reverse(v: Any) -> Any:
-    if type(v) is str:
-        return v[::-1]
     return list(reversed(_list("reverse", v)))
 
 
@@ -1349,7 +1349,7 @@ _SIGS: dict[str, list[_Sig]] = {
     "trim": [(STRING, (), STRING)],
     "join": [(list_of(STRING), (), STRING), (list_of(STRING), (STRING,), STRING)],
     "format": [(STRING, (LIST_DYN,), STRING)],
-    "reverse": [(STRING, (), STRING), (LIST_DYN, (), LIST_DYN)],
+    "reverse": [(LIST_DYN, (), LIST_DYN)],  # lists v3; string reverse() is ext.Strings v3
     "strings.quote": [(None, (STRING,), STRING)],
     "find": [(STRING, (STRING,), STRING)],
     "findAll": [(STRING, (STRING,), list_of(STRING)), (STRING, (STRING, INT), list_of(STRING))],
@@ -1613,6 +1613,11 @@ class _Compiler:
         def cond(v: Activation) -> Any:
             return af(v) if _truth(cf(v), "_?_:_") else bf(v)
 
+        if not (_fits(a.type, b.type) or b.type.name == "null_type" or a.type.name == "null_type"):
+            raise self.fail(
+                tree.meta,
+                f"found no matching overload for '_?_:_' applied to '(bool, {a.type}, {b.type})'",
+            )
         typ = a.type if a.type == b.type else DYN
         return Expr("cond", cond, typ, tree.meta, parts=(c, a, b))
 
@@ -1668,7 +1673,9 @@ class _Compiler:
         lt, rt = left.type, right.type
         meta = tree.meta
         if op_name in ("eq", "ne"):
-            if not (_fits(lt, rt) or (lt in _NUMS and rt in _NUMS)):
+            # cel-go declares == over one type: 1 == 1.0 is refused (use dyn() to compare across
+            # numeric types); only <, <=, >, >= are declared across them.
+            if not _fits(lt, rt):
                 sym = "==" if op_name == "eq" else "!="
                 raise self.fail_at(
                     self.op_offset(left, sym),
@@ -2226,8 +2233,10 @@ class _Compiler:
         for e, t in typed:
             if t.name == "dyn":
                 continue
-            if common is None:
+            if common is None or (common.name == "null_type" and t.name == "optional_type"):
                 common = t
+            elif t.name == "null_type" and common.name == "optional_type":
+                continue  # null is assignable to an optional type
             elif not _fits(common, t):
                 raise self.fail_expr(e, f"expected type '{common}' but found '{t}'")
         return common or DYN
@@ -2317,7 +2326,7 @@ def _hex(text: str) -> int:
 
 
 _ESCAPE = re.compile(
-    r"\\(?:([abfnrtv\"'\\`?])|([0-3][0-7]{2})|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))",
+    r"\\(?:([abfnrtv\"'\\`?])|([0-3][0-7]{2})|[xX]([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))",
     re.S,
 )
 _SIMPLE_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11}
