@@ -29,6 +29,7 @@ from typing import Any, Final
 from dra_driver.errors import CelCompileError, CelRuntimeError, ExplainError
 from dra_driver.quantity import Format, QuantityError, format_quantity, parse_quantity
 from dra_driver.simulator import cel
+from dra_driver.simulator.environment import NEWEST_VERSION
 
 MAX_RESULTS_PER_CLAIM: Final = 32  # AllocationResultsMaxSize
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
@@ -1260,8 +1261,14 @@ def _selectors_match(data: _ReqData, cand: _Candidate, claim: Claim) -> bool:
 # Entry point
 
 
-def compile_selectors(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> None:
-    """Compile every selector the claims use; raise CelCompileError/ExplainError naming it."""
+def compile_selectors(
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    *,
+    k8s_version: str = NEWEST_VERSION,
+) -> None:
+    """Compile every selector the claims use as new expressions of an API server of
+    ``k8s_version`` (``environment.py``); raise CelCompileError/ExplainError naming it."""
     for claim in claims:
         for request in claim.requests:
             for exact in (request.exactly,) if request.exactly else request.first_available:
@@ -1274,14 +1281,17 @@ def compile_selectors(claims: Sequence[Claim], classes: Mapping[str, DeviceClass
                         f"(known: {', '.join(sorted(classes)) or 'none'})"
                     )
                 for i, expr in enumerate(cls.selectors):
-                    _compile(expr, f"DeviceClass {cls.name}: spec.selectors[{i}]")
+                    _compile(expr, f"DeviceClass {cls.name}: spec.selectors[{i}]", k8s_version)
                 for i, expr in enumerate(exact.selectors):
-                    _compile(expr, f"claim {claim.key}: request {name}: selectors[{i}]")
+                    where = f"claim {claim.key}: request {name}: selectors[{i}]"
+                    _compile(expr, where, k8s_version)
 
 
-def _compile(expr: str, where: str) -> None:
+def _compile(expr: str, where: str, k8s_version: str) -> None:
+    # Evaluation elsewhere uses the newest environment's program: it declares everything an
+    # older version does, so a selector that compiled here compiles there too.
     try:
-        cel.compile_selector(expr)
+        cel.compile_selector(expr, k8s_version)
     except CelCompileError as exc:
         raise CelCompileError(f"{where}: CEL compile error: {exc}") from None
 

@@ -39,9 +39,10 @@ from lark.exceptions import LarkError, UnexpectedInput
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
 from dra_driver.quantity import Format, QuantityError, format_quantity, parse_quantity
+from dra_driver.simulator import environment as env
 
 MAX_EXPRESSION_BYTES: Final = 10 * 1024  # CELSelectorExpressionMaxLength
-_MAX_COMPREHENSION_ITERATIONS: Final = 1_000_000  # runtime cost bound (spec E.2), coarse
+_COST: Final = "@cost"  # activation key of the runtime cost counter (not a CEL identifier)
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**63 - 1
 _UINT_MAX: Final = 2**64 - 1
@@ -1483,7 +1484,19 @@ Fn = Callable[[Activation], Any]
 class Expr:
     """One compiled node: its closure, static type, and what ``why_false`` needs to read it."""
 
-    __slots__ = ("column", "end", "fn", "kind", "line", "name", "parts", "start", "target", "type")
+    __slots__ = (
+        "column",
+        "end",
+        "fn",
+        "iter_vars",
+        "kind",
+        "line",
+        "name",
+        "parts",
+        "start",
+        "target",
+        "type",
+    )
 
     def __init__(
         self,
@@ -1498,6 +1511,7 @@ class Expr:
     ) -> None:
         self.kind, self.fn, self.type, self.name = kind, fn, typ, name
         self.parts, self.target = parts, target
+        self.iter_vars: tuple[str, ...] = ()  # a comprehension's variables (cost estimate)
         self.line = getattr(meta, "line", 1)
         self.column = getattr(meta, "column", 1)
         self.start = getattr(meta, "start_pos", 0)
@@ -1509,9 +1523,12 @@ def _const(value: Any) -> Fn:
 
 
 class _Compiler:
-    def __init__(self, source: str, variables: Mapping[str, T]) -> None:
+    def __init__(
+        self, source: str, variables: Mapping[str, T], withheld: frozenset[str] = frozenset()
+    ) -> None:
         self.source = source
         self.scope: dict[str, T] = dict(variables)
+        self.withheld = withheld  # functions the target environment lacks (environment.py)
 
     def fail(self, meta: Any, message: str) -> CelCompileError:
         # lark leaves a tree's position empty when it has no tokens of its own to take it from
@@ -1919,6 +1936,9 @@ class _Compiler:
             return self.bind(tree, arg_trees)
         if qualified is not None:
             return self.call_named(tree, qualified, [self.visit(a) for a in arg_trees])
+        at = self.dot_offset(ch[1], self.source)
+        if name in self.withheld:
+            raise self.fail_at(at, f"undeclared reference to '{name}' (in container '')")
         if name in (
             "all",
             "exists",
@@ -1935,7 +1955,6 @@ class _Compiler:
             return self.opt_map(tree, name, recv_tree, arg_trees)
         recv = self.visit(recv_tree)
         args = [self.visit(a) for a in arg_trees]
-        at = self.dot_offset(ch[1], self.source)
         if name not in _METHODS:
             raise self.fail_at(at, f"undeclared reference to '{name}' (in container '')")
         result = _result_type(name, recv.type, [a.type for a in args])
@@ -1970,7 +1989,7 @@ class _Compiler:
         return self.call_named(tree, name, [self.visit(a) for a in arg_trees])
 
     def call_named(self, tree: lark.Tree[Any], name: str, args: list[Expr]) -> Expr:
-        if name not in _GLOBAL_FUNCS:
+        if name not in _GLOBAL_FUNCS or name in self.withheld:
             raise self.fail(tree.meta, f"undeclared reference to '{name}' (in container '')")
         result = _result_type(name, None, [a.type for a in args])
         if result is None:
@@ -2179,8 +2198,13 @@ class _Compiler:
                     self.scope.pop(n, None)
                 else:
                     self.scope[n] = old
-        fn, typ = _comprehension(name, rng.fn, vars_, [b.fn for b in bodies], rng.type, bodies)
-        return Expr("comprehension", fn, typ, tree.meta, name=name, parts=tuple(bodies), target=rng)
+        step = 1 + sum(_flat_cost(b) for b in bodies)
+        fn, typ = _comprehension(
+            name, rng.fn, vars_, [b.fn for b in bodies], rng.type, bodies, step
+        )
+        e = Expr("comprehension", fn, typ, tree.meta, name=name, parts=tuple(bodies), target=rng)
+        e.iter_vars = tuple(vars_)
+        return e
 
     # -- literals
     def _entry(self, tree: lark.Tree[Any]) -> tuple[Expr, bool]:
@@ -2387,17 +2411,41 @@ def _range_items(fn_name: str, rng: Any, two_var: bool) -> Iterable[tuple[Any, .
     raise _err(f"{fn_name}() cannot range over {_tname(rng)}")
 
 
+def _flat_cost(e: Expr) -> int:
+    """Runtime cost of one evaluation of ``e`` outside nested comprehensions (which count their
+    own iterations): 1 per node that is not a literal."""
+    if e.kind == "comprehension":
+        return 1
+    own = 0 if e.kind == "lit" else 1
+    return own + sum(_flat_cost(p) for p in e.parts) + (_flat_cost(e.target) if e.target else 0)
+
+
+class _CostCounter:
+    """Actual cost of one evaluation, shared by its comprehensions through the activation."""
+
+    __slots__ = ("spent",)
+
+    def __init__(self) -> None:
+        self.spent = 0
+
+
 def _comprehension(  # noqa: PLR0917 - internal, called once
-    name: str, rf: Fn, vars_: list[str], fns: list[Fn], rtype: T, bodies: list[Expr]
+    name: str, rf: Fn, vars_: list[str], fns: list[Fn], rtype: T, bodies: list[Expr], step: int
 ) -> tuple[Fn, T]:
     two_var = len(vars_) == 2
+    limit = env.COST_LIMIT
 
     def items(v: Activation) -> Iterable[Activation]:
         rng = rf(v)
-        for n, it in enumerate(_range_items(name, rng, two_var)):
-            if n >= _MAX_COMPREHENSION_ITERATIONS:
+        counter = v.get(_COST)
+        if counter is None:  # evaluated outside Program.evaluate (why_false): a local budget
+            counter = _CostCounter()
+        for it in _range_items(name, rng, two_var):
+            counter.spent += step
+            if counter.spent > limit:
                 raise _err("operation cancelled: actual cost limit exceeded")
             inner = dict(v)
+            inner[_COST] = counter
             inner.update(zip(vars_, it, strict=True))
             yield inner
 
@@ -2511,9 +2559,15 @@ class Program:
 
     expression: str
     root: Expr
+    # Whether evaluation needs a runtime cost counter (it has a comprehension); spec E.2.
+    counts_cost: bool = False
+    estimated_cost: int = 0  # compile_selector's estimate (environment.estimate_cost)
 
     def evaluate(self, activation: Activation) -> Any:
-        """Evaluate; raise CelRuntimeError (never a Python exception) on a CEL error."""
+        """Evaluate; raise CelRuntimeError (never a Python exception) on a CEL error, including
+        "operation cancelled: actual cost limit exceeded" past the runtime cost limit."""
+        if self.counts_cost:
+            activation = {**activation, _COST: _CostCounter()}
         try:
             return self.root.fn(activation)
         except RecursionError:
@@ -2533,8 +2587,13 @@ class Program:
         return _Why(self.expression, {"device": device}).reasons(self.root, {"device": device})
 
 
-def compile_expression(expression: str, variables: Mapping[str, T]) -> Program:
-    """Compile ``expression`` with the given variable types; raise CelCompileError with position."""
+def compile_expression(
+    expression: str, variables: Mapping[str, T], *, withheld: frozenset[str] = frozenset()
+) -> Program:
+    """Compile ``expression`` with the given variable types; raise CelCompileError with position.
+
+    ``withheld``: function and macro names the target environment does not declare (every
+    library the engine implements is available by default)."""
     size = len(expression.encode("utf-8"))
     if size > MAX_EXPRESSION_BYTES:
         raise CelCompileError(
@@ -2549,16 +2608,30 @@ def compile_expression(expression: str, variables: Mapping[str, T]) -> Program:
     except LarkError as exc:
         raise CelCompileError(f"syntax error: {exc}") from None
     try:
-        root = _Compiler(expression, variables).visit(tree)
+        root = _Compiler(expression, variables, withheld).visit(tree)
     except RecursionError:
         raise CelCompileError("expression is nested too deeply") from None
-    return Program(expression, root)
+    return Program(expression, root, counts_cost=_has_comprehension(root))
+
+
+def _has_comprehension(e: Expr) -> bool:
+    return e.kind == "comprehension" or any(
+        _has_comprehension(p) for p in (*e.parts, *((e.target,) if e.target else ()))
+    )
 
 
 @lru_cache(maxsize=4096)
-def compile_selector(expression: str) -> Program:
-    """Compile a device selector (variable ``device``); the result must be a bool. Cached."""
-    program = compile_expression(expression, {"device": DEVICE})
+def compile_selector(
+    expression: str,
+    k8s_version: str = env.NEWEST_VERSION,
+    feature_gates: frozenset[str] = frozenset(),
+) -> Program:
+    """Compile a device selector (variable ``device``) as an API server of ``k8s_version``
+    compiles a new expression (``environment.py``): the result must be a bool, functions that
+    version lacks are undeclared, and the estimated cost must be within the limit. Raise
+    CelCompileError (ValueError for an unsupported version). Cached per version and gates."""
+    environment = env.environment(k8s_version, feature_gates=feature_gates)
+    program = compile_expression(expression, {"device": DEVICE}, withheld=environment.withheld)
     if program.root.type.name not in ("bool", "dyn"):
         raise _compile_error(
             expression,
@@ -2566,7 +2639,13 @@ def compile_selector(expression: str) -> Program:
             program.root.line,
             program.root.column,
         )
-    return program
+    cost = env.estimate_cost(program.root)
+    if cost > env.COST_LIMIT:
+        raise CelCompileError(
+            f"too complex, exceeds cost limit: estimated cost {cost} exceeds the limit of "
+            f"{env.COST_LIMIT}"
+        )
+    return Program(expression, program.root, program.counts_cost, cost)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from dra_driver.simulator.allocator import (
     Node,
     Slice,
 )
+from dra_driver.simulator.environment import NEWEST_VERSION, SUPPORTED_VERSIONS
 
 JSON = dict[str, Any]
 EXIT_SATISFIABLE, EXIT_UNSATISFIABLE, EXIT_INPUT_ERROR = 0, 1, 2
@@ -65,13 +66,15 @@ def allocate(
     taint_rules: Sequence[JSON] = (),
     node: str | None = None,
     notes: Sequence[str] = (),
+    k8s_version: str = NEWEST_VERSION,
 ) -> ExplainResult:
     """Allocate ``claims`` (JSON, allocated together) on the nodes of ``slices``.
 
     ``allocated``: ResourceClaims with ``status.allocation`` (others are ignored): their devices,
     counters and capacity are in use, and a claim of ``claims`` among them keeps its allocation.
     ``taint_rules``: DeviceTaintRules, whose taints are added to the devices they select.
-    ``node`` limits the check to one node; ``notes`` are passed through to the result. Raise
+    ``node`` limits the check to one node; ``notes`` are passed through to the result. Selectors
+    compile as new expressions of an API server of ``k8s_version`` (``environment.py``). Raise
     ExplainError (or CelCompileError) for bad input.
     """
     claim_objs = [claims] if isinstance(claims, dict) else list(claims)
@@ -88,6 +91,7 @@ def allocate(
         taint_rules=rules,
         node=node,
         notes=notes,
+        k8s_version=k8s_version,
     )
 
 
@@ -100,9 +104,10 @@ def explain_parsed(
     taint_rules: Sequence[DeviceTaintRule] = (),
     node: str | None = None,
     notes: Sequence[str] = (),
+    k8s_version: str = NEWEST_VERSION,
 ) -> ExplainResult:
     keys = tuple(c.key for c in claims)
-    allocator.compile_selectors(claims, classes)
+    allocator.compile_selectors(claims, classes, k8s_version=k8s_version)
     slices = allocator.apply_taint_rules(slices, taint_rules, classes=classes)
     by_node: dict[str, list[Slice]] = {}
     shared: list[Slice] = []
@@ -585,6 +590,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--driver", default=DEFAULT_DRIVER_NAME, help="driver name (default %(default)s)"
     )
+    p.add_argument(
+        "--k8s-version",
+        choices=SUPPORTED_VERSIONS,
+        default=NEWEST_VERSION,
+        help="compile selectors as this API server version does for new expressions "
+        "(default %(default)s)",
+    )
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     return p
 
@@ -652,6 +664,7 @@ def _run(args: argparse.Namespace) -> ExplainResult:
             taint_rules=taint_rules,
             node=node,
             notes=notes,
+            k8s_version=args.k8s_version,
         )
     except ExplainError as exc:
         raise type(exc)(f"{label}: {exc}") from exc
