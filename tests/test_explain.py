@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from dra_driver.deviceclasses import class_expression, default_device_classes
@@ -665,3 +666,49 @@ def test_on_several_nodes_the_table_says_on_how_many_everything_is_taken(tmp_pat
         "gpu-1 (team-b/job-node-a)  (node node-a)\n"
     ) in out
     assert "  gpu-1   node-c  usable\n" in out
+
+
+BIG_SELECTOR = (
+    "device.capacity['gpu.nvidia.com'].memory\n                 .compareTo(quantity('100Gi')) >= 0"
+)
+
+
+def test_k8s_version_compiles_selectors_as_that_api_server_does(tmp_path: Path) -> None:
+    text = BIG.replace(
+        BIG_SELECTOR,
+        "['a', 'b'].reverse()[0] == 'b'",
+    )
+    assert "reverse" in text
+    rc, _, err = explain(tmp_path, text, "--simulate", SIMULATE, "--k8s-version", "1.34")
+    assert rc == 2
+    assert "claim big: request gpus: selectors[0]: CEL compile error: line 1, column 11:" in err
+    assert "undeclared reference to 'reverse' (in container '')" in err
+    for version in ("1.35", "1.37"):
+        rc, out, err = explain(tmp_path, text, "--simulate", SIMULATE, "--k8s-version", version)
+        assert rc == 0, err
+        assert "satisfiable" in out
+    rc, out, _ = explain(tmp_path, text, "--simulate", SIMULATE)  # default: the newest, 1.37
+    assert rc == 0
+
+
+def test_k8s_version_must_be_a_supported_minor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, _, _ = explain(tmp_path, CLAIM, "--simulate", SIMULATE, "--k8s-version", "1.33")
+    assert rc == 2
+    assert "invalid choice: '1.33'" in capsys.readouterr().err  # argparse writes to sys.stderr
+
+
+def test_a_selector_over_the_cost_limit_is_an_input_error(tmp_path: Path) -> None:
+    nested = (
+        "device.attributes.all(d, device.attributes[d].all(k, device.attributes.all(e, "
+        "device.attributes[e].all(j, device.attributes[e][j] == device.attributes[d][k]))))"
+    )
+    text = BIG.replace(
+        BIG_SELECTOR,
+        nested,
+    )
+    assert nested in text
+    rc, _, err = explain(tmp_path, text, "--simulate", SIMULATE)
+    assert rc == 2
+    assert "too complex, exceeds cost limit: estimated cost" in err
