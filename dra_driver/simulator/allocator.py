@@ -714,7 +714,7 @@ def _rule_selects(
         try:
             if not cel.compile_selector(expr).matches(d.cel_device):
                 return False
-        except CelRuntimeError:
+        except (CelRuntimeError, CelCompileError):  # a stored rule the API server accepted
             return False
     return True
 
