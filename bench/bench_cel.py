@@ -12,8 +12,8 @@ from typing import Any
 
 from bench.table import Row, print_table
 from dra_driver.deviceclasses import default_device_classes
-from dra_driver.simulator import allocator, cel
-from dra_driver.simulator.explain import explain_parsed, simulated_slices
+from dra_driver.scheduling import allocator, cel
+from dra_driver.scheduling.explain import explain_parsed, simulated_slices
 
 SELECTORS = {
     "memory compareTo": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",

@@ -231,7 +231,7 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         return 0 if args and args[0] in ("-h", "--help") else 2
     command, rest = args[0], args[1:]
     if command == "explain":
-        from dra_driver.simulator.explain import main as explain_main  # noqa: PLC0415
+        from dra_driver.scheduling.explain import main as explain_main  # noqa: PLC0415
 
         return int(explain_main(rest))
     if command == "devices":

@@ -36,7 +36,7 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.deviceclasses import default_device_classes
 from dra_driver.kube import KubeClient
-from dra_driver.simulator import explain
+from dra_driver.scheduling import explain
 
 DEMO_NODE = "demo-node"
 # The demo node: four H100 (two per PCIe root), an A100 80GB in MIG mode with pre-created

@@ -85,7 +85,7 @@ from typing import Any
 import pytest
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
-from dra_driver.simulator import cel
+from dra_driver.scheduling import cel
 from tests.celspec.textproto import Identifier, Message, parse_file
 
 DATA_DIR = Path(__file__).parent / "celspec" / "testdata"

@@ -3,7 +3,7 @@
 Every rendered object is checked against the strict OpenAPI schemas of Kubernetes 1.35-1.37
 (kubernetes-validate), the DaemonSet against the agent's real flags (dra_driver.cli.FLAGS), the
 DeviceClass selectors and the admission policy against the project's CEL engine
-(dra_driver.simulator.cel) and the defaults the code ships, and the ClusterRole
+(dra_driver.scheduling.cel) and the defaults the code ships, and the ClusterRole
 against the API calls the code declares (dra_driver.kube).
 """
 
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from dra_driver import cli
-from dra_driver.simulator import cel
+from dra_driver.scheduling import cel
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "gpu-dra"

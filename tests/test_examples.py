@@ -1,7 +1,7 @@
 """The example claims in examples/resourceclaims: valid objects that ask for what they say.
 
 Each file is checked against the strict OpenAPI schemas of Kubernetes 1.35-1.37, its CEL
-selectors are compiled by the project's CEL engine (dra_driver.simulator.cel), its opaque configs
+selectors are compiled by the project's CEL engine (dra_driver.scheduling.cel), its opaque configs
 decoded by the driver's own decoder (deviceconfig), and its header comment must say what it asks
 for, when to use it and what to expect. Whether each one is satisfiable on the demo node is tested
 by the explain area from the `# expect:` line.
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from dra_driver import deviceconfig
-from dra_driver.simulator import cel
+from dra_driver.scheduling import cel
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dra_driver.demo import DEMO_NODE, DEMO_SIMULATE
-from dra_driver.simulator.explain import main, simulated_slices
+from dra_driver.scheduling.explain import main, simulated_slices
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

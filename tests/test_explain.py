@@ -12,7 +12,7 @@ import yaml
 
 from dra_driver.deviceclasses import class_expression, default_device_classes
 from dra_driver.localapi import FakeKubeApi
-from dra_driver.simulator.explain import allocate, main, simulated_slices
+from dra_driver.scheduling.explain import allocate, main, simulated_slices
 
 SIMULATE = "h100:2,l4:1"
 

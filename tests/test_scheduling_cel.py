@@ -7,7 +7,7 @@ import re
 import pytest
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
-from dra_driver.simulator.cel import (
+from dra_driver.scheduling.cel import (
     MAX_EXPRESSION_BYTES,
     CelQuantity,
     Semver,

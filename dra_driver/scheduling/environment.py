@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from dra_driver.simulator.cel import Expr
+    from dra_driver.scheduling.cel import Expr
 
 # ---------------------------------------------------------------------------------------------
 # Versions

@@ -1,4 +1,4 @@
-"""The selector environment per Kubernetes minor and the cost limits (simulator/environment.py)."""
+"""The selector environment per Kubernetes minor and the cost limits (scheduling/environment.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import yaml
 
 from dra_driver.deviceclasses import default_device_classes
 from dra_driver.errors import CelCompileError, CelRuntimeError
-from dra_driver.simulator import environment
-from dra_driver.simulator.cel import compile_expression, compile_selector
-from dra_driver.simulator.environment import (
+from dra_driver.scheduling import environment
+from dra_driver.scheduling.cel import compile_expression, compile_selector
+from dra_driver.scheduling.environment import (
     COST_LIMIT,
     LIST_TYPE_ATTRIBUTES_GATE,
     NEWEST_VERSION,

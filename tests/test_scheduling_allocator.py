@@ -8,7 +8,7 @@ import pytest
 
 from dra_driver.deviceclasses import default_device_classes
 from dra_driver.errors import CelCompileError, ExplainError
-from dra_driver.simulator.allocator import (
+from dra_driver.scheduling.allocator import (
     AllocationResult,
     Node,
     allocate,

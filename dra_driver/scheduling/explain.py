@@ -4,11 +4,11 @@ Reads a ResourceClaim, ResourceClaimTemplate or Pod (with its claims) from YAML,
 (default: the chart's, ``dra_driver.deviceclasses``), and an inventory: simulated GPUs built by the
 real discovery pipeline (``--simulate``), a file of ResourceSlices, or the live cluster, whose
 ResourceClaims (the devices in use) and DeviceTaintRules are read too. Runs the allocator
-(``simulator.allocator``) per node and prints the allocation, or per request why every device was
+(``scheduling.allocator``) per node and prints the allocation, or per request why every device was
 rejected, naming the claims that hold the devices in use. Exit code 0: satisfiable, 1: not
 satisfiable, 2: input error.
 
-This module is the I/O edge of the simulator: files, stdin, the cluster; the rest is pure.
+This module is the I/O edge of the scheduling package: files, stdin, the cluster; the rest is pure.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import yaml
 
 from dra_driver.deviceclasses import DEFAULT_DRIVER_NAME, default_device_classes
 from dra_driver.errors import DraError, ExplainError, KubeForbidden
-from dra_driver.simulator import allocator
-from dra_driver.simulator.allocator import (
+from dra_driver.scheduling import allocator
+from dra_driver.scheduling.allocator import (
     AllocationResult,
     Claim,
     DeviceClass,
@@ -34,7 +34,7 @@ from dra_driver.simulator.allocator import (
     Node,
     Slice,
 )
-from dra_driver.simulator.environment import NEWEST_VERSION, SUPPORTED_VERSIONS
+from dra_driver.scheduling.environment import NEWEST_VERSION, SUPPORTED_VERSIONS
 
 JSON = dict[str, Any]
 EXIT_SATISFIABLE, EXIT_UNSATISFIABLE, EXIT_INPUT_ERROR = 0, 1, 2

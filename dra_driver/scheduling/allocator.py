@@ -28,8 +28,8 @@ from typing import Any, Final
 
 from dra_driver.errors import CelCompileError, CelRuntimeError, ExplainError
 from dra_driver.quantity import Format, QuantityError, format_quantity, parse_quantity
-from dra_driver.simulator import cel
-from dra_driver.simulator.environment import NEWEST_VERSION
+from dra_driver.scheduling import cel
+from dra_driver.scheduling.environment import NEWEST_VERSION
 
 MAX_RESULTS_PER_CLAIM: Final = 32  # AllocationResultsMaxSize
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
