@@ -1,7 +1,8 @@
 """CEL selector throughput and explain latency on a large inventory.
 
-Targets (issue 5): >= 20,000 device-selector evaluations per second on one core, and explaining
-one claim against 1,000 nodes of 8 GPUs each (some in MIG mode) in <= 2 s.
+Targets: >= 500,000 device-selector evaluations per second on one core for each of the three
+selectors (issue 14; issue 5 asked for 20,000), and explaining one claim against 1,000 nodes of
+8 GPUs each (some in MIG mode) in <= 2 s.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def main() -> int:
     for label, expr in SELECTORS.items():
         rate = _evals_per_second(expr, devices)
         rows.append(
-            Row(f"selector evaluations/s: {label}", rate, "/s", ">= 20,000", rate >= 20_000)
+            Row(f"selector evaluations/s: {label}", rate, "/s", ">= 500,000", rate >= 500_000)
         )
 
     raw = _inventory()

@@ -320,6 +320,19 @@ class _Compiler:
                 ">=": lambda c: c in (0, 1),
             }[sym]
             fname = f"_{sym}_"
+            if right.kind == "lit" and type(rf({})) is int:
+                # x.compareTo(q) >= 0 and the like: an int against an int literal, without
+                # the generic comparison (other types still go through it)
+                bound: int = rf({})
+                fast = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__}[sym]
+
+                def order_int(v: Activation) -> bool:
+                    a = lf(v)
+                    if type(a) is int:
+                        return fast(a, bound)
+                    return test(_cmp(fname, a, bound))
+
+                return Expr("compare", order_int, BOOL, meta, name=sym, parts=(left, right))
 
             def order(v: Activation) -> bool:
                 return test(_cmp(fname, lf(v), rf(v)))

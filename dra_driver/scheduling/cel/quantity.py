@@ -77,10 +77,9 @@ def _q_sign(q: Any) -> int:
 
 def _compare_to(a: Any, b: Any) -> int:
     if type(a) is CelQuantity and type(b) is CelQuantity:
-        # Cross-multiplied integers: Fraction's own comparison goes through the numbers ABCs
-        # and costs a third of a selector's evaluation (denominators are always positive).
-        x, y = a.value, b.value
-        left, right = x.numerator * y.denominator, y.numerator * x.denominator
+        # Cross-multiplied integers (denominators are positive): Fraction's own comparison goes
+        # through the numbers ABCs and cost a third of a selector's evaluation.
+        left, right = a.numerator * b.denominator, b.numerator * a.denominator
         return (left > right) - (left < right)
     if type(a) is Semver and type(b) is Semver:
         return a.compare(b)

@@ -39,11 +39,14 @@ class UInt(int):
 class CelQuantity:
     """A Kubernetes Quantity inside CEL: compared by value, keeps its suffix family."""
 
-    __slots__ = ("format", "value")
+    __slots__ = ("denominator", "format", "numerator", "value")
 
     def __init__(self, value: Fraction, fmt: Format = "DecimalSI") -> None:
         self.value = value
         self.format: Format = fmt
+        # kept as plain ints: compareTo cross-multiplies them (Fraction's own comparison and even
+        # its numerator/denominator properties cost more than the rest of a selector)
+        self.numerator, self.denominator = value.numerator, value.denominator
 
     @classmethod
     def parse(cls, text: str) -> CelQuantity:
