@@ -409,3 +409,14 @@ def test_cross_type_numbers_compare_through_dyn_and_nan_is_never_equal() -> None
         ("'\\X41\\x42' == 'AB' && b'\\X41' == b'A'", True),
     ):
         assert compile_expression(expression, {}).evaluate({}) is expected
+
+
+def test_an_ordering_against_an_int_literal_still_compares_other_types_generically() -> None:
+    for expression, expected in (
+        ("dyn(1.5) > 1 && dyn(0.5) < 1 && dyn(2u) >= 2", True),
+        ("quantity('1').compareTo(quantity('2')) >= 0", False),
+        ("quantity('2').compareTo(quantity('2')) <= 0 && 3 > 2", True),
+    ):
+        assert compile_expression(expression, {}).evaluate({}) is expected
+    with pytest.raises(CelRuntimeError, match="no such overload"):
+        compile_expression("dyn('a') < 1", {}).evaluate({})
