@@ -138,6 +138,35 @@ def example_selectors() -> list[tuple[str, str]]:
     return out
 
 
+REPO = Path(__file__).resolve().parent.parent
+_INLINE = re.compile(r"`([^`\n]*\bdevice\.(?:attributes|capacity|driver)[^`\n]*)`")
+
+
+def docs_selectors() -> list[tuple[str, str]]:
+    """Selectors written out in the README and docs (inline code that is a whole boolean
+    expression over ``device``; prose placeholders like ``device.attributes[domain][name]``
+    and bare field names are not selectors)."""
+    out = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for m in _INLINE.finditer(path.read_text()):
+            text = m.group(1)
+            if "..." in text or "[domain]" in text or not re.search(r"==|>=|<=|has\(", text):
+                continue
+            out.append((path.name, text))
+    return out
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_every_selector_the_docs_show_compiles_in_every_version(version: str) -> None:
+    found = docs_selectors()
+    assert len(found) >= 2
+    for where, expression in found:
+        try:
+            compile_selector(expression, version)
+        except CelCompileError as exc:  # pragma: no cover - the failure message
+            pytest.fail(f"{where}: {expression!r} does not compile in {version}: {exc}")
+
+
 def test_there_are_example_and_class_selectors() -> None:
     sources = {where for where, _ in example_selectors()}
     assert "DeviceClass" in sources and len(sources) > 1
