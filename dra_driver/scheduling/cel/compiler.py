@@ -119,6 +119,13 @@ def _const(value: Any) -> Fn:
     return lambda _v: value
 
 
+# Grammar rules that only wrap their single child (a precedence level with no operator used).
+_PASS_THROUGH = frozenset(
+    ("expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication", "unary",
+     "member")
+)  # fmt: skip
+
+
 class _Compiler:
     def __init__(
         self, source: str, variables: Mapping[str, T], withheld: frozenset[str] = frozenset()
@@ -158,21 +165,7 @@ class _Compiler:
     def visit(self, tree: lark.Tree[Any]) -> Expr:
         data = tree.data
         ch = tree.children
-        if (
-            data
-            in (
-                "expr",
-                "conditionalor",
-                "conditionaland",
-                "relation",
-                "addition",
-                "multiplication",
-                "unary",
-                "member",
-                "primary",
-            )
-            and len(ch) == 1
-        ):
+        if (data in _PASS_THROUGH or data == "primary") and len(ch) == 1:
             return self.visit(ch[0])
         if data == "expr":
             return self.ternary(tree)
@@ -645,21 +638,7 @@ class _Compiler:
 
     def has(self, tree: lark.Tree[Any], arg_trees: list[lark.Tree[Any]]) -> Expr:
         node = arg_trees[0] if len(arg_trees) == 1 else None
-        while (
-            node is not None
-            and node.data
-            in (
-                "expr",
-                "conditionalor",
-                "conditionaland",
-                "relation",
-                "addition",
-                "multiplication",
-                "unary",
-                "member",
-            )
-            and len(node.children) == 1
-        ):
+        while node is not None and node.data in _PASS_THROUGH and len(node.children) == 1:
             node = node.children[0]
         if node is None or node.data != "member_dot":
             raise self.fail(tree.meta, "invalid argument to has() macro")
