@@ -119,30 +119,24 @@ def explain_parsed(
     names = sorted(by_node) if node is None else [node]
     if not names:
         names = [""]  # only cluster-wide slices: any node will do
-    results = [
-        allocator.allocate(
-            claims,
-            classes=classes,
-            slices=by_node.get(name, []) + shared,
-            node=Node(name, {"kubernetes.io/hostname": name}),
-            allocated=allocated,
-            diagnose=False,
-        )
-        for name in names
-    ]
-    fitting = tuple(r.node for r in results if r.satisfiable)
-    if not fitting:
-        results = [
+
+    def allocate_all(*, diagnose: bool) -> list[allocator.AllocationResult]:
+        return [
             allocator.allocate(
                 claims,
                 classes=classes,
                 slices=by_node.get(name, []) + shared,
                 node=Node(name, {"kubernetes.io/hostname": name}),
                 allocated=allocated,
-                diagnose=True,
+                diagnose=diagnose,
             )
             for name in names
         ]
+
+    results = allocate_all(diagnose=False)
+    fitting = tuple(r.node for r in results if r.satisfiable)
+    if not fitting:  # only then is every device's "why not" worth its cost
+        results = allocate_all(diagnose=True)
     chosen = next((r for r in results if r.satisfiable), None)
     return ExplainResult(keys, bool(fitting), chosen, fitting, tuple(results), tuple(notes))
 
