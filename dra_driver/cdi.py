@@ -107,6 +107,9 @@ DEVICE_NODES_BY_CAPABILITY: dict[str, tuple[str, ...]] = {
 _BASE_SOCKETS = ("run/nvidia-persistenced/socket", "run/nvidia-fabricmanager/socket")
 _FIRMWARE_DIR = "lib/firmware/nvidia"
 BASE = "base"
+# The NVIDIA container runtime's NVIDIA_DRIVER_CAPABILITIES names (deviceconfig validates a
+# claim's driverCapabilities against them), and what a claim gets without any.
+DRIVER_CAPABILITIES = ("compute", "utility", "video", "graphics", "display")
 DEFAULT_CAPABILITIES = frozenset({"compute", "utility"})
 
 # Where a container finds the libraries, whatever the host's layout (/usr/lib/x86_64-linux-gnu,

@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from dra_driver.cdi import DEFAULT_CAPABILITIES, DRIVER_CAPABILITIES
 from dra_driver.errors import ConfigDecodeError, ConfigNotSupported
 from dra_driver.quantity import QuantityError, parse_quantity
 
@@ -40,9 +41,9 @@ DeviceType = Literal["gpu", "mig"]
 
 # The NVIDIA container runtime's NVIDIA_DRIVER_CAPABILITIES names that a claim may ask for; "all"
 # stands for every one of them.
-ALL_DRIVER_CAPABILITIES: Final = ("compute", "utility", "video", "graphics", "display")
+ALL_DRIVER_CAPABILITIES: Final = DRIVER_CAPABILITIES
 # What a device gets when no config names any: the container runtime's own default.
-DEFAULT_DRIVER_CAPABILITIES: Final = frozenset({"compute", "utility"})
+DEFAULT_DRIVER_CAPABILITIES: Final = DEFAULT_CAPABILITIES
 _ALL: Final = "all"
 
 
