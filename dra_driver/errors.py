@@ -122,7 +122,12 @@ class ClaimFetchFailed(PrepareError):
 
 
 class DeviceConflict(PrepareError):
-    """A device of the claim is already prepared for another claim (admin access aside)."""
+    """A device of the claim is already prepared for another claim (admin access aside).
+    ``holders``: the UIDs of the claims holding them."""
+
+    def __init__(self, message: str, *, holders: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.holders = holders
 
 
 class ConfigDecodeError(PrepareError):

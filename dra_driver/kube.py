@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.machinery
 import importlib.util
 import json
 import logging
@@ -33,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
+from urllib.parse import quote
 
 import urllib3
 
@@ -56,26 +58,64 @@ def _without_eager_package_imports(*packages: str) -> None:
     ``kubernetes/__init__.py`` imports dynamic, stream, watch, leaderelection and informer,
     ``kubernetes/config/__init__.py`` imports the kubeconfig loader with its OIDC stack (oauthlib,
     requests), and ``kubernetes/utils/__init__.py`` the YAML object creator: together about
-    20 MiB of a node agent that uses none of them. We import exactly the
-    client modules we call; any other submodule can still be imported explicitly.
+    20 MiB of a node agent that uses none of them. ``kubernetes/client/__init__.py`` imports
+    ``ApiClient``, and with it pydantic, dateutil, multiprocessing's thread pool and the model
+    package: 10.5 MiB more (measured: RSS after ``import dra_driver.kube``, 11.7 -> 1.2 MiB over
+    grpc/urllib3/ssl), all for its model (de)serialization, which the agent never uses: it speaks
+    plain JSON dicts. We import exactly the client modules we call (``Configuration``, the
+    ``rest`` transport, the in-cluster loader); any submodule can still be imported explicitly.
+
+    A name the package's ``__init__`` would have defined (``from kubernetes.client import
+    ApiClient``, as the kubeconfig loader does) runs that ``__init__`` on first use, so other
+    code sees the package it expects, at the full price, only then (``make demo`` with a
+    kubeconfig file; never in a Pod).
     """
     for name in packages:
         if name in sys.modules:
             continue
         spec = importlib.util.find_spec(name)
-        if spec is None or spec.submodule_search_locations is None:
+        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             return  # not installed: let the real import below fail with its own message
         module = importlib.util.module_from_spec(spec)
+        module.__getattr__ = _run_init_on_demand(module, spec)  # type: ignore[method-assign]
         sys.modules[name] = module
         parent, _, child = name.rpartition(".")
         if parent:
             setattr(sys.modules[parent], child, module)
 
 
-_without_eager_package_imports("kubernetes", "kubernetes.config", "kubernetes.utils")
+def _run_init_on_demand(module: Any, spec: importlib.machinery.ModuleSpec) -> Any:
+    """A module ``__getattr__`` (PEP 562) that runs the package's own ``__init__`` the first
+    time a name it does not have yet is asked for, then answers from the finished package.
+    A submodule not imported yet is not asked of ``__init__``: ``from package import
+    submodule`` probes the attribute before it imports the submodule."""
+    lock = threading.RLock()
 
-from kubernetes.client import ApiClient, Configuration  # noqa: E402
+    def getattr_(attr: str) -> Any:
+        if importlib.machinery.PathFinder.find_spec(f"{module.__name__}.{attr}", module.__path__):
+            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}")
+        with lock:
+            if module.__dict__.get("__getattr__") is getattr_:
+                del module.__getattr__  # once: names __init__ does not define stay missing
+                assert spec.loader is not None
+                spec.loader.exec_module(module)
+        return getattr(module, attr)
+
+    return getattr_
+
+
+_without_eager_package_imports(
+    "kubernetes", "kubernetes.client", "kubernetes.config", "kubernetes.utils"
+)
+
+from kubernetes.client import rest  # noqa: E402
+from kubernetes.client.configuration import Configuration  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
+
+# The loaders import ``Configuration`` from the package (``from kubernetes.client import
+# Configuration``), whose __init__ we did not run: give it the one name they take.
+vars(sys.modules["kubernetes.client"]).setdefault("Configuration", Configuration)
+
 from kubernetes.config import incluster_config  # noqa: E402
 from kubernetes.config.config_exception import ConfigException  # noqa: E402
 
@@ -112,6 +152,10 @@ all namespaces (the devices already in use) and the DeviceTaintRules where serve
 DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 """resource.k8s.io versions that can serve DeviceTaintRule, preferred first (spec D.4: v1alpha3
 since 1.33, v1beta2 since 1.36, v1 since 1.37; each only with the DRADeviceTaintRules gate on)."""
+
+USER_AGENT = "gpu-dra/kubelet-plugin"
+_ACCEPT_JSON: Mapping[str, str] = {"Accept": "application/json"}
+_SEND_JSON: Mapping[str, str] = {"Accept": "application/json", "Content-Type": "application/json"}
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -236,22 +280,28 @@ class KubeClient:
     missing, KubeUnavailable covers connection problems, timeouts, 429 and 5xx. ``timeout_s`` is
     the read timeout of a call through the official client, and the deadline of the whole claim
     GET (connect, TLS handshake, request and whole answer) on the keep-alive path.
+
+    Requests go through the official client's transport, ``rest.RESTClientObject`` (its urllib3
+    pool with the configuration's TLS, proxy and socket settings), with the URL and headers
+    ``ApiClient.param_serialize`` would give (a test compares them); ApiClient itself is not
+    loaded (see ``_without_eager_package_imports``: its model machinery is 10.5 MiB).
     """
 
     def __init__(
         self,
-        api_client: Any,
+        configuration: Configuration,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:
-        self._api = api_client
+        self._configuration = configuration
+        self._rest = rest.RESTClientObject(configuration)
         # The prepare path's claim GET goes over plain keep-alive connections when the
         # configuration allows (keepalive.py says why and what is kept); None: official path.
         # ``timeout_s`` bounds the whole GET there (a server dripping bytes cannot hold a
         # prepare); its TLS files are reloaded when they change.
         self._getter = KeepAliveGetter.for_configuration(
-            api_client.configuration, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
+            configuration, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
         )
         self._timeout = (connect_timeout_s, timeout_s)
         self._connect_timeout_s = connect_timeout_s
@@ -298,14 +348,16 @@ class KubeClient:
         # host setter re-reads the proxy environment each time (~0.3 ms of a ~1 ms claim GET).
         # The environment of a running process does not change: keep the proxy it gave now.
         configuration.proxy = configuration.proxy
-        api_client = ApiClient(configuration)
-        api_client.user_agent = "gpu-dra/kubelet-plugin"
-        return cls(api_client, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+        return cls(configuration, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+
+    @property
+    def configuration(self) -> Configuration:
+        return self._configuration
 
     def close(self) -> None:
         if self._getter is not None:
             self._getter.close()
-        self._api.close()
+        self._rest.close()
 
     # --- discovery -------------------------------------------------------------------------------
 
@@ -595,16 +647,12 @@ class KubeClient:
             raise _get_failed(exc, resource=resource, namespace=namespace, name=name) from exc
         return _decoded(status, data, verb="get", resource=resource, namespace=namespace, name=name)
 
-    def _get_headers(self) -> dict[str, str]:
-        """The headers the official client sends with a GET (``param_serialize`` gives the same;
-        a test compares), without its generic serialization work. The token is asked for on
-        every request, so the loaders' refresh hook runs as it would for the official client."""
-        api = self._api
-        headers: dict[str, str] = {"Accept": "application/json"}
-        headers.update(api.default_headers)
-        if api.cookie:
-            headers["Cookie"] = api.cookie
-        auth = api.configuration.auth_settings().get("BearerToken")  # always a header
+    def _get_headers(self, accept: Mapping[str, str] = _ACCEPT_JSON) -> dict[str, str]:
+        """The headers the official client sends (``ApiClient.param_serialize`` gives the same;
+        a test compares). The token is asked for on every request, so the loaders' refresh hook
+        runs as it would for the official client."""
+        headers = {**accept, "User-Agent": USER_AGENT}
+        auth = self._configuration.auth_settings().get("BearerToken")  # always a header
         if auth and auth["value"] is not None:
             headers[auth["key"]] = auth["value"]
         return headers
@@ -623,22 +671,18 @@ class KubeClient:
         stream: bool = False,
         timeout: tuple[float, float] | None = None,
     ) -> Any:
-        """One HTTP request through the official client; JSON in, JSON (or a stream) out."""
-        _method, url, headers, request_body, _ = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=dict(query) if query else None,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=dict(body) if body is not None else None,
-            auth_settings=["BearerToken"],
-        )
+        """One HTTP request through the official client's transport; JSON in, JSON (or a
+        stream) out."""
+        url = self._configuration.host + path
+        if query:
+            url += "?" + "&".join(f"{key}={quote(value)}" for key, value in query.items())
         what = _describe(verb, resource, namespace=namespace, name=name)
         try:
-            response = self._api.call_api(
-                _method,
+            response = self._rest.request(  # type: ignore[no-untyped-call]
+                method,
                 url,
-                header_params=headers,
-                body=request_body,
+                headers=self._get_headers(_SEND_JSON),
+                body=dict(body) if body is not None else None,
                 _request_timeout=timeout or self._timeout,
             )
             if stream and 200 <= response.status < 300:

@@ -114,12 +114,16 @@ class FakeKubeApi:
         validate: bool = True,
         tls_dir: Path | None = None,
         device_taint_rule_versions: Iterable[str] = (),
+        get_latency_s: float = 0.0,
     ) -> None:
         """``tls_dir``: serve HTTPS with a fresh self-signed certificate written there
         (``ca.crt``; needed by clients that insist on TLS, like the in-cluster configuration).
         ``device_taint_rule_versions``: the resource.k8s.io versions that serve DeviceTaintRules
-        (a version only listed here, like v1alpha3, serves nothing else)."""
+        (a version only listed here, like v1alpha3, serves nothing else). ``get_latency_s``:
+        time a GET of one object takes before its answer is sent, as a real API server spends
+        it reading from etcd (the benchmarks' stand-in for a cluster; a sleep, not CPU)."""
         self.versions = tuple(versions)
+        self.get_latency_s = get_latency_s
         self.device_taint_rule_versions = tuple(device_taint_rule_versions)
         self.tls_dir = tls_dir
         self.token = token
@@ -527,6 +531,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._watch(route, query)
                 return
             status, out = self._serve(verb, route, query, body)
+            if verb == "get" and api.get_latency_s > 0:
+                time.sleep(api.get_latency_s)
             self._send(status, out)
         except ApiError as exc:
             self._send(exc.status, _status(exc.status, exc.reason, exc.message))

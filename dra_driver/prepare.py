@@ -26,8 +26,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -261,10 +262,11 @@ class Preparer:
         self.locks = locks
         self.claims = claims
         self._pool = ThreadPoolExecutor(max_workers=max_parallel_claims, thread_name_prefix="claim")
-        # Separate from _pool: a claim running in _pool waits on its spec's fsync.
-        self._spec_writes = ThreadPoolExecutor(
-            max_workers=max_parallel_claims, thread_name_prefix="cdi-sync"
-        )
+        # Separate from _pool: a claim running in _pool waits on its spec's fsync. One thread:
+        # it is used only while a single prepare is in flight (_sync_spec).
+        self._spec_writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdi-sync")
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
 
     @property
     def targets(self) -> Mapping[str, DeviceTarget]:
@@ -354,6 +356,15 @@ class Preparer:
     def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         """Prepare one claim. Idempotent: a prepared claim returns its recorded devices."""
         validate_ref(ref)
+        with self._in_flight_lock:
+            self._in_flight += 1
+        try:
+            return self._prepare(ref)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+
+    def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         with self.locks.hold(ref.uid):
             record = self.checkpoint.get(ref.uid)
             if record is not None:
@@ -368,25 +379,32 @@ class Preparer:
             claim = self._fetch(ref)
             planned = self._plan(ref, claim)
             devices = tuple(self._answer(ref, p) for p in planned)
-            # The spec's fsync (a new file's: the slowest step) runs in a helper thread and
-            # overlaps both checkpoint appends, so the syncs overlap instead of adding up; the
-            # rest of the write stays in this thread (two threads of Python would only take
-            # turns). Order on disk does not matter: a spec no record owns is removed by
-            # reconcile (under the claim's lock, which we hold), the missing spec of a completed
-            # claim is rewritten, and the kubelet hears of success only after both are durable.
+            # The spec goes to a temp file and is fsync'd (see _sync_spec: alone, in a helper
+            # thread, overlapping the checkpoint's append and fdatasync). The record is written
+            # once, as PrepareCompleted: the only change
+            # this prepare makes on the node is the spec, and it becomes visible (the rename)
+            # only after the record is durable. A crash before the rename leaves a temp file
+            # (reconcile removes it) and a record without its spec (the next prepare of the
+            # claim, or reconcile, writes it again); the kubelet hears of success only after
+            # both are durable. A prepare that changes the node in other ways must record
+            # PrepareStarted first (docs/plugin.md, "Durability").
             capabilities = frozenset().union(*(p.capabilities for p in planned))
             pending = self.specs.begin(
                 ref.uid, self._encode_spec(ref.uid, [p.target for p in planned], capabilities)
             )
             try:
-                synced = self._spec_writes.submit(pending.sync)
+                synced = self._sync_spec(pending)
                 try:
-                    # PrepareStarted only has to survive a crash of this process (an append
-                    # without fdatasync): after a power loss the boot ID discards every claim.
-                    self.checkpoint.transact(self._start_op(ref, planned, devices), durable=False)
-                    self.checkpoint.transact(_complete_op(ref.uid))
+                    record_op = self._record_op(ref, planned, devices)
+                    try:
+                        self.checkpoint.transact(record_op)
+                    except DeviceConflict as exc:
+                        if not self._clear_stale(exc.holders):
+                            raise
+                        self.checkpoint.transact(record_op)
                 finally:
-                    sync_error = synced.exception()  # waits: the temp file is busy till then
+                    # waits: the temp file is busy till then
+                    sync_error = synced.exception() if synced is not None else None
                 if sync_error is not None:
                     raise sync_error
                 pending.commit()
@@ -404,6 +422,20 @@ class Preparer:
             )
             return devices
 
+    def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
+        """fsync the spec's temp file: in a helper thread when this is the only prepare in
+        flight, so the spec's sync and the checkpoint's overlap instead of adding up (the rest
+        of the write stays in this thread: two threads of Python would only take turns); here
+        and now when others are in flight, whose work fills the wait anyway, so the handoff
+        (a few tens of microseconds of the interpreter per prepare, under the load where they
+        count) is saved. None when synced here (raises on failure)."""
+        with self._in_flight_lock:
+            alone = self._in_flight == 1
+        if alone:
+            return self._spec_writes.submit(pending.sync)
+        pending.sync()
+        return None
+
     def unprepare(self, ref: ClaimRef) -> None:
         """Unprepare one claim. Unknown or already unprepared claims succeed."""
         validate_ref(ref, need_names=False)
@@ -411,7 +443,13 @@ class Preparer:
             self._unprepare_locked(ref.uid)
 
     def _unprepare_locked(self, uid: str) -> None:
-        record = self.checkpoint.transact(lambda claims: claims.discard(uid))
+        # Nothing here is synced before the kubelet hears of success (docs/plugin.md,
+        # "Durability"): the record's removal is appended (a crash of this process cannot lose
+        # it: it is in the kernel), and only a power loss could, after which the node reboots
+        # and the boot ID check drops every claim. Had a removal been lost anyway, the claim
+        # would be found stale against the API server (reconcile, and prepare of another claim
+        # that wants its devices) and cleared: a device is never blocked by it.
+        record = self.checkpoint.transact(lambda claims: claims.discard(uid), durable=False)
         # The record goes first: a crash now leaves only an orphaned spec, which reconcile
         # removes, never a recorded claim without its spec. For the same reason the removal
         # need not be synced: a spec that comes back after a power loss is an orphan too.
@@ -542,9 +580,12 @@ class Preparer:
             config=planned.config_json(),
         )
 
-    def _start_op(
+    def _record_op(
         self, ref: ClaimRef, planned: Sequence[_Planned], devices: tuple[PreparedDevice, ...]
     ) -> Callable[[Claims], None]:
+        """Record the claim as prepared, refusing a device another prepared claim holds
+        (admin access aside); checked and recorded in one step, so two claims racing for a
+        device cannot both have it."""
         wanted = {p.target.name for p in planned if not p.admin_access}
 
         def op(claims: Claims) -> None:
@@ -559,13 +600,14 @@ class Preparer:
                             else other.uid
                         )
                         raise DeviceConflict(
-                            f"device {held.device} is already prepared for claim {owner}"
+                            f"device {held.device} is already prepared for claim {owner}",
+                            holders=(other.uid,),
                         )
             claims[ref.uid] = ClaimRecord(
                 uid=ref.uid,
                 namespace=ref.namespace,
                 name=ref.name,
-                phase=PREPARE_STARTED,
+                phase=PREPARE_COMPLETED,
                 devices=devices,
             )
 
@@ -640,7 +682,8 @@ class Preparer:
         - claims left ``PrepareStarted`` by a crash are rolled back;
         - CDI specs of ours that no claim in the checkpoint owns are removed;
         - claims whose spec disappeared (or rebuilt ones) get their spec written again;
-        - claims deleted from the API (or re-created with another UID) are unprepared.
+        - claims no pod can use any more (deleted, re-created, deallocated, reserved for no
+          pod: ``_stale_reason``) are unprepared.
         Claims another thread or instance is working on right now are left alone.
         """
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
@@ -677,21 +720,75 @@ class Preparer:
                     if have:
                         self._write_spec(uid, have, _recorded_capabilities(record))
                         done["specs_rewritten"] += 1
-                if record.namespace and self._gone_from_api(record):
+                reason = self._stale_reason(record) if record.namespace else None
+                if reason is not None:
+                    log.info(
+                        "unpreparing a claim no pod can use any more",
+                        extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
+                               "reason": reason},
+                    )  # fmt: skip
                     self._unprepare_locked(uid)
                     done["unprepared_gone"] += 1
         return done
 
-    def _gone_from_api(self, record: ClaimRecord) -> bool:
+    def _clear_stale(self, holders: Iterable[str]) -> bool:
+        """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
+        server says no pod can use any more: a record whose unprepare was lost never blocks a
+        device. True when one was cleared. A holder being worked on right now is left alone."""
+        cleared = False
+        for uid in holders:
+            record = self.checkpoint.get(uid)
+            if record is None or not record.namespace:
+                continue
+            reason = self._stale_reason(record)
+            if reason is None:
+                continue
+            with self.locks.try_hold(uid) as held:
+                if held and self.checkpoint.get(uid) == record:
+                    log.warning(
+                        "unpreparing a stale claim that held a device another claim needs",
+                        extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
+                               "reason": reason},
+                    )  # fmt: skip
+                    self._unprepare_locked(uid)
+                    cleared = True
+        return cleared
+
+    def _stale_reason(self, record: ClaimRecord) -> str | None:
+        """Why no pod on this node can use the prepared claim any more, by the API server; None
+        while one may (or when the server cannot be asked: never guess).
+
+        Stale: the claim was deleted or re-created under another UID, it is no longer allocated
+        (or allocated none of the recorded devices of this node), or it is reserved for no
+        consumer (its pods are gone: the kubelet prepares a claim again before a new pod uses
+        it)."""
         try:
             claim = self.claims.get_resource_claim(namespace=record.namespace, name=record.name)
         except KubeError as exc:
             log.warning(
-                "cannot check whether a prepared claim still exists; will retry",
+                "cannot check whether a prepared claim is still in use; will retry",
                 extra={"claim_uid": record.uid, "error": str(exc)},
             )
-            return False
-        return claim is None or _get(claim, "metadata", "uid") != record.uid
+            return None
+        if claim is None:
+            return "deleted"
+        if _get(claim, "metadata", "uid") != record.uid:
+            return "deleted and re-created with another UID"
+        results = _get(claim, "status", "allocation", "devices", "results")
+        if not isinstance(results, list):
+            return "no longer allocated"
+        allocated = {
+            str(r.get("device"))
+            for r in results
+            if isinstance(r, Mapping)
+            and r.get("driver") == self.driver_name
+            and r.get("pool") == self.node_name
+        }
+        if not allocated & {d.device for d in record.devices}:
+            return "allocated other devices"
+        if not _get(claim, "status", "reservedFor"):
+            return "reserved for no pod"
+        return None
 
     def rebuild_from_specs(self, *, booted_at_s: float = 0.0) -> int:
         """After the checkpoint was lost: record every claim that has a spec of ours on disk.
@@ -764,22 +861,6 @@ def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
                 config = driver_capabilities(decode(device.config))
         capabilities |= config
     return frozenset(capabilities) or cdi.DEFAULT_CAPABILITIES
-
-
-def _complete_op(uid: str) -> Callable[[Claims], None]:
-    def op(claims: Claims) -> None:
-        record = claims.get(uid)
-        if record is None:
-            raise CheckpointError(f"claim {uid} vanished from the checkpoint while being prepared")
-        claims[uid] = ClaimRecord(
-            uid=uid,
-            namespace=record.namespace,
-            name=record.name,
-            phase=PREPARE_COMPLETED,
-            devices=record.devices,
-        )
-
-    return op
 
 
 def _effective(

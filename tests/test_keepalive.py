@@ -136,7 +136,7 @@ def test_the_token_is_taken_from_the_client_configuration_on_every_request(
             kube.get_resource_claim(namespace=meta["namespace"], name=meta["name"])
         assert info.value.status == 401
         # what the in-cluster loader's refresh hook does once the token file holds a new token
-        kube._api.configuration.refresh_api_key_hook = lambda config: config.api_key.update(
+        kube.configuration.refresh_api_key_hook = lambda config: config.api_key.update(
             BearerToken="Bearer rotated"
         )
         assert kube.get_resource_claim(namespace=meta["namespace"], name=meta["name"])
@@ -555,12 +555,12 @@ def test_kube_client_maps_broken_answers_and_unsendable_headers(
 ) -> None:
     server = _Scripted([b"garbage\r\n\r\n", "ok"])
     scripted.append(server)
-    kube = KubeClient(ApiClient(_configuration(f"http://127.0.0.1:{server.port}")))
+    kube = KubeClient(_configuration(f"http://127.0.0.1:{server.port}"))
     try:
         kube._version = "v1"  # no discovery: the scripted server only answers claim GETs
         with pytest.raises(KubeUnavailable, match="broken answer from the API server: malformed"):
             kube.get_resource_claim(namespace="ns1", name="claim-a")
-        kube._api.configuration.api_key = {"BearerToken": "t\r\nX-Injected: 1"}
+        kube.configuration.api_key = {"BearerToken": "t\r\nX-Injected: 1"}
         with pytest.raises(KubeError, match="not allowed in HTTP"):
             kube.get_resource_claim(namespace="ns1", name="claim-a")
         assert server.requests == 1
@@ -577,22 +577,49 @@ def test_kube_client_maps_broken_answers_and_unsendable_headers(
     ],
     ids=["no-token", "token-with-prefix", "kubeconfig-style"],
 )
-def test_claim_get_headers_are_those_of_the_official_client(settings: dict[str, Any]) -> None:
-    api = ApiClient(_configuration("http://127.0.0.1:6443", **settings))
+def test_request_headers_and_urls_are_those_of_the_official_client(
+    settings: dict[str, Any],
+) -> None:
+    """KubeClient sends through the official transport without ApiClient: what it builds must
+    be what ApiClient.param_serialize builds for the same call (GET, and a write with a query)."""
+    configuration = _configuration("http://127.0.0.1:6443", **settings)
+    api = ApiClient(configuration)
     api.user_agent = "gpu-dra/kubelet-plugin"
-    api.set_default_header("X-Extra", "1")
-    api.cookie = "session=1"
-    kube = KubeClient(api)
+    kube = KubeClient(configuration)
     try:
+        path = "/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/a"
         _method, _url, official, _body, _ = api.param_serialize(
             method="GET",
-            resource_path="/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/a",
+            resource_path=path,
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
         assert kube._get_headers() == official
+        sent: list[tuple[str, str, dict[str, str], Any]] = []
+        kube._rest.request = lambda method, url, headers, body, _request_timeout: (  # type: ignore[method-assign]
+            sent.append((method, url, headers, body)) or _FakeRestResponse()
+        )
+        query = {"labelSelector": "a=b,c in (d e)", "fieldSelector": "spec.nodeName=n/1"}
+        kube._request("POST", path, verb="create", resource="r", query=query, body={"x": 1})
+        _m, url, official, body, _ = api.param_serialize(
+            method="POST",
+            resource_path=path,
+            query_params=query,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body={"x": 1},
+            auth_settings=["BearerToken"],
+        )
+        assert sent == [("POST", url, official, body)]
     finally:
         kube.close()
+
+
+class _FakeRestResponse:
+    status = 200
+    data = b"{}"
+
+    def read(self) -> bytes:
+        return self.data
 
 
 # --- the deadline of a whole GET -----------------------------------------------------------------
@@ -605,7 +632,7 @@ def test_a_server_dripping_its_answer_cannot_hold_the_get_past_the_deadline(
     server = _Scripted([("drip", _OK, 0.5), "ok"])
     scripted.append(server)
     kube = KubeClient(
-        ApiClient(_configuration(f"http://127.0.0.1:{server.port}")),
+        _configuration(f"http://127.0.0.1:{server.port}"),
         timeout_s=1.5,
         connect_timeout_s=1,
     )
@@ -869,7 +896,7 @@ def test_the_in_cluster_ca_file_is_reloaded_when_its_volume_is_updated(tmp_path:
         ).load_and_set(configuration)
         # what the official client is given, and what the getter watches
         assert configuration.ssl_ca_cert == str(account / "ca.crt")
-        kube = KubeClient(ApiClient(configuration), timeout_s=2, connect_timeout_s=1)
+        kube = KubeClient(configuration, timeout_s=2, connect_timeout_s=1)
         try:
             kube._version = "v1"  # no discovery: the official client would fail the same way
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -512,3 +514,41 @@ def test_every_request_explain_makes_is_listed_in_explain_permissions(tmp_path: 
         assert api.permissions_used() == set(EXPLAIN_PERMISSIONS)
     finally:
         api.stop()
+
+
+def test_the_agent_path_loads_none_of_the_clients_model_machinery(tmp_path: Path) -> None:
+    """The node agent speaks JSON dicts through the official transport: importing it and talking
+    to the API server must not load ApiClient's pydantic/dateutil/model stack (10.5 MiB), the
+    kubeconfig loader's OIDC stack, YAML or the CEL engine. Names of the package are still there
+    for whoever asks (the kubeconfig loader does)."""
+    api = FakeKubeApi().start()
+    api.add_node("node1")
+    script = f"""
+import sys
+import dra_driver.agent, dra_driver.cli
+from kubernetes.client.configuration import Configuration
+from dra_driver.kube import KubeClient
+configuration = Configuration(host={api.url!r})
+kube = KubeClient(configuration)
+assert kube.get_node("node1")["metadata"]["name"] == "node1"
+kube.list_slices(driver_name="gpu.nvidia.com", node_name="node1")
+kube.close()
+heavy = ["pydantic", "dateutil", "kubernetes.client.api_client", "kubernetes.client.models",
+         "multiprocessing.pool", "yaml", "oauthlib", "requests", "celpy",
+         "dra_driver.scheduling", "dra_driver.deviceconfig", "kubernetes.watch"]
+loaded = [name for name in heavy if name in sys.modules]
+assert not loaded, loaded
+from kubernetes.client import ApiClient  # the package's names on demand
+import kubernetes
+assert ApiClient.__name__ == "ApiClient" and kubernetes.__version__
+print("ok")
+"""
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True, text=True, timeout=60, check=False,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+    finally:
+        api.stop()
+    assert run.stdout.strip() == "ok", run.stderr

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dra_driver import cdi
+from dra_driver import checkpoint as checkpoint_module
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -400,7 +401,7 @@ def test_a_failed_write_leaves_no_spec_temp_file_or_record(
         real = env.checkpoint.transact
 
         def transact(op: Any, *, durable: bool = True) -> Any:
-            if durable and op.__qualname__.startswith("_complete_op"):
+            if durable and op.__qualname__.startswith("Preparer._record_op"):
                 raise CheckpointError("cannot write checkpoint.journal: [Errno 28] No space left")
             return real(op, durable=durable)
 
@@ -629,6 +630,87 @@ def test_reconcile_unprepares_claims_deleted_or_replaced_in_the_api(env: Env) ->
     env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))  # same name, new UID
     assert env.preparer.reconcile()["unprepared_gone"] == 2
     assert env.specs.claim_uids() == {kept["metadata"]["uid"]}
+
+
+def test_reconcile_unprepares_claims_no_pod_can_use_and_keeps_the_others(env: Env) -> None:
+    """A claim deallocated, allocated elsewhere, or reserved for no pod any more is stale (its
+    unprepare was lost); one still reserved for a pod is kept, as is any claim while the API
+    server cannot be asked."""
+    names = ["deallocated", "moved", "unreserved", "kept"]
+    claims = {
+        n: env.store.add(allocated_claim(name=n, devices=[f"gpu-{i}"])) for i, n in enumerate(names)
+    }
+    for c in claims.values():
+        env.preparer.prepare(env.ref(c))
+    del claims["deallocated"]["status"]["allocation"]
+    claims["moved"]["status"]["allocation"]["devices"]["results"][0]["pool"] = "node2"
+    claims["unreserved"]["status"]["reservedFor"] = []
+    real_get = env.store.get_resource_claim
+
+    def unavailable(*, namespace: str, name: str) -> dict[str, Any] | None:
+        raise KubeUnavailable("API server unreachable", verb="get", resource="resourceclaims")
+
+    env.store.get_resource_claim = unavailable  # type: ignore[method-assign]
+    assert env.preparer.reconcile()["unprepared_gone"] == 0
+    env.store.get_resource_claim = real_get  # type: ignore[method-assign]
+    assert env.preparer.reconcile()["unprepared_gone"] == 3
+    assert set(env.checkpoint.snapshot()) == {claims["kept"]["metadata"]["uid"]}
+    assert env.specs.claim_uids() == {claims["kept"]["metadata"]["uid"]}
+
+
+def test_a_lost_unprepare_never_blocks_the_device(env: Env) -> None:
+    """The unprepare record is not synced (docs/plugin.md, "Durability"): had one been lost,
+    the stale claim would hold its device. A prepare that wants the device asks the API server
+    about the holder and clears it; a holder still in use keeps the device."""
+    old = env.store.add(allocated_claim(name="old", devices=["gpu-1"]))
+    env.preparer.prepare(env.ref(old))
+    env.store.delete(old)  # its pod is gone, the kubelet's unprepare never reached the disk
+    new = env.store.add(allocated_claim(name="new", devices=["gpu-1"]))
+    assert [d.device for d in env.preparer.prepare(env.ref(new))] == ["gpu-1"]
+    assert set(env.checkpoint.snapshot()) == {new["metadata"]["uid"]}
+    assert env.specs.claim_uids() == {new["metadata"]["uid"]}
+    # the holder is in use: refused as before, and the holder keeps its spec
+    third = env.store.add(allocated_claim(name="third", devices=["gpu-1"]))
+    with pytest.raises(PrepareError, match="gpu-1 is already prepared for claim default/new"):
+        env.preparer.prepare(env.ref(third))
+    assert env.specs.claim_uids() == {new["metadata"]["uid"]}
+
+
+def test_unprepare_appends_without_a_sync_and_prepare_syncs_before_the_spec_appears(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What must be durable before the kubelet hears of success, and in which order: a
+    prepare's record is fdatasync'd before its spec is renamed into place (a spec visible to
+    the runtime always has a durable record); an unprepare syncs nothing, yet its change is in
+    the file (a crash of the process cannot lose it)."""
+    import os  # noqa: PLC0415
+
+    events: list[str] = []
+    real_fdatasync, real_rename = os.fdatasync, os.rename
+    journal = env.checkpoint.journal_path
+
+    def fdatasync(fd: int) -> None:
+        events.append("sync journal" if os.fstat(fd).st_ino == journal.stat().st_ino else "?")
+        real_fdatasync(fd)
+
+    def rename(src: Any, dst: Any) -> None:
+        events.append(f"rename {Path(dst).name}")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "rename", rename)
+    claim = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
+    uid = claim["metadata"]["uid"]
+    env.preparer.prepare(env.ref(claim))
+    spec_name = env.specs.path_for(uid).name
+    assert events == ["sync journal", f"rename {spec_name}"]
+    events.clear()
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append("fsync"))
+    env.preparer.unprepare(env.ref(claim))
+    assert [e for e in events if "sync" in e] == []
+    assert not env.specs.path_for(uid).exists()
+    _, on_disk = checkpoint_module.read_state(env.checkpoint.path)
+    assert uid not in on_disk  # read from the files, as a restarted plugin reads them
 
 
 def test_after_a_reboot_nothing_counts_as_prepared(env: Env) -> None:

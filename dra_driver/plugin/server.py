@@ -61,7 +61,11 @@ DEFAULT_RECONCILE_INTERVAL_S = 60.0
 # holed API server and many claims a healthy pass can take minutes.
 RECONCILE_STALL_S = 1800.0
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_driver_files reads it
-_GRPC_WORKERS = 32
+# Threads serving dra.sock: the kubelet's calls (it prepares pods one by one; a node starting many
+# pods at once stays well under 16 in flight) plus each open health stream, which holds one for
+# its lifetime. Calls beyond wait in gRPC's queue, never fail. Every thread costs memory (its
+# stack, a malloc arena), so not more.
+_GRPC_WORKERS = 20
 
 EventReporter = Callable[[str, str], None]
 """Report a problem as a Kubernetes Event on our Node: (reason, message)."""
