@@ -144,6 +144,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-format", "LOG_FORMAT", "log_format", "json or text", str, "json"),
     Flag("--log-level", "LOG_LEVEL", "log_level", "debug, info, warning or error", str, "info"),
     Flag(
+        "--telemetry-interval",
+        "TELEMETRY_INTERVAL",
+        "telemetry_interval_s",
+        "seconds between telemetry samples of every GPU and MIG device (utilisation, memory, "
+        "temperature, power, clocks, ECC; served on /metrics with --metrics-port); 0 disables",
+        float,
+        10.0,
+    ),
+    Flag(
         "--rediscover-interval",
         "REDISCOVER_INTERVAL",
         "rediscover_interval_s",

@@ -16,6 +16,7 @@ readiness_problems() and heartbeats feed the probes (health.py).
 
 With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
 and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.
+``device_holders()`` tells telemetry which claims (and pods) hold which device.
 
 stop() stops both servers and removes both socket files (the kubelet then deregisters us at
 once instead of after two failed 10 s probes).
@@ -53,6 +54,7 @@ from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
+from dra_driver.telemetry import ClaimHolder, holders_from_records
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +294,15 @@ class KubeletPlugin:
                 "containers cannot use it. Unpreparing the claim still works.",
             )
         self._missing_reported = now
+
+    def device_holders(self) -> dict[str, tuple[ClaimHolder, ...]]:
+        """Device name -> the prepared claims holding it, with the pods they are reserved for
+        (telemetry's claim labels). Empty before start(); CheckpointError once stopped."""
+        if self.preparer is None:
+            return {}
+        return holders_from_records(
+            self.checkpoint.snapshot().values(), pods=self.preparer.claim_pods()
+        )
 
     def _missing_devices(self) -> dict[tuple[str, ...], float]:
         """``gpu_dra_prepared_devices_missing`` at scrape time: (node, driver) -> n."""
