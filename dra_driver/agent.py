@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from dra_driver import devices, log, metrics
+from dra_driver import devices, log
 from dra_driver.config import Config
 from dra_driver.errors import (
     CdiError,
@@ -38,17 +38,17 @@ from dra_driver.errors import (
 )
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.readings import NvmlReader
 from dra_driver.health import Heartbeat, ProbeServer, SocketChecker, heartbeat_problems
 from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publisher import Publisher
-from dra_driver.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from dra_driver import metrics
     from dra_driver.gpus.simulated import SimulatedNvmlLibrary
+    from dra_driver.telemetry import Telemetry
 
 logger = logging.getLogger("dra_driver.agent")
 
@@ -171,6 +171,8 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         scrapes: HttpServer | None = None
         registry: metrics.Registry | None = None
         if config.metrics_port:
+            from dra_driver import metrics  # noqa: PLC0415  (prometheus_client only when on)
+
             registry = metrics.Registry()
             driver_metrics = metrics.DriverMetrics(
                 registry,
@@ -257,6 +259,9 @@ def _start_telemetry(
     """Per-device telemetry for ``/metrics``, sampling (unless the interval is 0) until the stack
     closes. The claims come from the plugin's checkpoint; simulated GPUs are busy while a
     prepared claim holds them."""
+    from dra_driver.gpus.readings import NvmlReader  # noqa: PLC0415
+    from dra_driver.telemetry import Telemetry  # noqa: PLC0415
+
     reader = NvmlReader() if config.telemetry_interval_s else None
     telemetry = Telemetry(
         node_name=config.node_name,

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -48,13 +48,15 @@ from dra_driver.config import Config
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.health import Heartbeat
-from dra_driver.metrics import DriverMetrics
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
-from dra_driver.telemetry import ClaimHolder, holders_from_records
+
+if TYPE_CHECKING:
+    from dra_driver.metrics import DriverMetrics
+    from dra_driver.telemetry import ClaimHolder
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +300,8 @@ class KubeletPlugin:
     def device_holders(self) -> dict[str, tuple[ClaimHolder, ...]]:
         """Device name -> the prepared claims holding it, with the pods they are reserved for
         (telemetry's claim labels). Empty before start(); CheckpointError once stopped."""
+        from dra_driver.telemetry import holders_from_records  # noqa: PLC0415  (with metrics)
+
         if self.preparer is None:
             return {}
         return holders_from_records(
