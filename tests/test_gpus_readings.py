@@ -62,8 +62,15 @@ def test_not_supported_queries_are_left_out_logged_once_and_not_asked_again(
         assert readings[mig.uuid].memory_used_bytes is not None
         assert readings[mig.uuid].temperature_celsius is None
         assert readings[mig.uuid].ecc_corrected_errors is None
-        unsupported = [r for r in caplog.records if "does not support" in r.getMessage()]
-        assert len(unsupported) == 1 + (len(QUERIES) - 1)  # GPU: utilisation; MIG: all but memory
+        unsupported = {
+            r.device: r.queries  # type: ignore[attr-defined]
+            for r in caplog.records
+            if "does not support" in r.getMessage()
+        }
+        assert unsupported == {
+            gpu.name: ["nvmlDeviceGetUtilizationRates"],  # a GPU in MIG mode
+            mig.name: [q.name for q in QUERIES if q.name != "nvmlDeviceGetMemoryInfo"],
+        }
         node.library.calls.clear()
         caplog.clear()
         reader.read([gpu, mig])

@@ -8,9 +8,9 @@ error. With ``--simulate`` the same pynvml calls reach gpus/simulated.py.
 
 Cost per pass: at most ``len(QUERIES)`` (8) NVML calls per device, fewer for MIG devices:
 
-- a query a device answers NOT_SUPPORTED (or a library without the symbol) is logged once and not
-  asked again of that device (MIG devices support only memory info; GPUs in MIG mode no
-  utilisation);
+- a query a device answers NOT_SUPPORTED (or a library without the symbol) is logged once (one
+  line per device naming its queries) and not asked again of that device (MIG devices support
+  only memory info; GPUs in MIG mode no utilisation);
 - any other error (GPU lost, a timeout) ends that device's round for this pass: one failing call,
   not eight. It is logged once per device and error until the device answers again, and its
   handle is looked up again next pass.
@@ -149,6 +149,7 @@ class NvmlReader:
     def _read_device(self, target: TelemetryTarget) -> Reading | None:
         uuid = target.uuid
         values: dict[str, Any] = {}
+        unsupported: list[str] = []
         try:
             handle = self._handles.get(uuid)
             if handle is None:
@@ -161,10 +162,7 @@ class NvmlReader:
                     values.update(query.call(handle))
                 except _UNSUPPORTED:
                     self._unsupported.add((uuid, query.name))
-                    log.info(
-                        "telemetry: the device does not support this query; not asked again",
-                        extra={"device": target.name, "uuid": uuid, "query": query.name},
-                    )
+                    unsupported.append(query.name)
         except pynvml.NVMLError as exc:
             self._handles.pop(uuid, None)
             if self._failing.get(uuid) != str(exc):
@@ -174,6 +172,12 @@ class NvmlReader:
                 )
             self._failing[uuid] = str(exc)
             return None
+        finally:
+            if unsupported:
+                log.info(
+                    "telemetry: the device does not support these queries; not asked again",
+                    extra={"device": target.name, "uuid": uuid, "queries": unsupported},
+                )
         if self._failing.pop(uuid, None) is not None:
             log.info("telemetry: the device can be read again", extra={"device": target.name})
         return Reading(**values)
