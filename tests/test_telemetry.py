@@ -37,6 +37,7 @@ from dra_driver.telemetry import (
 from tests import exposition
 
 NODE = "node1"
+REPO = Path(__file__).resolve().parent.parent
 SPEC = "h100:2,a100-80gb:1:mig=3g.40gb+2g.20gb"
 MIG_3G = "gpu-2-mig-3g40gb-9-0"
 
@@ -397,3 +398,11 @@ def test_ecc_errors_show_as_volatile_counts(node: SimulatedNode) -> None:
     assert (readings[gpu1].ecc_corrected_errors, readings[gpu1].ecc_uncorrected_errors) == (5, 1)
     gpu0 = readings[uuid_of(inventory, "gpu-0")]
     assert (gpu0.ecc_corrected_errors, gpu0.ecc_uncorrected_errors) == (0, 0)
+
+
+def test_every_metric_the_agent_exposes_is_documented() -> None:
+    docs = (REPO / "docs" / "metrics.md").read_text() + (REPO / "docs" / "plugin.md").read_text()
+    registry = Registry()
+    DriverMetrics(registry, driver_name="gpu.nvidia.com", node_name=NODE)
+    names = set(exposition.types(registry.render())) | set(METRIC_NAMES)
+    assert sorted(name for name in names if f"`{name}`" not in docs) == []
