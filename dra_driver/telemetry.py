@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -350,14 +351,9 @@ class Telemetry:
 
     def _loop(self) -> None:
         beat = self.heartbeat
-        if beat is None:
+        with beat.running() if beat else nullcontext():
             while True:
-                self.sample()
-                if self._stop.wait(self.interval_s):
-                    return
-        with beat.running():
-            while True:
-                with beat.busy():
+                with beat.busy() if beat else nullcontext():
                     self.sample()
                 if self._stop.wait(self.interval_s):
                     return

@@ -165,6 +165,8 @@ class NvmlReader:
                     unsupported.append(query.name)
         except pynvml.NVMLError as exc:
             self._handles.pop(uuid, None)
+            if isinstance(exc, pynvml.NVMLError_Uninitialized):
+                self._initialised = False  # NVML was shut down under us: initialise it again
             if self._failing.get(uuid) != str(exc):
                 log.warning(
                     "telemetry: the device cannot be read; its metrics are left out",

@@ -40,6 +40,7 @@ import ctypes
 import hashlib
 import math
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
@@ -480,6 +481,7 @@ class SimulatedNvmlLibrary:
         self._handles = _Handles()
         self._handles.add(gpus)
         self._initialised = 0
+        self._init_lock = threading.Lock()
         # Symbol names in call order, for tests and debugging; bounded for long-lived use.
         self.calls: deque[str] = deque(maxlen=10_000)
         # Telemetry (see "telemetry" below): the clock readings move with, and which UUIDs run
@@ -541,11 +543,13 @@ class SimulatedNvmlLibrary:
     # system
 
     def _init(self, flags: Any) -> int:
-        self._initialised += 1
+        with self._init_lock:  # NVML counts initialisations thread-safely (telemetry's thread)
+            self._initialised += 1
         return _SUCCESS
 
     def _shutdown(self) -> int:
-        self._initialised -= 1
+        with self._init_lock:
+            self._initialised -= 1
         return _SUCCESS
 
     def _driver_version(self, buffer: Any, length: Any) -> int:
