@@ -23,6 +23,7 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import NvmlReader
 from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.http_server import Answer, HttpServer, metrics_server
+from dra_driver.kube import STATUS_PERMISSIONS
 from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.metrics import Registry
 from dra_driver.status import DEFAULT_AGENT_SELECTOR, main, watch
@@ -237,6 +238,9 @@ def test_cluster_wide_merges_slices_claims_taints_and_each_reachable_agent(
     rc, out, _ = run(["--kubeconfig", kubeconfig], capsys)
     assert rc == 0
     assert "taint gpu.nvidia.com/unhealthy=xid-79:NoSchedule" in out
+    # Exactly the reads kube.py declares for it (docs name them for RBAC).
+    reads = {request for request in api.permissions_used() if request[0] == "list"}
+    assert reads == set(STATUS_PERMISSIONS)
     assert "default/infer" in out and "note: gpu-node-2: agent metrics unavailable" in out
 
 
