@@ -2,7 +2,9 @@
 
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
 Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
-Prometheus metrics (``--metrics-port``, off by default). Then it
+Prometheus metrics (``--metrics-port``, off by default), with per-device telemetry sampled every
+``--telemetry-interval`` (telemetry.py; its health and XID series come from providers the health
+watcher sets with ``Telemetry.set_health_providers``). Then it
 re-discovers periodically: GPUs appearing or disappearing and MIG layout changes (a MIG device
 re-created under the same name with other GPU/compute instance ids too) change, together, what
 prepare accepts, what the health stream lists and what is published. Background tasks retry on
@@ -18,12 +20,13 @@ import ctypes
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from dra_driver import devices, log, metrics
+from dra_driver import devices, log
 from dra_driver.config import Config
 from dra_driver.errors import (
     CdiError,
@@ -42,11 +45,18 @@ from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publisher import Publisher
 
+if TYPE_CHECKING:
+    from dra_driver import metrics
+    from dra_driver.gpus.simulated import SimulatedNvmlLibrary
+    from dra_driver.telemetry import Telemetry
+
 logger = logging.getLogger("dra_driver.agent")
 
 # A discovery pass takes seconds; one running this long is stuck in NVML (a wedged GPU or
 # driver), and only a restart gets the agent going again.
 REDISCOVERY_STALL_S = 300.0
+# A telemetry pass takes milliseconds; NVML queries that hang this long need a restart too.
+TELEMETRY_STALL_S = 300.0
 
 
 class Discovery:
@@ -55,12 +65,20 @@ class Discovery:
     def __init__(self, config: Config, stack: ExitStack) -> None:
         self._driver_root = config.driver_root_in_container
         self._sysfs_root = nvml.DEFAULT_SYSFS_ROOT
+        self._simulated: SimulatedNvmlLibrary | None = None
         if config.simulate:
             from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
 
             node = stack.enter_context(simulated_nvml(config.simulate, node_name=config.node_name))
             self._sysfs_root = node.sysfs_root
+            self._simulated = node.library
         self.last_error: str | None = None  # why the last pass failed; None after a success
+
+    def simulate_workload(self, busy: Callable[[str], bool]) -> None:
+        """With simulated GPUs: which device UUIDs run work (their telemetry reads higher).
+        Nothing on real GPUs."""
+        if self._simulated is not None:
+            self._simulated.workload = busy
 
     def discover(self) -> Inventory:
         """Run discovery once. NoGpusFound yields an empty inventory (an empty pool is published,
@@ -152,7 +170,10 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         )
         driver_metrics: metrics.DriverMetrics | None = None
         scrapes: HttpServer | None = None
+        registry: metrics.Registry | None = None
         if config.metrics_port:
+            from dra_driver import metrics  # noqa: PLC0415  (prometheus_client only when on)
+
             registry = metrics.Registry()
             driver_metrics = metrics.DriverMetrics(
                 registry,
@@ -175,13 +196,18 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             stack.callback(publisher.stop)
             plugin.start()
             stack.callback(plugin.stop)
+            telemetry = None
+            if registry is not None:
+                telemetry = _start_telemetry(config, inventory, plugin, discovery, stack)
+                registry.register_formatted(telemetry)
             if driver_metrics is not None and scrapes is not None:
                 driver_metrics.set_published_devices(len(node_devices.devices))
                 scrapes.start()
                 stack.callback(scrapes.stop)  # before plugin.stop: scrapes read its checkpoint
             rediscovery = Heartbeat("rediscovery", stall_s=REDISCOVERY_STALL_S)
             if config.healthcheck_port:
-                loops = (*publisher.heartbeats, *plugin.heartbeats, rediscovery)
+                sampling = (telemetry.heartbeat,) if telemetry and telemetry.heartbeat else ()
+                loops = (*publisher.heartbeats, *plugin.heartbeats, rediscovery, *sampling)
                 probes = ProbeServer(
                     SocketChecker(
                         registration_socket=plugin.paths.registration,
@@ -212,9 +238,12 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             with rediscovery.running():
                 while not stop.wait(config.rediscover_interval_s):
                     with rediscovery.busy():
-                        state = _rediscover(
+                        applied = _rediscover(
                             discovery, config, state, publisher=publisher, plugin=plugin
                         )
+                    if telemetry is not None and applied.inventory is not state.inventory:
+                        telemetry.set_inventory(applied.inventory)
+                    state = applied
                     if driver_metrics is not None:
                         driver_metrics.set_published_devices(len(state.node_devices.devices))
     logger.info("stopped")
@@ -238,6 +267,36 @@ def _limit_malloc_arenas() -> None:
     """
     with suppress(AttributeError, OSError):
         ctypes.CDLL(None).mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
+
+
+def _start_telemetry(
+    config: Config,
+    inventory: Inventory,
+    plugin: KubeletPlugin,
+    discovery: Discovery,
+    stack: ExitStack,
+) -> Telemetry:
+    """Per-device telemetry for ``/metrics``, sampling (unless the interval is 0) until the stack
+    closes. The claims come from the plugin's checkpoint; simulated GPUs are busy while a
+    prepared claim holds them."""
+    from dra_driver.gpus.readings import NvmlReader  # noqa: PLC0415
+    from dra_driver.telemetry import Telemetry  # noqa: PLC0415
+
+    reader = NvmlReader() if config.telemetry_interval_s else None
+    telemetry = Telemetry(
+        node_name=config.node_name,
+        inventory=inventory,
+        read=reader,
+        interval_s=config.telemetry_interval_s,
+        holders=plugin.device_holders,
+        heartbeat=Heartbeat("telemetry", stall_s=TELEMETRY_STALL_S) if reader else None,
+    )
+    discovery.simulate_workload(lambda uuid: uuid in telemetry.held_uuids())
+    if reader is not None:
+        stack.callback(reader.close)  # after the loop stopped (callbacks run last-in first)
+    telemetry.start()
+    stack.callback(telemetry.stop)
+    return telemetry
 
 
 def _release_freed_memory() -> None:

@@ -1,9 +1,9 @@
 """Command line: flags (each with an environment-variable twin) -> Config, then run.
 
 ``gpu-dra-kubelet-plugin`` (and ``python -m dra_driver``) runs the node agent; ``gpu-dra`` is the
-user's tool with subcommands (``explain``, ``devices``, ``kubelet-plugin``). A flag given on the
-command line wins over its environment variable; every value is validated at start and an error
-names the flag and the variable.
+user's tool with subcommands (``explain``, ``devices``, ``status``, ``kubelet-plugin``). A flag
+given on the command line wins over its environment variable; every value is validated at start
+and an error names the flag and the variable.
 """
 
 from __future__ import annotations
@@ -144,6 +144,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-format", "LOG_FORMAT", "log_format", "json or text", str, "json"),
     Flag("--log-level", "LOG_LEVEL", "log_level", "debug, info, warning or error", str, "info"),
     Flag(
+        "--telemetry-interval",
+        "TELEMETRY_INTERVAL",
+        "telemetry_interval_s",
+        "seconds between telemetry samples of every GPU and MIG device (utilisation, memory, "
+        "temperature, power, clocks, ECC; served on /metrics with --metrics-port); 0 disables",
+        float,
+        10.0,
+    ),
+    Flag(
         "--rediscover-interval",
         "REDISCOVER_INTERVAL",
         "rediscover_interval_s",
@@ -217,11 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``gpu-dra``: ``explain``, ``devices`` or ``kubelet-plugin``."""
+    """Entry point of ``gpu-dra``: ``explain``, ``devices``, ``status`` or ``kubelet-plugin``."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "explain": "what the scheduler would allocate for a claim, or why it cannot",
         "devices": "the devices this node (or a --simulate spec) would publish, as a table",
+        "status": "each GPU's health, claim, pod, utilisation, memory, temperature and power",
         "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
     }
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
@@ -236,6 +246,10 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         return int(explain_main(rest))
     if command == "devices":
         return devices_main(rest)
+    if command == "status":
+        from dra_driver.status import main as status_main  # noqa: PLC0415
+
+        return status_main(rest)
     return main(rest)
 
 

@@ -63,6 +63,8 @@ class Config:
     log_format: str = "json"
     log_level: str = "info"
     rediscover_interval_s: float = 60.0
+    # Seconds between telemetry samples (GPU and MIG readings on /metrics); 0 turns them off.
+    telemetry_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
@@ -96,6 +98,11 @@ class Config:
         ):
             if not 0 <= port <= 65535:
                 raise ConfigError(flag, f"{port} is not a TCP port (0 disables, 1-65535)")
+        if self.telemetry_interval_s != 0 and not 1 <= self.telemetry_interval_s <= 86400:
+            raise ConfigError(
+                "--telemetry-interval (TELEMETRY_INTERVAL)",
+                f"{self.telemetry_interval_s:g} s: use 0 (off) or 1 to 86400 s",
+            )
         if self.log_format not in ("json", "text"):
             raise ConfigError("--log-format (LOG_FORMAT)", f"{self.log_format!r}: use json or text")
         if self.log_level not in ("debug", "info", "warning", "error"):

@@ -5,8 +5,10 @@
    table, the ResourceSlices the API server stored.
 3. Acts as the kubelet: registers over the registration socket (GetInfo), allocates a claim with
    the ``gpu-dra explain`` allocator against the stored slices, calls NodePrepareResources over
-   dra.sock and shows the answer and the CDI spec, then NodeUnprepareResources.
-4. Stops the agent with SIGTERM and shows that both sockets are gone.
+   dra.sock and shows the answer, the CDI spec and the agent's log.
+4. Ends with ``gpu-dra status`` of the node, read from the agent's ``/metrics``: every GPU and MIG
+   device with the claim and pod holding it and its simulated readings; then unprepares the
+   claim, stops the agent with SIGTERM and says that both sockets are gone.
 
 Against a real cluster (``KUBECONFIG`` set) steps 1-2 publish to that cluster and step 3 only
 explains the allocation: writing a claim's allocation is the scheduler's job there.
@@ -35,7 +37,9 @@ from dra_driver._proto.dra_v1 import api_pb2_grpc as dra_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.deviceclasses import default_device_classes
+from dra_driver.errors import MetricsUnavailable
 from dra_driver.kube import KubeClient
+from dra_driver.localapi import free_port
 from dra_driver.scheduling import explain
 
 DEMO_NODE = "demo-node"
@@ -123,6 +127,7 @@ def main() -> int:
             kubeconfig, fake_api = stack.enter_context(_local_api_server(workdir))
             print(f"    serving at {fake_api.url}")
         driver_root = _fake_driver_root(workdir)
+        metrics_port = free_port()
         plugins, registry, cdi_root = workdir / "plugins", workdir / "registry", workdir / "cdi"
         _step(f"Starting the node agent on simulated GPUs: --simulate {DEMO_SIMULATE}")
         command = [
@@ -132,20 +137,25 @@ def main() -> int:
             "--kubelet-plugins-directory-path", str(plugins),
             "--kubelet-registrar-directory-path", str(registry),
             "--cdi-root", str(cdi_root), "--healthcheck-port", "0", "--log-format", "text",
+            "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
         ]  # fmt: skip
         print("    " + " ".join(command[2:]))
         log_path = workdir / "agent.log"
         with log_path.open("w") as log_file:
             agent = subprocess.Popen(command, stderr=log_file)
+        shown = False
         try:
             rc = _run(agent, kubeconfig=kubeconfig, node=node, registry=registry,
-                      plugins=plugins, cdi_root=cdi_root, fake_api=fake_api)  # fmt: skip
+                      plugins=plugins, cdi_root=cdi_root, fake_api=fake_api, log_path=log_path,
+                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
+            shown = True
         finally:
             if agent.poll() is None:
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(timeout=15)
-            _step("Agent log (structured logs, --log-format text)")
-            print(log_path.read_text().rstrip())
+            if not shown:
+                _step("Agent log (structured logs, --log-format text)")
+                print(log_path.read_text().rstrip())
         if agent.returncode not in (0, -signal.SIGTERM):
             print(f"agent exited with {agent.returncode}", file=sys.stderr)
             return 1
@@ -162,6 +172,8 @@ def _run(
     plugins: Path,
     cdi_root: Path,
     fake_api: Any,
+    log_path: Path,
+    metrics_url: str,
 ) -> int:
     kube = KubeClient.from_config(kubeconfig=kubeconfig)
 
@@ -199,7 +211,8 @@ def _run(
     for r in allocation["devices"]["results"]:
         print(f"    request {r['request']} -> {r['driver']}/{r['pool']}/{r['device']}")
     if fake_api is None:
-        print("    (real cluster: the scheduler allocates claims there; stopping here)")
+        print("    (real cluster: the scheduler allocates claims there)")
+        _show_status(metrics_url, log_path, claim=None)
         return 0
 
     claim = json.loads(json.dumps(DEMO_CLAIM))
@@ -236,19 +249,39 @@ def _run(
         for spec in specs:
             _step(f"CDI spec written for the container runtime: {spec}")
             print(_readable_json(json.loads(spec.read_text())))
-        _step("Kubelet: NodeUnprepareResources")
+        _show_status(metrics_url, log_path, claim="demo-gpu")
         undone = dra.NodeUnprepareResources(
             dra_pb2.NodeUnprepareResourcesRequest(claims=[request]), timeout=45
         )
-        print(f"    claim {request.uid}: error={undone.claims[request.uid].error!r}")
-        print(f"    CDI specs left: {[p.name for p in cdi_root.glob('*.json')]}")
+        print(
+            f"\n    then NodeUnprepareResources: error={undone.claims[request.uid].error!r}; "
+            f"CDI specs left: {[p.name for p in cdi_root.glob('*.json')]}"
+        )
 
-    _step("Stopping the agent with SIGTERM")
     agent.send_signal(signal.SIGTERM)
     agent.wait(timeout=15)
-    print(f"    exit code {agent.returncode}; registration socket exists: {reg_socket.exists()}, "
-          f"DRA socket exists: {dra_socket.exists()}")  # fmt: skip
+    print(f"    and SIGTERM: exit code {agent.returncode}; registration socket exists: "
+          f"{reg_socket.exists()}, DRA socket exists: {dra_socket.exists()}")  # fmt: skip
     return 0 if not answer.claims[request.uid].error else 1
+
+
+def _show_status(metrics_url: str, log_path: Path, *, claim: str | None) -> None:
+    """The agent's log so far, then ``gpu-dra status`` of the node (once the agent's telemetry
+    has sampled ``claim`` holding its device)."""
+    from dra_driver import status  # noqa: PLC0415
+
+    def sampled() -> bool:
+        try:
+            text = status.scrape(metrics_url)
+        except MetricsUnavailable:
+            return False
+        return "gpu_dra_gpu_info" in text and (claim is None or f'"{claim}"' in text)
+
+    _wait_for("the agent's telemetry", sampled)
+    _step("Agent log so far (structured logs, --log-format text)")
+    print(log_path.read_text().rstrip())
+    _step(f"gpu-dra status --metrics-url {metrics_url}")
+    status.main(["--metrics-url", metrics_url])
 
 
 def _readable_json(value: Any, indent: str = "") -> str:

@@ -25,9 +25,10 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
     │   └── CheckpointCorrupt     truncated, garbage, wrong checksum or unknown version
-    └── ExplainError              bad input to ``gpu-dra explain`` (file and position)
-        ├── CelCompileError       an expression does not compile (position in the expression)
-        └── CelRuntimeError       an expression failed on a device (no such key, type mismatch)
+    ├── ExplainError              bad input to ``gpu-dra explain`` (file and position)
+    │   ├── CelCompileError       an expression does not compile (position in the expression)
+    │   └── CelRuntimeError       an expression failed on a device (no such key, type mismatch)
+    └── MetricsUnavailable        an agent's /metrics cannot be read (``gpu-dra status``)
 """
 
 from __future__ import annotations
@@ -165,3 +166,7 @@ class CelRuntimeError(ExplainError):
 
 class KubeInvalid(KubeError):
     """422 Unprocessable: the API server's validation rejected the object we sent."""
+
+
+class MetricsUnavailable(DraError):
+    """An agent's metrics endpoint cannot be reached or does not answer Prometheus text."""

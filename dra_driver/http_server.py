@@ -13,9 +13,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 
-from dra_driver import metrics
 from dra_driver.errors import DraError
+
+if TYPE_CHECKING:
+    from dra_driver import metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ class HttpServer:
 def metrics_server(registry: metrics.Registry, *, port: int, host: str = "") -> HttpServer:
     """``GET /metrics``: ``registry`` in the Prometheus text format (0.0.4). A metric that
     cannot be read now (the checkpoint is closed) answers 500 with the reason."""
+    from dra_driver import metrics  # noqa: PLC0415  (loaded only when metrics are served)
 
     def scrape() -> Answer:
         try:

@@ -149,6 +149,17 @@ EXPLAIN_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
 agent's ServiceAccount): every node's slices, the cluster's DeviceClasses, the ResourceClaims of
 all namespaces (the devices already in use) and the DeviceTaintRules where served."""
 
+STATUS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("list", GROUP, "resourceslices"),
+        ("list", GROUP, "resourceclaims"),
+        ("list", "", "pods"),
+    }
+)
+"""What ``gpu-dra status --kubeconfig`` reads, with the user's own credentials: every node's
+slices, the ResourceClaims of all namespaces (which claim holds which device), and the agent's pods
+(where their metrics are served). Without the pods it still shows slices and claims."""
+
 DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 """resource.k8s.io versions that can serve DeviceTaintRule, preferred first (spec D.4: v1alpha3
 since 1.33, v1beta2 since 1.36, v1 since 1.37; each only with the DRADeviceTaintRules gate on)."""
@@ -568,6 +579,28 @@ class KubeClient:
             return sorted(items, key=lambda r: str(r.get("metadata", {}).get("name", "")))
         return None
 
+    def list_pods(self, *, label_selector: str, namespace: str = "") -> list[JsonDict]:
+        """The pods matching ``label_selector``, in ``namespace`` or (empty) all namespaces,
+        sorted by (namespace, name). For ``gpu-dra status`` (the agent's pods, for their metrics
+        endpoints); the agent never calls it."""
+        path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+        data = self._request(
+            "GET",
+            path,
+            query={"labelSelector": label_selector},
+            verb="list",
+            resource="pods",
+            namespace=namespace,
+        )
+        items: list[JsonDict] = list(data.get("items") or ())
+        return sorted(
+            items,
+            key=lambda p: (
+                str(p.get("metadata", {}).get("namespace", "")),
+                str(p.get("metadata", {}).get("name", "")),
+            ),
+        )
+
     def get_node(self, name: str) -> JsonDict:
         """The Node object; KubeNotFound if it does not exist."""
         node: JsonDict = self._request(
@@ -755,7 +788,7 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def _qualified(resource: str) -> str:
-    return resource if resource in ("nodes", "events", GROUP) else f"{resource}.{GROUP}"
+    return resource if resource in ("nodes", "events", "pods", GROUP) else f"{resource}.{GROUP}"
 
 
 def _status_error(

@@ -6,7 +6,8 @@ It implements just what the driver uses, with the semantics the driver relies on
   served resource.k8s.io versions are configurable (``versions=("v1beta1",)`` mimics 1.32);
 * ResourceSlices (cluster-scoped; v1, v1beta2 and v1beta1, whose devices are wrapped in ``basic``),
   ResourceClaims (namespaced; v1beta1 requests flat instead of under ``exactly``), DeviceClasses,
-  Nodes, Events; DeviceTaintRules only in the versions given as ``device_taint_rule_versions``
+  Nodes, Events, Pods (as given; ``gpu-dra status`` lists the agent's); DeviceTaintRules only in
+  the versions given as ``device_taint_rule_versions``
   (none by default, as on a cluster whose DRADeviceTaintRules gate is off; ``("v1alpha3",)``
   mimics 1.33-1.35 with the gate on);
 * list with ``fieldSelector`` (``spec.driver``, ``spec.nodeName``, ``spec.pool.name``,
@@ -58,9 +59,11 @@ _KINDS = {
     "deviceclasses": ("DeviceClass", False),
     "nodes": ("Node", False),
     "events": ("Event", True),
+    "pods": ("Pod", True),
     "devicetaintrules": ("DeviceTaintRule", False),
 }
 _SLICE_FIELDS = ("spec.driver", "spec.nodeName", "spec.pool.name", "metadata.name")
+_CORE = ("nodes", "events", "pods")  # served under /api/v1
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real generator's alphabet
 JsonDict = dict[str, Any]
 
@@ -76,7 +79,7 @@ class Request(NamedTuple):
 
 def group_of(resource: str) -> str:
     """The API group of a resource this server knows ("" is the core group)."""
-    return "" if resource in ("nodes", "events") else GROUP
+    return "" if resource in _CORE else GROUP
 
 
 @dataclass
@@ -601,9 +604,9 @@ class _Handler(BaseHTTPRequestHandler):
         resource = rest[0]
         if parts[0] == "apis" and resource not in self.api.resources_served(version):
             raise not_found
-        if (version == "v1" and resource not in ("nodes", "events")) and parts[0] == "api":
+        if (version == "v1" and resource not in _CORE) and parts[0] == "api":
             raise not_found
-        if parts[0] == "apis" and resource in ("nodes", "events"):
+        if parts[0] == "apis" and resource in _CORE:
             raise not_found
         namespaced = _KINDS[resource][1]
         # A namespaced resource may be listed across namespaces, but not read by name without one.
@@ -852,7 +855,7 @@ def _verb(method: str, route: _Route, query: Mapping[str, str]) -> str:
 
 
 def _api_version(route: _Route) -> str:
-    return "v1" if route.resource in ("nodes", "events") else f"{GROUP}/{route.version}"
+    return "v1" if route.resource in _CORE else f"{GROUP}/{route.version}"
 
 
 def _require_body(body: JsonDict | None) -> JsonDict:
@@ -950,7 +953,7 @@ def _out(route: _Route, obj: Mapping[str, Any], *, with_type: bool) -> JsonDict:
     out: JsonDict = json.loads(json.dumps(obj))  # a deep copy (of JSON data: 5x deepcopy)
     if with_type:
         out = {"kind": _KINDS[route.resource][0], "apiVersion": _api_version(route), **out}
-    if route.version != "v1beta1" or route.resource in ("nodes", "events"):
+    if route.version != "v1beta1" or route.resource in _CORE:
         return out
     spec = out.get("spec") or {}
     if route.resource == "resourceslices" and spec.get("devices"):

@@ -267,6 +267,9 @@ class Preparer:
         self._spec_writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdi-sync")
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
+        # claim uid -> the pods its status.reservedFor named when prepare or reconcile last read
+        # it (for telemetry: which pod holds a device). Costs no request of its own.
+        self._pods: dict[str, tuple[str, ...]] = {}
 
     @property
     def targets(self) -> Mapping[str, DeviceTarget]:
@@ -412,6 +415,7 @@ class Preparer:
                 pending.abort()
                 self._roll_back_quietly(ref.uid)
                 raise
+            self._pods[ref.uid] = reserved_pods(claim)
             log.info(
                 "prepared claim",
                 extra={
@@ -454,6 +458,7 @@ class Preparer:
         # removes, never a recorded claim without its spec. For the same reason the removal
         # need not be synced: a spec that comes back after a power loss is an orphan too.
         self.specs.remove(uid, sync_dir=False)
+        self._pods.pop(uid, None)
         if record is not None:
             log.info("unprepared claim", extra={"claim_uid": uid})
 
@@ -672,6 +677,12 @@ class Preparer:
             counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
         return counts
 
+    def claim_pods(self) -> dict[str, tuple[str, ...]]:
+        """Claim uid -> the pods its ``status.reservedFor`` named when this process last read the
+        claim (its prepare, or a reconcile pass: every prepared claim at start, then every
+        reconcile interval). A claim not read since this process started has none yet."""
+        return dict(self._pods)
+
     # -- repair ------------------------------------------------------------------------------
 
     def reconcile(self) -> dict[str, int]:
@@ -729,6 +740,10 @@ class Preparer:
                     )  # fmt: skip
                     self._unprepare_locked(uid)
                     done["unprepared_gone"] += 1
+        live = self.checkpoint.snapshot()  # claims another instance unprepared
+        for uid in list(self._pods):
+            if uid not in live:
+                self._pods.pop(uid, None)
         return done
 
     def _clear_stale(self, holders: Iterable[str]) -> bool:
@@ -774,6 +789,7 @@ class Preparer:
             return "deleted"
         if _get(claim, "metadata", "uid") != record.uid:
             return "deleted and re-created with another UID"
+        self._pods[record.uid] = reserved_pods(claim)
         results = _get(claim, "status", "allocation", "devices", "results")
         if not isinstance(results, list):
             return "no longer allocated"
@@ -873,6 +889,20 @@ def _effective(
         if not requests or request in requests or main in requests:
             chosen = config
     return chosen
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the pods a claim is reserved for (``status.reservedFor`` entries of
+    resource ``pods`` in the core group), in the claim's order."""
+    pods = []
+    for consumer in _get(claim, "status", "reservedFor") or ():
+        if (
+            isinstance(consumer, Mapping)
+            and consumer.get("resource") == "pods"
+            and not consumer.get("apiGroup")
+        ):
+            pods.append(str(consumer.get("name", "")))
+    return tuple(pods)
 
 
 def _get(obj: Any, *path: str) -> Any:

@@ -1,7 +1,7 @@
 """The node agent as the DaemonSet runs it: a Pod's ServiceAccount (in-cluster configuration over
 TLS), simulated GPUs, both kubelet sockets, the HTTP probes (ready only once the kubelet
-registered it), Prometheus metrics, and a clean SIGTERM. Re-discovery applies one change to
-prepare, the health stream and the slices."""
+registered it), Prometheus metrics with the simulated GPUs' telemetry, and a clean SIGTERM.
+Re-discovery applies one change to prepare, the health stream and the slices."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.publisher import Publisher
+from tests import exposition
 from tests.claimdata import allocated_claim
 from tests.test_plugin_server import start_plugin
 
@@ -67,10 +68,10 @@ def _register(registration: Path) -> None:
         stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
 
 
-def _scrape(port: int) -> tuple[str, list[str]]:
+def _scrape(port: int) -> tuple[str, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
         assert answer.status == 200
-        return answer.headers["Content-Type"], answer.read().decode().splitlines()
+        return answer.headers["Content-Type"], answer.read().decode()
 
 
 @as_a_pod
@@ -85,7 +86,7 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
             "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
             "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
             "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(port),
-            "--metrics-port", str(metrics_port),
+            "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
         ]  # fmt: skip
         command, env = api.in_cluster_command(argv, workdir=tmp_path)
         env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
@@ -119,12 +120,21 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
                 time.sleep(0.05)
             assert _probe(port, "/readyz") == (200, "ok\n")
 
-            content_type, lines = _scrape(metrics_port)
+            content_type, text = _scrape(metrics_port)
             assert content_type == "text/plain; version=0.0.4; charset=utf-8"
-            labels = 'driver="gpu.nvidia.com",operation="NodePrepareResources"'
+            series = exposition.parse(text)
+            labels = {"driver": "gpu.nvidia.com", "operation": "NodePrepareResources"}
             # the probes above called dra.sock with empty requests: not counted as traffic
-            assert f"nvidia_dra_requests_total{{{labels}}} 0" in lines
-            assert 'gpu_dra_published_devices{node="gpu-node-1",driver="gpu.nvidia.com"} 4' in lines
+            assert exposition.value(series, "nvidia_dra_requests_total", **labels) == 0
+            node = {"node": "gpu-node-1", "driver": "gpu.nvidia.com"}
+            assert exposition.value(series, "gpu_dra_published_devices", **node) == 4
+            # Telemetry of the simulated GPUs: every GPU (the A100 in MIG mode too) and MIG device.
+            info = exposition.find(series, "gpu_dra_gpu_info", node="gpu-node-1")
+            assert sorted(dict(k)["device"] for k in info) == [
+                "gpu-0", "gpu-1", "gpu-2", "gpu-2-mig-2g10gb-14-4", "gpu-2-mig-3g20gb-9-0",
+            ]  # fmt: skip
+            temperatures = exposition.find(series, "gpu_dra_gpu_temperature_celsius")
+            assert sorted(dict(k)["device"] for k in temperatures) == ["gpu-0", "gpu-1", "gpu-2"]
             claim = api.add_claim(
                 allocated_claim(name="c1", node="gpu-node-1", devices=["gpu-2-mig-3g20gb-9-0"])
             )
@@ -138,12 +148,22 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
                     timeout=10,
                 )
             assert answer.claims[claim["metadata"]["uid"]].error == ""
-            _, lines = _scrape(metrics_port)
-            assert f"nvidia_dra_requests_total{{{labels}}} 1" in lines
-            assert f"nvidia_dra_request_duration_seconds_count{{{labels}}} 1" in lines
-            prepared = 'nvidia_dra_prepared_devices{node="gpu-node-1",driver="gpu.nvidia.com",'
-            assert prepared + 'device_type="mig"} 1' in lines
-            assert prepared + 'device_type="gpu"} 0' in lines
+            series = exposition.parse(_scrape(metrics_port)[1])
+            assert exposition.value(series, "nvidia_dra_requests_total", **labels) == 1
+            assert (
+                exposition.value(series, "nvidia_dra_request_duration_seconds_count", **labels) == 1
+            )
+            prepared = "nvidia_dra_prepared_devices"
+            assert exposition.value(series, prepared, **node, device_type="mig") == 1
+            assert exposition.value(series, prepared, **node, device_type="gpu") == 0
+            # The next telemetry sample (every second here) names the claim and its pod.
+            held = {}
+            while not held and time.monotonic() < deadline:
+                time.sleep(0.2)
+                series = exposition.parse(_scrape(metrics_port)[1])
+                held = exposition.find(series, "gpu_dra_gpu_claim_info", claim_name="c1")
+            assert [dict(k)["device"] for k in held] == ["gpu-2-mig-3g20gb-9-0"]
+            assert [dict(k)["claim_pod"] for k in held] == ["pod-0"]
         finally:
             agent.send_signal(signal.SIGTERM)
             _, stderr = agent.communicate(timeout=20)

@@ -9,6 +9,8 @@ against the API calls the code declares (dra_driver.kube).
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -66,6 +68,11 @@ COMBINATIONS: dict[str, tuple[str, ...]] = {
     "simulated gpus": ("--set", "simulate=h100:2",
                        "--set", "kubeletPlugin.securityContext.privileged=false",
                        "--set", "kubeletPlugin.mountHostDev=false", "--set", "metricsPort=0"),
+    "monitoring": ("--set", "metrics.podMonitor.enabled=true",
+                   "--set", "metrics.podMonitor.labels.release=kube-prometheus-stack",
+                   "--set", "metrics.podMonitor.interval=30s",
+                   "--set", "metrics.dashboard.enabled=true",
+                   "--set", "metrics.dashboard.annotations.grafana_folder=GPUs"),
     "existing service account": ("--set", "serviceAccount.create=false",
                                  "--set", "serviceAccount.name=gpu-agent",
                                  "--set", "rbac.create=false"),
@@ -154,6 +161,8 @@ def test_every_rendered_object_is_valid_for_the_kubernetes_version(
     objects = render(*COMBINATIONS[name])
     assert objects
     for obj in objects:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD's kind (prometheus-operator): test_pod_monitor_* check it
         try:
             kubernetes_validate.validate(obj, kubernetes_version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -409,6 +418,7 @@ def test_every_setting_of_the_agent_is_passed_from_values() -> None:
         "POD_UID",
         "HEALTHCHECK_PORT",
         "METRICS_PORT",
+        "TELEMETRY_INTERVAL",
         "LOG_FORMAT",
         "LOG_LEVEL",
     }
@@ -427,6 +437,7 @@ def test_the_agent_accepts_the_values_the_chart_renders() -> None:
     assert config.driver_name == "gpu.nvidia.com"
     assert str(config.cdi_root) == "/var/run/cdi"
     assert config.healthcheck_port == 51515
+    assert config.telemetry_interval_s == 10
     assert config.pod_uid == environ["POD_UID"]
     assert container["command"] == ["gpu-dra-kubelet-plugin"]
 
@@ -651,6 +662,11 @@ def test_the_cdi_hook_value_reaches_the_agent() -> None:
         (("--set", "image.digest=latest"), "digest"),
         (("--set", "kubeletPlugin.resources.requests.gpu=1"), "gpu"),
         (("--set", "cdiHook=nvidia-cdi-hook"), "cdiHook"),
+        (("--set", "metrics.telemetryInterval=-1"), "telemetryInterval"),
+        (("--set-string", "metrics.telemetryInterval=10s"), "telemetryInterval"),
+        (("--set", "metrics.podMonitor.enable=true"), "enable"),
+        (("--set", "metrics.podMonitor.interval=half a minute"), "interval"),
+        (("--set", "metrics.dashboard.namespace=Monitoring"), "namespace"),
     ],
 )
 def test_values_schema_rejects_typos_and_wrong_types(args: tuple[str, ...], complaint: str) -> None:
@@ -917,3 +933,155 @@ def test_every_call_the_agent_makes_against_an_api_server_is_granted(
         ("", "events", "create"),
     } <= used
     assert used <= granted(one(render(), "ClusterRole"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Monitoring: telemetry interval, PodMonitor, Grafana dashboard
+
+DASHBOARD = CHART / "dashboards" / "gpu-dra.json"
+
+
+def test_the_telemetry_interval_reaches_the_agent() -> None:
+    assert env_of(agent_container(render()))["TELEMETRY_INTERVAL"]["value"] == "10"
+    container = agent_container(render("--set", "metrics.telemetryInterval=0"))
+    assert env_of(container)["TELEMETRY_INTERVAL"]["value"] == "0"
+    environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = cli.build_config([], environ | {"NODE_NAME": "n1"})
+    assert config.telemetry_interval_s == 0
+
+
+def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
+    objects = render(*COMBINATIONS["monitoring"])
+    monitor = one(objects, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    pod_labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()  # it selects the agent pods
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ports = {p["name"] for p in agent_container(objects)["ports"]}
+    assert "metrics" in ports
+    # The agent's own labels select it: `gpu-dra status` finds the pods the same way.
+    from dra_driver.status import DEFAULT_AGENT_SELECTOR  # noqa: PLC0415
+
+    wanted = dict(label.split("=") for label in DEFAULT_AGENT_SELECTOR.split(","))
+    assert wanted.items() <= pod_labels.items()
+
+
+def test_pod_monitor_needs_the_metrics_port() -> None:
+    error = render_error("--set", "metrics.podMonitor.enabled=true", "--set", "metricsPort=0")
+    assert "metrics.podMonitor.enabled needs metricsPort" in error
+
+
+def test_monitoring_objects_are_only_rendered_when_asked_for() -> None:
+    kinds = {o["kind"] for o in render()}
+    assert "PodMonitor" not in kinds and "ConfigMap" not in kinds
+
+
+def test_the_dashboard_ships_as_a_configmap_labelled_for_the_grafana_sidecar() -> None:
+    configmap = one(render(*COMBINATIONS["monitoring"]), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+    assert configmap["metadata"]["namespace"] == NAMESPACE
+    assert configmap["data"]["gpu-dra.json"].strip() == DASHBOARD.read_text().strip()
+    elsewhere = one(
+        render(
+            "--set", "metrics.dashboard.enabled=true",
+            "--set", "metrics.dashboard.namespace=monitoring",
+            "--set", "metrics.dashboard.labels.grafana_dashboard=null",
+            "--set", "metrics.dashboard.labels.dashboards=gpu",
+        ),
+        "ConfigMap",
+    )  # fmt: skip
+    assert elsewhere["metadata"]["namespace"] == "monitoring"
+    assert elsewhere["metadata"]["labels"]["dashboards"] == "gpu"
+    assert "grafana_dashboard" not in elsewhere["metadata"]["labels"]
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL query of the dashboard: panel targets and template variables."""
+    board = json.loads(DASHBOARD.read_text())
+    queries = [t["expr"] for p in board["panels"] for t in p.get("targets", ())]
+    for variable in board["templating"]["list"]:
+        query = variable.get("query")
+        if isinstance(query, dict):
+            queries.append(query["query"])
+    return queries
+
+
+def test_the_dashboard_has_the_panels_a_gpu_operator_looks_for() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    titles = [p["title"] for p in board["panels"] if p["type"] != "row"]
+    for wanted in ("GPU utilisation", "Memory used", "Temperature", "Power", "Health",
+                   "Claims per GPU"):  # fmt: skip
+        assert wanted in titles
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "node"}
+    for panel in board["panels"]:
+        for target in panel.get("targets", ()):
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            # Per-node panels follow the node picker; the driver's request panels are cluster-wide
+            # (their series have no node label).
+            cluster_wide = ("nvidia_dra_request", "nvidia_dra_node_")
+            expr = target["expr"]
+            assert '{node=~"$node"}' in expr or any(name in expr for name in cluster_wide)
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_metric_the_dashboard_queries_is_one_the_agent_exposes() -> None:
+    """Names taken from the dashboard's PromQL, compared with a real scrape (over HTTP) of an
+    agent registry on simulated GPUs with a claim held and health reported."""
+    queried = {
+        name
+        for query in dashboard_queries()
+        for name in re.findall(r"\b(?:gpu_dra|nvidia_dra)_[a-z0-9_]+\b", query)
+    }
+    assert "gpu_dra_gpu_utilization_ratio" in queried and "gpu_dra_gpu_claim_info" in queried
+    exposed = scraped_sample_names()
+    assert sorted(queried - exposed) == []
+
+
+def scraped_sample_names() -> set[str]:
+    import urllib.request  # noqa: PLC0415
+
+    from dra_driver.gpus import nvml  # noqa: PLC0415
+    from dra_driver.gpus.readings import NvmlReader  # noqa: PLC0415
+    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+    from dra_driver.http_server import metrics_server  # noqa: PLC0415
+    from dra_driver.metrics import DriverMetrics, Registry  # noqa: PLC0415
+    from dra_driver.prepare import ERROR_TYPES  # noqa: PLC0415
+    from dra_driver.telemetry import ClaimHolder, Telemetry  # noqa: PLC0415
+    from tests import exposition  # noqa: PLC0415
+
+    with simulated_nvml("h100:1,a100-80gb:1:mig=3g.40gb", node_name="n1") as node:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        reader = NvmlReader()
+        registry = Registry()
+        driver = DriverMetrics(
+            registry, driver_name="gpu.nvidia.com", node_name="n1", error_types=ERROR_TYPES
+        )
+        driver.prepared_devices.set_collector(lambda: {("n1", "gpu.nvidia.com", "gpu"): 1.0})
+        telemetry = Telemetry(
+            node_name="n1",
+            inventory=inventory,
+            read=reader,
+            holders=lambda: {"gpu-0": (ClaimHolder("ns", "c", "u", ("p",)),)},
+        )
+        telemetry.set_health_providers(
+            states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {"gpu-0": 0}
+        )
+        telemetry.sample()
+        registry.register_formatted(telemetry)
+        server = metrics_server(registry, port=0, host="127.0.0.1")
+        server.start()
+        try:
+            url = f"http://127.0.0.1:{server.port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                text = answer.read().decode()
+        finally:
+            server.stop()
+            reader.close()
+    return {name for name, _ in exposition.parse(text)}

@@ -1,4 +1,5 @@
-"""``make demo`` runs the whole node flow on simulated GPUs, end to end, in real processes."""
+"""``make demo`` runs the whole node flow on simulated GPUs, end to end, in real processes, and
+ends with ``gpu-dra status`` of the simulated node."""
 
 from __future__ import annotations
 
@@ -38,3 +39,12 @@ def test_the_demo_publishes_prepares_and_unprepares_through_the_real_agent() -> 
     assert '"cdiVersion": "0.5.0"' in out
     assert "CDI specs left: []" in out
     assert "exit code 0; registration socket exists: False, DRA socket exists: False" in out
+    # It ends with `gpu-dra status` of the node, read from the agent's /metrics while the claim
+    # holds gpu-0: the claim and pod, the simulated readings, MIG devices without utilisation.
+    last = out.split("==> ")[-1]
+    assert last.startswith("gpu-dra status --metrics-url http://127.0.0.1:")
+    rows = {line.split()[1]: line.split() for line in last.splitlines()[2:] if "demo-node" in line}
+    assert len(rows) == 10  # 6 GPUs (one in MIG mode) and 4 MIG devices
+    assert rows["gpu-0"][4:6] == ["default/demo-gpu", "demo-pod"]
+    assert rows["gpu-0"][6].endswith("%") and rows["gpu-0"][-1] == "W"
+    assert rows["gpu-4"][2:5] == ["gpu", "(MIG", "mode)"]

@@ -14,7 +14,8 @@ root /run/nvidia/driver with its own dev/), each test:
    the image, without the node's driver files), every hostPath volume at its mountPath, an
    emptyDir /tmp, the ServiceAccount token, in-cluster API access to the local API server;
 4. acts as the kubelet: registration over the registration socket, NodePrepareResources over
-   the DRA socket for two claims (the second asks for the ``video`` driver capability);
+   the DRA socket for two claims (the second asks for the ``video`` driver capability), and
+   reads the GPUs' telemetry from the metrics port;
 5. starts containers with podman + runc through the returned CDI device IDs, in the node's mount
    namespace. A program in the container dlopen()s libcuda.so.1, libcuda.so and
    libnvidia-ml.so.1 and calls a function of each. The container images hold a real glibc
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,7 +56,8 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.gpus.fakedriver import LIBRARIES, make_device_nodes, make_fake_driver
 from dra_driver.gpus.profiles import DRIVER_VERSION
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.localapi import FakeKubeApi, free_port
+from tests import exposition
 from tests.claimdata import allocated_claim, opaque
 from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
 from tests.test_chart import CHART, HELM, NAMESPACE, RELEASE
@@ -267,8 +270,12 @@ def start_node(
 ) -> tuple[Node, dict[str, Any]]:
     """The node with the driver installed per ``layout`` and the chart's agent Pod on it."""
     values, lib_dir, driver_root = LAYOUTS[layout]
-    # Simulated GPUs (no GPU here): the only value changed from the layout's.
-    container, volumes = daemonset_container(*values, "--set", "simulate=h100:2")
+    # Simulated GPUs (no GPU here): the only value changed from the layout's, but for the ports:
+    # the pod shares this machine's network, where other runs may hold the default ports.
+    container, volumes = daemonset_container(
+        *values, "--set", "simulate=h100:2",
+        "--set", f"healthcheckPort={free_port()}", "--set", f"metricsPort={free_port()}",
+    )  # fmt: skip
     env = container_env(container, pod_uid=str(uuid.uuid4()))
     operator = driver_root != "/"
     fake = make_fake_driver(
@@ -482,6 +489,14 @@ def test_a_container_prepared_by_the_deployed_agent_loads_the_driver(
                     assert has_video not in lines, where
                     assert any(x.startswith("fail libnvcuvid.so.1") for x in lines), where
                     assert run.returncode == 1, where  # exactly the one missing library
+
+            # The chart's metrics endpoint serves the simulated GPUs' telemetry.
+            url = f"http://127.0.0.1:{deployed['env']['METRICS_PORT']}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as scraped:
+                series = exposition.parse(scraped.read().decode())
+            info = exposition.find(series, "gpu_dra_gpu_info", node=NODE)
+            assert sorted(dict(k)["device"] for k in info) == ["gpu-0", "gpu-1"]
+            assert exposition.find(series, "gpu_dra_gpu_temperature_celsius", device="gpu-0")
 
             undone = stub.NodeUnprepareResources(
                 v1.NodeUnprepareResourcesRequest(claims=refs), timeout=30

@@ -220,7 +220,7 @@ def test_symbols_the_simulation_lacks_are_function_not_found() -> None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(0)
             with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-                pynvml.nvmlDeviceGetPowerUsage(handle)
+                pynvml.nvmlDeviceGetFanSpeed(handle)
         finally:
             pynvml.nvmlShutdown()
 

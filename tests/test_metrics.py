@@ -1,5 +1,6 @@
-"""metrics.py: the exposition format on its own, then the driver's metrics end to end: a real
-KubeletPlugin over real Unix sockets, claims from the local API server, scraped over real HTTP."""
+"""metrics.py: the registry on prometheus_client, then the driver's metrics end to end: a real
+KubeletPlugin over real Unix sockets, claims from the local API server, scraped over real HTTP and
+read back with prometheus_client's parser."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
@@ -31,17 +33,10 @@ from dra_driver.errors import (
 from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi, free_port
-from dra_driver.metrics import (
-    CONTENT_TYPE,
-    Counter,
-    DriverMetrics,
-    Gauge,
-    Histogram,
-    Registry,
-    format_value,
-)
+from dra_driver.metrics import CONTENT_TYPE, CollectedGauge, DriverMetrics, Registry, render
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES, error_type
+from tests import exposition
 from tests.claimdata import allocated_claim, new_uid
 from tests.test_plugin_server import channel, start_plugin, v1_claim
 
@@ -49,108 +44,20 @@ DRIVER = "gpu.nvidia.com"
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
 
-# -- numbers and escaping ----------------------------------------------------------------------
+# -- the registry -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (0.005, "0.005"),
-        (0.0025, "0.0025"),
-        (1.0, "1"),
-        (0.0, "0"),
-        (-0.0, "0"),
-        (3.0, "3"),
-        (12.8, "12.8"),
-        (-2.5, "-2.5"),
-        (100000.0, "100000"),
-        (123456.0, "123456"),
-        (1e6, "1e+06"),
-        (1234567.0, "1.234567e+06"),
-        (0.0001, "0.0001"),
-        (1e-5, "1e-05"),
-        (2.5e-7, "2.5e-07"),
-        (1.5e21, "1.5e+21"),
-        (0.1 + 0.2, "0.30000000000000004"),
-        (float("inf"), "+Inf"),
-        (float("-inf"), "-Inf"),
-        (float("nan"), "NaN"),
-    ],
-)
-def test_numbers_are_written_as_the_go_client_writes_them(value: float, text: str) -> None:
-    assert format_value(value) == text
-
-
-def test_label_values_escape_backslash_quote_and_newline() -> None:
-    counter = Counter("x_total", "X.", ("path",))
-    counter.labels('a\\b"c\nd').inc()
-    assert counter.render() == (
-        '# HELP x_total X.\n# TYPE x_total counter\nx_total{path="a\\\\b\\"c\\nd"} 1\n'
-    )
-
-
-def test_help_text_escapes_backslash_and_newline_but_not_quotes() -> None:
-    gauge = Gauge("g", 'one\\two\n"three"')
-    gauge.set(2)
-    assert gauge.render() == '# HELP g one\\\\two\\n"three"\n# TYPE g gauge\ng 2\n'
-
-
-def test_histogram_buckets_are_cumulative_up_to_inf_with_sum_and_count() -> None:
-    histogram = Histogram("d_seconds", "D.", ("op",), buckets=(0.005, 0.1, 1.0))
-    child = histogram.labels("x")
-    for value in (0.001, 0.005, 0.05, 0.5, 0.5, 7.0):  # 0.005 sits on a bound: le is inclusive
-        child.observe(value)
-    assert histogram.render() == (
-        "# HELP d_seconds D.\n"
-        "# TYPE d_seconds histogram\n"
-        'd_seconds_bucket{op="x",le="0.005"} 2\n'
-        'd_seconds_bucket{op="x",le="0.1"} 3\n'
-        'd_seconds_bucket{op="x",le="1"} 5\n'
-        'd_seconds_bucket{op="x",le="+Inf"} 6\n'
-        f'd_seconds_sum{{op="x"}} {format_value(0.001 + 0.005 + 0.05 + 0.5 + 0.5 + 7.0)}\n'
-        'd_seconds_count{op="x"} 6\n'
-    )
-    assert child.count == 6
-    assert child.sum == pytest.approx(8.056)
-
-
-def test_a_histogram_without_labels_has_only_le() -> None:
-    histogram = Histogram("h", "H.", buckets=(1, 2, float("inf")))  # a given +Inf is not doubled
-    histogram.observe(1.5)
-    assert histogram.render().splitlines()[2:] == [
-        'h_bucket{le="1"} 0',
-        'h_bucket{le="2"} 1',
-        'h_bucket{le="+Inf"} 1',
-        "h_sum 1.5",
-        "h_count 1",
-    ]
-
-
-def test_registry_renders_metrics_by_name_and_label_sets_by_values() -> None:
+def test_the_exposition_is_prometheus_text_without_created_series() -> None:
     registry = Registry()
-    zeta = registry.register(Counter("zeta_total", "Z.", ("k",)))
-    alpha = registry.register(Gauge("alpha", "A.", ("k", "j")))
-    zeta.labels("b").inc(2)
-    zeta.labels("a").inc()
-    alpha.labels("y", "1").set(0.5)
-    alpha.labels("x", "2").inc()
+    DriverMetrics(registry, driver_name=DRIVER, node_name="node1", error_types=ERROR_TYPES)
     text = registry.render()
-    assert text == (
-        "# HELP alpha A.\n# TYPE alpha gauge\n"
-        'alpha{k="x",j="2"} 1\n'
-        'alpha{k="y",j="1"} 0.5\n'
-        "# HELP zeta_total Z.\n# TYPE zeta_total counter\n"
-        'zeta_total{k="a"} 1\n'
-        'zeta_total{k="b"} 2\n'
-    )
-    assert registry.render() == text  # deterministic
-    assert registry.sample_value("zeta_total", k="b") == 2
-    assert registry.sample_value("alpha", k="x", j="2") == 1
-    assert registry.sample_value("alpha", k="x") is None
-    assert registry.sample_value("missing") is None
+    series = exposition.parse(text)  # prometheus_client's own parser reads it back
+    assert series
+    assert not [name for name, _ in series if name.endswith("_created")]
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
 
 
-def test_a_gauge_collector_is_read_at_each_scrape() -> None:
+def test_a_collected_gauge_is_read_at_each_scrape_and_only_then() -> None:
     registry = Registry()
     calls: list[int] = []
 
@@ -158,61 +65,95 @@ def test_a_gauge_collector_is_read_at_each_scrape() -> None:
         calls.append(1)
         return {("b",): len(calls), ("a",): 10}
 
-    registry.register(Gauge("held", "H.", ("kind",), collector=collect))
+    registry.register(CollectedGauge("held", "H.", ("kind",), collect=collect))
     assert calls == []  # nothing runs before a scrape
-    assert registry.render().splitlines()[2:] == ['held{kind="a"} 10', 'held{kind="b"} 1']
-    assert registry.render().splitlines()[2:] == ['held{kind="a"} 10', 'held{kind="b"} 2']
+    assert registry.render().splitlines()[2:] == ['held{kind="a"} 10.0', 'held{kind="b"} 1.0']
+    assert registry.render().splitlines()[2:] == ['held{kind="a"} 10.0', 'held{kind="b"} 2.0']
+
+
+def test_a_collected_gauge_without_a_collector_has_no_series() -> None:
+    registry = Registry()
+    gauge = registry.register(CollectedGauge("held", "H.", ("kind",)))
+    assert registry.render() == "# HELP held H.\n# TYPE held gauge\n"
+    gauge.set_collector(lambda: {("x",): 1.0})
+    assert registry.sample_value("held", kind="x") == 1
 
 
 def test_a_collector_with_the_wrong_labels_fails_the_scrape() -> None:
-    gauge = Gauge("g", "G.", ("a", "b"), collector=lambda: {("only-one",): 1.0})
-    with pytest.raises(ValueError, match="for label names"):
-        gauge.render()
-
-
-def test_misuse_is_refused() -> None:
-    counter = Counter("c_total", "C.", ("a",))
-    with pytest.raises(ValueError, match="cannot decrease"):
-        counter.labels("x").inc(-1)
-    with pytest.raises(ValueError, match="has labels"):
-        counter.labels("x", "y")
-    with pytest.raises(ValueError, match="invalid metric name"):
-        Counter("bad-name", "B.")
-    with pytest.raises(ValueError, match="invalid label name"):
-        Counter("c", "C.", ("__reserved",))
-    with pytest.raises(ValueError, match="reserved"):
-        Histogram("h", "H.", ("le",), buckets=(1,))
-    with pytest.raises(ValueError, match="increasing"):
-        Histogram("h", "H.", buckets=(1, 1))
     registry = Registry()
-    registry.register(counter)
-    with pytest.raises(ValueError, match="already registered"):
-        registry.register(Counter("c_total", "C again."))
+    registry.register(CollectedGauge("g", "G.", ("a", "b"), collect=lambda: {("only-one",): 1.0}))
+    with pytest.raises(ValueError, match="for label names"):
+        registry.render()
 
 
-def test_updates_from_many_threads_are_not_lost() -> None:
-    counter = Counter("c_total", "C.").labels()
-    gauge = Gauge("g", "G.").labels()
-    histogram = Histogram("h", "H.", buckets=(0.5,)).labels()
+def test_a_name_is_registered_once_whichever_way() -> None:
+    registry = Registry()
+    registry.register(CollectedGauge("g", "G."))
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register(CollectedGauge("g", "G again."))
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register_formatted(Formatted([GaugeMetricFamily("g", "G.", value=1)]))
+    registry.register_formatted(Formatted([GaugeMetricFamily("f", "F.", value=2)]))
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register(CollectedGauge("f", "F again."))
+
+
+def test_a_formatted_collector_is_served_after_the_others_from_its_own_text() -> None:
+    registry = Registry()
+    registry.register(CollectedGauge("a", "A.", collect=lambda: {(): 1.0}))
+    formatted = registry.register_formatted(Formatted([GaugeMetricFamily("b", "B.", value=2)]))
+    assert registry.render() == (
+        "# HELP a A.\n# TYPE a gauge\na 1.0\n" + "# HELP b B.\n# TYPE b gauge\nb 2.0\n"
+    )
+    assert formatted.renders == 1
+    assert registry.sample_value("b") == 2
+    assert registry.sample_value("a") == 1
+    assert registry.sample_value("c") is None
+
+
+class Formatted:
+    """A Formatted collector that counts how often it was formatted."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+        self.renders = 0
+
+    def describe(self) -> list[Metric]:
+        return self.families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+    def exposition(self) -> str:
+        self.renders += 1
+        return render(self)
+
+
+def test_request_updates_from_many_threads_are_not_lost() -> None:
+    registry = Registry()
+    driver = DriverMetrics(registry, driver_name=DRIVER, node_name="node1")
     start = threading.Barrier(8)
 
     def work() -> None:
         start.wait()
-        for i in range(5000):
-            counter.inc()
-            gauge.inc()
-            gauge.dec(0.5)
-            histogram.observe(i % 2)
+        for i in range(2000):
+            driver.prepare.started()
+            driver.prepare.finished(0.0005 * (i % 2))
+            driver.prepare.failed("cdi")
 
     threads = [threading.Thread(target=work) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert counter.value == 40000
-    assert gauge.value == 20000
-    assert histogram.count == 40000 and histogram.sum == 20000
-    assert histogram.snapshot()[0] == [20000, 40000]
+    labels = {"driver": DRIVER, "operation": PREPARE}
+    assert registry.sample_value("nvidia_dra_requests_total", **labels) == 16000
+    assert registry.sample_value("nvidia_dra_requests_inflight", driver=DRIVER) == 0
+    duration = "nvidia_dra_request_duration_seconds"
+    assert registry.sample_value(f"{duration}_bucket", **labels, le="0.001") == 16000
+    assert registry.sample_value(f"{duration}_sum", **labels) == pytest.approx(4.0)
+    errors = "nvidia_dra_node_prepare_errors_total"
+    assert registry.sample_value(errors, driver=DRIVER, error_type="cdi") == 16000
 
 
 # -- the driver's metrics ----------------------------------------------------------------------
@@ -221,9 +162,8 @@ def test_updates_from_many_threads_are_not_lost() -> None:
 def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -> None:
     registry = Registry()
     DriverMetrics(registry, driver_name=DRIVER, node_name="node1", error_types=ERROR_TYPES)
-    lines = registry.render().splitlines()
-    types = {line.split()[2]: line.split()[3] for line in lines if line.startswith("# TYPE")}
-    assert types == {
+    text = registry.render()
+    assert exposition.types(text) == {
         "gpu_dra_prepared_devices_missing": "gauge",
         "gpu_dra_published_devices": "gauge",
         "nvidia_dra_node_prepare_errors_total": "counter",
@@ -233,26 +173,26 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
         "nvidia_dra_requests_inflight": "gauge",
         "nvidia_dra_requests_total": "counter",
     }
-    helps = [line.split()[2] for line in lines if line.startswith("# HELP ")]
-    assert helps == sorted(types)  # each metric has its HELP, in name order
-    les = [
-        line.split('le="')[1].split('"')[0]
-        for line in lines
-        if line.startswith("nvidia_dra_request_duration_seconds_bucket")
-        and f'operation="{PREPARE}"' in line
-    ]
-    assert les == [
-        "0.001", "0.0025", "0.005", "0.01", "0.025",
-        "0.05", "0.1", "0.2", "0.4", "0.8", "1.6", "3.2", "6.4", "12.8", "+Inf",
+    lines = text.splitlines()
+    helps = {line.split()[2] for line in lines if line.startswith("# HELP ")}
+    assert helps == set(exposition.types(text))  # each metric has its HELP
+    series = exposition.parse(text)
+    buckets = exposition.find(
+        series, "nvidia_dra_request_duration_seconds_bucket", driver=DRIVER, operation=PREPARE
+    )
+    assert sorted(float(dict(k)["le"]) for k in buckets) == [
+        0.001, 0.0025, 0.005, 0.01, 0.025,
+        0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, float("inf"),
     ]  # fmt: skip
+    les = [line.split('le="')[1].split('"')[0] for line in lines if "_bucket{" in line]
+    assert les[:6] == ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05"]  # as Go writes them
     # Known series exist at 0 from the start, so rate() sees their first increase.
-    assert f'nvidia_dra_requests_total{{driver="{DRIVER}",operation="{UNPREPARE}"}} 0' in lines
-    assert f'nvidia_dra_requests_inflight{{driver="{DRIVER}"}} 0' in lines
+    requests = "nvidia_dra_requests_total"
+    assert exposition.value(series, requests, driver=DRIVER, operation=UNPREPARE) == 0
+    assert exposition.value(series, "nvidia_dra_requests_inflight", driver=DRIVER) == 0
     for kind in ERROR_TYPES:
-        assert (
-            f'nvidia_dra_node_prepare_errors_total{{driver="{DRIVER}",error_type="{kind}"}} 0'
-            in lines
-        )
+        errors = "nvidia_dra_node_prepare_errors_total"
+        assert exposition.value(series, errors, driver=DRIVER, error_type=kind) == 0
 
 
 @pytest.mark.parametrize(
@@ -371,14 +311,15 @@ def test_prepare_and_unprepare_over_the_sockets_show_in_the_metrics(
         status, content_type, body = scrape(served.http.port)
         assert status == 200
         assert content_type == "text/plain; version=0.0.4; charset=utf-8" == CONTENT_TYPE
-        lines = body.splitlines()
-        assert f'nvidia_dra_requests_total{{driver="{DRIVER}",operation="{PREPARE}"}} 3' in lines
-        assert 'nvidia_dra_prepared_devices{node="node1",driver="gpu.nvidia.com",' \
-            'device_type="gpu"} 2' in lines  # fmt: skip
+        series = exposition.parse(body)
+        requests = "nvidia_dra_requests_total"
+        assert exposition.value(series, requests, driver=DRIVER, operation=PREPARE) == 3
+        prepared = "nvidia_dra_prepared_devices"
         assert (
-            'nvidia_dra_node_prepare_errors_total{driver="gpu.nvidia.com",'
-            'error_type="device_conflict"} 1' in lines
+            exposition.value(series, prepared, node="node1", driver=DRIVER, device_type="gpu") == 2
         )
+        errors = "nvidia_dra_node_prepare_errors_total"
+        assert exposition.value(series, errors, driver=DRIVER, error_type="device_conflict") == 1
 
         answer = stub.NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(good), bad_ref]), timeout=5
@@ -412,7 +353,10 @@ def test_prepare_and_unprepare_over_the_sockets_show_in_the_metrics(
     status, _, body = scrape(served.http.port)
     assert status == 200
     assert body == served.registry.render()  # HTTP serves exactly the registry
-    assert f'nvidia_dra_requests_total{{driver="{DRIVER}",operation="{UNPREPARE}"}} 1' in body
+    requests = "nvidia_dra_requests_total"
+    assert (
+        exposition.value(exposition.parse(body), requests, driver=DRIVER, operation=UNPREPARE) == 1
+    )
     assert scrape(served.http.port, "/other")[0] == 404
     assert scrape(served.http.port, "/metrics?x=1")[0] == 200
 

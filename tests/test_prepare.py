@@ -713,6 +713,32 @@ def test_unprepare_appends_without_a_sync_and_prepare_syncs_before_the_spec_appe
     assert uid not in on_disk  # read from the files, as a restarted plugin reads them
 
 
+def test_the_pods_of_prepared_claims_are_known_without_requests_of_their_own(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
+    uid = claim["metadata"]["uid"]
+    env.preparer.prepare(env.ref(claim))
+    assert env.preparer.claim_pods() == {uid: ("pod-0",)}  # status.reservedFor at prepare
+    # A restarted plugin learns them from the reconcile pass it runs at start.
+    again = build_env(env.tmp, env.store)
+    try:
+        assert again.preparer.claim_pods() == {}
+        claim["status"]["reservedFor"].append(
+            {"resource": "pods", "name": "pod-1", "uid": new_uid()}
+        )
+        claim["status"]["reservedFor"].append(
+            {"apiGroup": "example.com", "resource": "jobs", "name": "j", "uid": new_uid()}
+        )
+        again.preparer.reconcile()
+        assert again.preparer.claim_pods() == {uid: ("pod-0", "pod-1")}
+        # Unprepared by the other instance: forgotten at the next reconcile.
+        env.preparer.unprepare(env.ref(claim))
+        assert env.preparer.claim_pods() == {}
+        again.preparer.reconcile()
+        assert again.preparer.claim_pods() == {}
+    finally:
+        again.preparer.close()
+
+
 def test_after_a_reboot_nothing_counts_as_prepared(env: Env) -> None:
     claim = env.store.add(allocated_claim(name="c1"))
     env.preparer.prepare(env.ref(claim))

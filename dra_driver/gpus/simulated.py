@@ -27,13 +27,21 @@ their GPUs) sit on NUMA node 0 and the second half on node 1, as on a two-socket
 
 UUIDs and PCI addresses are derived from the node name with SHA-256, so the same spec on the same
 node always yields the same devices, and two nodes never share UUIDs.
+
+Telemetry readings (utilisation, memory used, temperature, power, SM clock, ECC counts) move over
+time as a deterministic function of the device's UUID and the clock (``simulated_load``), higher
+while the library's ``workload`` says a device runs work (the agent points it at the devices
+prepared claims hold).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import tempfile
+import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -464,8 +472,8 @@ class _Handles:
 class SimulatedNvmlLibrary:
     """Answers pynvml's calls the way libnvidia-ml.so.1 would, from simulated GPUs.
 
-    Only the symbols discovery uses exist; any other lookup raises AttributeError, which pynvml
-    turns into NVML_ERROR_FUNCTION_NOT_FOUND, as with an old real library.
+    Only the symbols discovery and telemetry use exist; any other lookup raises AttributeError,
+    which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND, as with an old real library.
     """
 
     def __init__(self, gpus: tuple[SimulatedGpu, ...]) -> None:
@@ -473,8 +481,14 @@ class SimulatedNvmlLibrary:
         self._handles = _Handles()
         self._handles.add(gpus)
         self._initialised = 0
+        self._init_lock = threading.Lock()
         # Symbol names in call order, for tests and debugging; bounded for long-lived use.
         self.calls: deque[str] = deque(maxlen=10_000)
+        # Telemetry (see "telemetry" below): the clock readings move with, and which UUIDs run
+        # work (the agent points it at the devices prepared claims hold); volatile ECC counts.
+        self.clock: Callable[[], float] = time.time
+        self.workload: Callable[[str], bool] | None = None
+        self.ecc_errors: dict[tuple[str, int], int] = {}
         impls: dict[str, Callable[..., Any]] = {
             "nvmlInitWithFlags": self._init,
             "nvmlInit_v2": lambda: self._init(0),
@@ -506,6 +520,7 @@ class SimulatedNvmlLibrary:
             "nvmlDeviceGetGpuInstanceById": self._gpu_instance_by_id,
             "nvmlGpuInstanceGetInfo": self._gpu_instance_info,
         }
+        impls.update(self._telemetry_functions())
         self._functions = {
             name: _CFunction(name, self._traced(name, f)) for name, f in impls.items()
         }
@@ -528,11 +543,13 @@ class SimulatedNvmlLibrary:
     # system
 
     def _init(self, flags: Any) -> int:
-        self._initialised += 1
+        with self._init_lock:  # NVML counts initialisations thread-safely (telemetry's thread)
+            self._initialised += 1
         return _SUCCESS
 
     def _shutdown(self) -> int:
-        self._initialised -= 1
+        with self._init_lock:
+            self._initialised -= 1
         return _SUCCESS
 
     def _driver_version(self, buffer: Any, length: Any) -> int:
@@ -615,8 +632,8 @@ class SimulatedNvmlLibrary:
         mib = mig.profile.memory_mib if mig else gpu.spec.hardware.memory_mib
         memory = _target(ref)
         memory.total = mib * 1024 * 1024
-        memory.used = 0
-        memory.free = memory.total
+        memory.used = self._memory_used_bytes(gpu, mig, total_bytes=memory.total)
+        memory.free = memory.total - memory.used
         return _SUCCESS
 
     def _pci_info(self, handle: Any, ref: Any) -> int:
@@ -806,6 +823,183 @@ class SimulatedNvmlLibrary:
         info.placement.start = mig.start
         info.placement.size = mig.profile.placement_size
         return _SUCCESS
+
+    # telemetry: the readings telemetry.py samples (utilisation, memory used, temperature, power,
+    # clocks, ECC counts), moving with time as a deterministic function of the UUID; higher while
+    # ``workload`` says the device runs work. MIG device handles answer NOT_SUPPORTED for all but
+    # memory, and a GPU in MIG mode for utilisation, as nvml.h documents for real GPUs.
+
+    def _telemetry_functions(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "nvmlDeviceGetHandleByUUID": self._handle_by_uuid,
+            "nvmlDeviceGetUtilizationRates": self._utilization_rates,
+            "nvmlDeviceGetTemperature": self._temperature,
+            "nvmlDeviceGetPowerUsage": self._power_usage,
+            "nvmlDeviceGetEnforcedPowerLimit": self._enforced_power_limit,
+            "nvmlDeviceGetClockInfo": self._clock_info,
+            "nvmlDeviceGetTotalEccErrors": self._total_ecc_errors,
+        }
+
+    def add_ecc_errors(self, uuid: str, *, corrected: int = 0, uncorrected: int = 0) -> None:
+        """Count ECC errors on a GPU (volatile counters, as after a real error)."""
+        for error_type, n in (
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, corrected),
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, uncorrected),
+        ):
+            self.ecc_errors[uuid, error_type] = self.ecc_errors.get((uuid, error_type), 0) + n
+
+    def _load(self, gpu: SimulatedGpu, mig: SimulatedMig | None) -> float:
+        """0..1, how hard the device works now. A GPU in MIG mode works when one of its MIG
+        devices does."""
+        workload = self.workload
+        if mig is not None:
+            busy = workload is not None and workload(mig.uuid)
+            return simulated_load(mig.uuid, now_s=self.clock(), busy=busy)
+        busy = workload is not None and (
+            workload(gpu.uuid) or any(workload(m.uuid) for m in gpu.migs)
+        )
+        return simulated_load(gpu.uuid, now_s=self.clock(), busy=busy)
+
+    def _memory_used_bytes(
+        self, gpu: SimulatedGpu, mig: SimulatedMig | None, *, total_bytes: int
+    ) -> int:
+        if mig is None and gpu.spec.mig_enabled:
+            used = sum(
+                self._memory_used_bytes(gpu, m, total_bytes=m.profile.memory_mib << 20)
+                for m in gpu.migs
+            )
+            return min(total_bytes, used + (total_bytes >> 9))  # + the driver's own share
+        # Memory follows the slow part of the load (allocations outlive kernel bursts).
+        load = self._load(gpu, mig)
+        fraction = 0.004 + 0.85 * load * load
+        return int(total_bytes * min(fraction, 0.97)) & ~0xFFFFF  # whole MiB, as NVML reports
+
+    def _telemetry_device(
+        self, handle: Any
+    ) -> tuple[SimulatedGpu | None, SimulatedMig | None, int]:
+        """The device of a full-GPU telemetry query; MIG device handles are NOT_SUPPORTED."""
+        gpu, mig, rc = self._device(handle)
+        if rc == _SUCCESS and mig is not None:
+            return gpu, mig, _NOT_SUPPORTED
+        return gpu, mig, rc
+
+    def _handle_by_uuid(self, uuid_arg: Any, ref: Any) -> int:
+        raw = uuid_arg if isinstance(uuid_arg, bytes) else uuid_arg.value
+        wanted = (raw or b"").decode()
+        for address, gpu in self._handles.gpus.items():
+            if gpu.uuid == wanted:
+                _set_pointer(ref, address)
+                return _SUCCESS
+        for address, (_, mig) in self._handles.migs.items():
+            if mig.uuid == wanted:
+                _set_pointer(ref, address)
+                return _SUCCESS
+        return _NOT_FOUND
+
+    def _utilization_rates(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if gpu.spec.mig_enabled:
+            return _NOT_SUPPORTED  # nvml.h: not supported on MIG-enabled GPUs
+        load = self._load(gpu, None)
+        rates = _target(ref)
+        rates.gpu = round(100 * load)
+        rates.memory = round(70 * load)
+        return _SUCCESS
+
+    def _temperature(self, handle: Any, sensor: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if _int(sensor) != pynvml.NVML_TEMPERATURE_GPU:
+            return _INVALID_ARGUMENT
+        _target(ref).value = round(31 + 44 * self._load(gpu, None))
+        return _SUCCESS
+
+    def _power_usage(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        envelope = _envelope(gpu)
+        span_w = envelope.power_limit_w - envelope.idle_power_w
+        watts = envelope.idle_power_w + 0.9 * span_w * self._load(gpu, None)
+        _target(ref).value = round(watts * 1000)  # milliwatts
+        return _SUCCESS
+
+    def _enforced_power_limit(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        _target(ref).value = _envelope(gpu).power_limit_w * 1000  # milliwatts
+        return _SUCCESS
+
+    def _clock_info(self, handle: Any, clock_type: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if _int(clock_type) not in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return _NOT_SUPPORTED
+        envelope = _envelope(gpu)
+        load = self._load(gpu, None)
+        boost = min(1.0, 1.25 * load) if load > 0.05 else 0.0
+        mhz = envelope.idle_sm_clock_mhz + boost * (
+            envelope.max_sm_clock_mhz - envelope.idle_sm_clock_mhz
+        )
+        _target(ref).value = round(mhz / 15) * 15  # clocks move in 15 MHz steps
+        return _SUCCESS
+
+    def _total_ecc_errors(self, handle: Any, error_type: Any, counter_type: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        kind = _int(error_type)
+        if kind not in (
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        ) or _int(counter_type) not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            return _INVALID_ARGUMENT
+        _target(ref).value = self.ecc_errors.get((gpu.uuid, kind), 0)
+        return _SUCCESS
+
+
+@dataclass(frozen=True)
+class _Envelope:
+    """Power and clock range of a product (NVIDIA's data sheets; idle values typical)."""
+
+    power_limit_w: int
+    idle_power_w: int
+    max_sm_clock_mhz: int
+    idle_sm_clock_mhz: int
+
+
+_ENVELOPES = {
+    "a100-40gb": _Envelope(400, 55, 1410, 210),
+    "a100-80gb": _Envelope(400, 60, 1410, 210),
+    "h100-80gb": _Envelope(700, 70, 1980, 345),
+    "h200-141gb": _Envelope(700, 75, 1980, 345),
+    "l4": _Envelope(72, 16, 2040, 210),
+    "t4": _Envelope(70, 10, 1590, 300),
+}
+_DEFAULT_ENVELOPE = _Envelope(300, 40, 1500, 300)
+
+
+def _envelope(gpu: SimulatedGpu) -> _Envelope:
+    return _ENVELOPES.get(gpu.spec.hardware.key, _DEFAULT_ENVELOPE)
+
+
+def simulated_load(uuid: str, *, now_s: float, busy: bool) -> float:
+    """How hard a simulated device works at ``now_s``, 0..1; the same for the same arguments.
+
+    A slow wave with a period and phase of the UUID's own (2-6 minutes), plus a step that
+    changes every 5 s: idle devices stay at a few percent, busy ones between 65 and 95 %.
+    """
+    seed = _digest("load", uuid)
+    period_s = 120 + 240 * seed[1] / 255
+    wave = 0.5 + 0.5 * math.sin(2 * math.pi * (now_s / period_s + seed[0] / 255))
+    step = _digest("step", uuid, int(now_s // 5))[0] / 255 - 0.5
+    load = 0.65 + 0.25 * wave + 0.1 * step if busy else 0.03 + 0.06 * wave + 0.04 * step
+    return min(1.0, max(0.0, load))
 
 
 @dataclass(frozen=True)

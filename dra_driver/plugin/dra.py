@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_driver.metrics import DriverMetrics, RequestMetrics
 from dra_driver.prepare import ClaimRef, Preparer
+
+if TYPE_CHECKING:
+    from dra_driver.metrics import DriverMetrics, RequestMetrics
 
 _Claim = v1_pb2.Claim | v1beta1_pb2.Claim
 

@@ -16,6 +16,7 @@ readiness_problems() and heartbeats feed the probes (health.py).
 
 With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
 and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.
+``device_holders()`` tells telemetry which claims (and pods) hold which device.
 
 stop() stops both servers and removes both socket files (the kubelet then deregisters us at
 once instead of after two failed 10 s probes).
@@ -33,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -47,12 +48,15 @@ from dra_driver.config import Config
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.health import Heartbeat
-from dra_driver.metrics import DriverMetrics
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
+
+if TYPE_CHECKING:
+    from dra_driver.metrics import DriverMetrics
+    from dra_driver.telemetry import ClaimHolder
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +300,17 @@ class KubeletPlugin:
                 "containers cannot use it. Unpreparing the claim still works.",
             )
         self._missing_reported = now
+
+    def device_holders(self) -> dict[str, tuple[ClaimHolder, ...]]:
+        """Device name -> the prepared claims holding it, with the pods they are reserved for
+        (telemetry's claim labels). Empty before start(); CheckpointError once stopped."""
+        from dra_driver.telemetry import holders_from_records  # noqa: PLC0415  (with metrics)
+
+        if self.preparer is None:
+            return {}
+        return holders_from_records(
+            self.checkpoint.snapshot().values(), pods=self.preparer.claim_pods()
+        )
 
     def _missing_devices(self) -> dict[tuple[str, ...], float]:
         """``gpu_dra_prepared_devices_missing`` at scrape time: (node, driver) -> n."""

@@ -1,0 +1,248 @@
+"""Telemetry: the CPU of a sampling pass, the time of a /metrics scrape, the agent's memory.
+
+Rows:
+* a sampling pass over 8 simulated H100 (telemetry.Telemetry.sample with gpus/readings.py's
+  NvmlReader: 64 NVML calls through pynvml into the simulated library, then the exposition
+  formatted for the scrapes), process CPU time per pass, median of 5 rounds of 200 passes:
+  <= 2 ms. Shown for information: the NVML reads alone, and the NVML calls per pass.
+* ``GET /metrics`` over real HTTP from the real agent process (``python -m dra_driver
+  --simulate h100:64 --metrics-port ...``, kubeconfig to the local API server), 64 devices,
+  every metric of the agent, median of 200 scrapes, one connection each as Prometheus makes
+  them: <= 5 ms. Shown for information: p99, the exposition's size, and the CPU of formatting the
+  64 devices' telemetry (paid once per sample, in the sampling thread, not by scrapes).
+* the agent's RSS as the DaemonSet runs it (a Pod's ServiceAccount files, in-cluster TLS) with
+  metrics and telemetry on, as the chart's defaults have them (8 simulated H100, 2 in MIG mode;
+  the same node as bench_publish), median of 3: <= 60 MiB. Next to it, the same agent with
+  metrics off (bench_publish's configuration), so the difference is what metrics cost.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_publish import AGENT_SPEC, _rss_mib, wait_for
+from bench.table import Row, print_table
+from dra_driver.gpus import nvml
+from dra_driver.gpus.readings import NvmlReader
+from dra_driver.gpus.simulated import simulated_nvml
+from dra_driver.localapi import FakeKubeApi, free_port
+from dra_driver.telemetry import Telemetry
+
+NODE = "bench-node"
+
+
+def bench_sampling() -> list[Row]:
+    with simulated_nvml("h100:8", node_name=NODE) as node:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        reader = NvmlReader()
+        telemetry = Telemetry(node_name=NODE, inventory=inventory, read=reader)
+        try:
+            telemetry.sample()  # handles looked up, unsupported queries learnt
+            node.library.calls.clear()
+            telemetry.sample()
+            calls = len(node.library.calls)
+            passes, reads = [], []
+            for _ in range(5):
+                started = time.process_time()
+                for _ in range(200):
+                    telemetry.sample()
+                passes.append((time.process_time() - started) / 200 * 1000)
+                started = time.process_time()
+                for _ in range(200):
+                    reader.read(telemetry.targets)
+                reads.append((time.process_time() - started) / 200 * 1000)
+        finally:
+            reader.close()
+    pass_ms = statistics.median(passes)
+    return [
+        Row(
+            "sampling pass, 8 simulated H100: CPU per pass (median of 5 x 200)",
+            pass_ms,
+            "ms",
+            "<= 2 ms",
+            pass_ms <= 2,
+        ),
+        Row(
+            "  of which NVML reads (pynvml + simulated library)", statistics.median(reads), "ms", ""
+        ),
+        Row("  NVML calls per pass", calls, "", ""),
+    ]
+
+
+def _scrape(port: int) -> tuple[float, int]:
+    """One GET /metrics on a new connection: (seconds, bytes)."""
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"/metrics answered {response.status}: {body[:200]!r}")
+    finally:
+        connection.close()
+    return time.perf_counter() - started, len(body)
+
+
+def _agent(
+    tmp: Path, api: FakeKubeApi, *, spec: str, extra: list[str], in_cluster: bool
+) -> subprocess.Popen[bytes]:
+    work = tmp / f"agent-{time.monotonic_ns()}"
+    for d in ("plugins", "plugins_registry", "cdi"):
+        (work / d).mkdir(parents=True)
+    cmd = [
+        sys.executable, "-m", "dra_driver", "--node-name", NODE, "--simulate", spec,
+        "--kubelet-plugins-directory-path", str(work / "plugins"),
+        "--kubelet-registrar-directory-path", str(work / "plugins_registry"),
+        "--cdi-root", str(work / "cdi"), "--healthcheck-port", "0", *extra,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    if in_cluster:
+        cmd, pod_env = api.in_cluster_command(cmd, workdir=work)
+        env.update(pod_env)
+    else:
+        cmd += ["--kubeconfig", str(api.write_kubeconfig(work / "kubeconfig"))]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err.decode(errors="replace")
+
+
+def bench_scrape(tmp: Path) -> list[Row]:
+    api = FakeKubeApi().start()
+    api.add_node(NODE)
+    port = free_port()
+    proc = _agent(tmp, api, spec="h100:64", extra=["--metrics-port", str(port)], in_cluster=False)
+    times: list[float] = []
+    size = 0
+    problem = ""
+    try:
+        up = wait_for(lambda: _answers(port) or proc.poll() is not None, 30)
+        # the first sample is there when its timestamp is
+        sampled = up and wait_for(lambda: b"last_sample_timestamp" in _body(port), 30)
+        if not sampled:
+            problem = f"the agent did not serve telemetry (exit code {proc.poll()})"
+        else:
+            for _ in range(20):  # warm-up: connections, the server's threads
+                _scrape(port)
+            for _ in range(200):
+                elapsed, size = _scrape(port)
+                times.append(elapsed)
+    finally:
+        err = _stop(proc)
+        api.stop()
+    if problem:
+        print(problem, *err.strip().splitlines()[-5:], sep="\n  ", file=sys.stderr)
+    median_ms = statistics.median(times) * 1000 if times else float("inf")
+    p99_ms = sorted(times)[int(len(times) * 0.99) - 1] * 1000 if times else float("inf")
+    return [
+        Row(
+            "GET /metrics, agent with 64 simulated GPUs, over HTTP (median of 200)",
+            median_ms,
+            "ms",
+            "<= 5 ms",
+            median_ms <= 5,
+        ),
+        Row("  p99", p99_ms, "ms", ""),
+        Row("  exposition size", size / 1024, "KiB", ""),
+        Row("  formatting the 64 devices' telemetry, once per sample", _format_cpu_ms(), "ms", ""),
+    ]
+
+
+def _answers(port: int) -> bool:
+    try:
+        _scrape(port)
+    except (OSError, RuntimeError):
+        return False
+    return True
+
+
+def _body(port: int) -> bytes:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics")
+        return connection.getresponse().read()
+    finally:
+        connection.close()
+
+
+def _format_cpu_ms() -> float:
+    """CPU of formatting the telemetry of 64 devices (a cache miss), median of 20."""
+    with simulated_nvml("h100:64", node_name=NODE) as node:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        reader = NvmlReader()
+        telemetry = Telemetry(node_name=NODE, inventory=inventory, read=reader)
+        try:
+            telemetry.sample()
+            costs = []
+            for i in range(20):
+                telemetry.set_health_providers(xid_counts=lambda i=i: {"gpu-0": i})  # a change
+                started = time.process_time()
+                telemetry.exposition()
+                costs.append((time.process_time() - started) * 1000)
+        finally:
+            reader.close()
+    return statistics.median(costs)
+
+
+def bench_rss(tmp: Path) -> list[Row]:
+    rows = []
+    for label, metrics_on in (
+        ("metrics + telemetry on (chart defaults)", True),
+        ("metrics off", False),
+    ):
+        api = FakeKubeApi(tls_dir=tmp / f"tls-{len(rows)}").start()
+        api.add_node(NODE)
+        rss: list[float] = []
+        try:
+            for _ in range(3):
+                args = ["--metrics-port", str(free_port())] if metrics_on else []
+                proc = _agent(tmp, api, spec=AGENT_SPEC, extra=args, in_cluster=True)
+                try:
+                    ok = wait_for(
+                        lambda p=proc, a=api: bool(a.slices()) or p.poll() is not None, 20
+                    )
+                    if ok and api.slices():
+                        time.sleep(2.0)  # start-up settles; the first telemetry samples ran
+                        rss.append(_rss_mib(proc.pid))
+                finally:
+                    err = _stop(proc)
+                for s in api.slices():
+                    api._state.objects.pop(("resourceslices", "", s["metadata"]["name"]), None)
+                if not rss:
+                    print("agent run failed", *err.strip().splitlines()[-5:], sep="\n  ")
+                    break
+        finally:
+            api.stop()
+        value = statistics.median(rss) if len(rss) == 3 else float("inf")
+        name = f"agent RSS in-cluster, 8 simulated H100 (2 MIG), {label}, median of 3"
+        rows.append(
+            Row(name, value, "MiB", "<= 60 MiB", value <= 60)
+            if metrics_on
+            else Row(name, value, "MiB", "")
+        )
+    return rows
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
+        rows = [*bench_sampling(), *bench_scrape(Path(tmp)), *bench_rss(Path(tmp))]
+    return 0 if print_table("Telemetry", rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

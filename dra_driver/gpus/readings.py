@@ -1,0 +1,188 @@
+"""NVML readings for telemetry (telemetry.py): one round of queries per device, at bounded cost.
+
+This is the NVML boundary of telemetry, as gpus/nvml.py is the one of discovery: pynvml's errors
+are handled here and never leave it. Devices are looked up by UUID
+(``nvmlDeviceGetHandleByUUID``, which takes MIG device UUIDs too), so NVML index changes between
+re-discoveries do not matter; handles are kept between passes and looked up again after an
+error. With ``--simulate`` the same pynvml calls reach gpus/simulated.py.
+
+Cost per pass: at most ``len(QUERIES)`` (8) NVML calls per device, fewer for MIG devices:
+
+- a query a device answers NOT_SUPPORTED (or a library without the symbol) is logged once (one
+  line per device naming its queries) and not asked again of that device (MIG devices support
+  only memory info; GPUs in MIG mode no utilisation);
+- any other error (GPU lost, a timeout) ends that device's round for this pass: one failing call,
+  not eight. It is logged once per device and error until the device answers again, and its
+  handle is looked up again next pass.
+
+Not thread-safe: one sampling loop calls ``read``. NVML stays initialised from the first read to
+``close()`` (NVML counts initialisations, so discovery's own init and shutdown do not affect it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from dra_driver.telemetry import Reading, TelemetryTarget
+
+log = logging.getLogger(__name__)
+
+
+def _utilization(handle: Any) -> dict[str, Any]:
+    rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    return {"utilization_ratio": rates.gpu / 100, "memory_utilization_ratio": rates.memory / 100}
+
+
+def _memory(handle: Any) -> dict[str, Any]:
+    info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return {"memory_used_bytes": int(info.used), "memory_total_bytes": int(info.total)}
+
+
+def _temperature(handle: Any) -> dict[str, Any]:
+    celsius = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+    return {"temperature_celsius": float(celsius)}
+
+
+def _power_usage(handle: Any) -> dict[str, Any]:
+    return {"power_usage_watts": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000}  # mW
+
+
+def _power_limit(handle: Any) -> dict[str, Any]:
+    return {"power_limit_watts": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000}  # mW
+
+
+def _sm_clock(handle: Any) -> dict[str, Any]:
+    return {"sm_clock_hertz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) * 1e6}
+
+
+def _ecc(field: str, error_type: int) -> Callable[[Any], dict[str, Any]]:
+    def query(handle: Any) -> dict[str, Any]:
+        count = pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC)
+        return {field: int(count)}
+
+    return query
+
+
+@dataclass(frozen=True)
+class Query:
+    """One NVML call of a round and the Reading fields it fills."""
+
+    name: str  # for logs: the NVML function
+    call: Callable[[Any], dict[str, Any]]
+
+
+QUERIES = (
+    Query("nvmlDeviceGetUtilizationRates", _utilization),
+    Query("nvmlDeviceGetMemoryInfo", _memory),
+    Query("nvmlDeviceGetTemperature", _temperature),
+    Query("nvmlDeviceGetPowerUsage", _power_usage),
+    Query("nvmlDeviceGetEnforcedPowerLimit", _power_limit),
+    Query("nvmlDeviceGetClockInfo(SM)", _sm_clock),
+    Query(
+        "nvmlDeviceGetTotalEccErrors(corrected)",
+        _ecc("ecc_corrected_errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+    ),
+    Query(
+        "nvmlDeviceGetTotalEccErrors(uncorrected)",
+        _ecc("ecc_uncorrected_errors", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+    ),
+)
+
+_UNSUPPORTED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+
+
+class NvmlReader:
+    """Reads telemetry from NVML; a ``telemetry.Read``. Call ``close()`` when done."""
+
+    def __init__(self, queries: Sequence[Query] = QUERIES) -> None:
+        self._queries = tuple(queries)
+        self._initialised = False
+        self._init_error: str | None = None
+        self._handles: dict[str, Any] = {}
+        self._unsupported: set[tuple[str, str]] = set()  # (uuid, query name)
+        self._failing: dict[str, str] = {}  # uuid -> the error logged for it
+
+    def __call__(self, targets: Sequence[TelemetryTarget]) -> dict[str, Reading]:
+        return self.read(targets)
+
+    def read(self, targets: Sequence[TelemetryTarget]) -> dict[str, Reading]:
+        """One round of queries for every target: UUID -> Reading. Devices that cannot be read
+        now are left out; nothing is raised."""
+        if not self._init():
+            return {}
+        readings: dict[str, Reading] = {}
+        for target in targets:
+            reading = self._read_device(target)
+            if reading is not None:
+                readings[target.uuid] = reading
+        return readings
+
+    def close(self) -> None:
+        """Give NVML back (nvmlShutdown); the next read initialises it again."""
+        if self._initialised:
+            self._initialised = False
+            self._handles.clear()
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                log.warning("telemetry: nvmlShutdown failed", extra={"error": str(exc)})
+
+    def _init(self) -> bool:
+        if self._initialised:
+            return True
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            if self._init_error != str(exc):
+                log.warning("telemetry: NVML cannot be initialised", extra={"error": str(exc)})
+            self._init_error = str(exc)
+            return False
+        self._initialised = True
+        self._init_error = None
+        return True
+
+    def _read_device(self, target: TelemetryTarget) -> Reading | None:
+        uuid = target.uuid
+        values: dict[str, Any] = {}
+        unsupported: list[str] = []
+        try:
+            handle = self._handles.get(uuid)
+            if handle is None:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                self._handles[uuid] = handle
+            for query in self._queries:
+                if (uuid, query.name) in self._unsupported:
+                    continue
+                try:
+                    values.update(query.call(handle))
+                except _UNSUPPORTED:
+                    self._unsupported.add((uuid, query.name))
+                    unsupported.append(query.name)
+        except pynvml.NVMLError as exc:
+            self._handles.pop(uuid, None)
+            if isinstance(exc, pynvml.NVMLError_Uninitialized):
+                self._initialised = False  # NVML was shut down under us: initialise it again
+            if self._failing.get(uuid) != str(exc):
+                log.warning(
+                    "telemetry: the device cannot be read; its metrics are left out",
+                    extra={"device": target.name, "uuid": uuid, "error": str(exc)},
+                )
+            self._failing[uuid] = str(exc)
+            return None
+        finally:
+            if unsupported:
+                log.info(
+                    "telemetry: the device does not support these queries; not asked again",
+                    extra={"device": target.name, "uuid": uuid, "queries": unsupported},
+                )
+        if self._failing.pop(uuid, None) is not None:
+            log.info("telemetry: the device can be read again", extra={"device": target.name})
+        return Reading(**values)
+
+
+__all__ = ["QUERIES", "NvmlReader", "Query"]
