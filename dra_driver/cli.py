@@ -1,9 +1,9 @@
 """Command line: flags (each with an environment-variable twin) -> Config, then run.
 
 ``gpu-dra-kubelet-plugin`` (and ``python -m dra_driver``) runs the node agent; ``gpu-dra`` is the
-user's tool with subcommands (``explain``, ``devices``, ``kubelet-plugin``). A flag given on the
-command line wins over its environment variable; every value is validated at start and an error
-names the flag and the variable.
+user's tool with subcommands (``explain``, ``devices``, ``simulate-event``, ``kubelet-plugin``).
+A flag given on the command line wins over its environment variable; every value is validated at
+start and an error names the flag and the variable.
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ from dra_driver.config import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRAR_DIR,
     Config,
+    simulated_faults_path,
+)
+from dra_driver.devicehealth import (
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_IGNORED_XIDS,
+    format_xids,
+    parse_xids,
 )
 from dra_driver.errors import ConfigError, DraError, SimulationSpecError
 
@@ -49,6 +56,13 @@ def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise ValueError("must be greater than 0")
+    return value
+
+
+def _seconds_or_off(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("must not be negative (0 turns it off)")
     return value
 
 
@@ -151,6 +165,67 @@ FLAGS: tuple[Flag, ...] = (
         _seconds,
         60.0,
     ),
+    Flag(
+        "--health-ignored-xids",
+        "HEALTH_IGNORED_XIDS",
+        "health_ignored_xids",
+        "XIDs that do not make a GPU unhealthy (application errors), comma-separated, or none",
+        parse_xids,
+        DEFAULT_IGNORED_XIDS,
+    ),
+    Flag(
+        "--health-fatal-xids",
+        "HEALTH_FATAL_XIDS",
+        "health_fatal_xids",
+        "XIDs after which a GPU needs a reset: their taint gets --health-fatal-taint-effect and "
+        "stays until the GPU is reset; comma-separated, or none",
+        parse_xids,
+        DEFAULT_FATAL_XIDS,
+    ),
+    Flag(
+        "--health-taint-effect",
+        "HEALTH_TAINT_EFFECT",
+        "health_taint_effect",
+        "effect of the taints of an unhealthy device: NoSchedule, NoExecute or None",
+        str,
+        "NoSchedule",
+    ),
+    Flag(
+        "--health-fatal-taint-effect",
+        "HEALTH_FATAL_TAINT_EFFECT",
+        "health_fatal_taint_effect",
+        "effect for fatal conditions (GPU lost, double-bit ECC, failed row remapping, fatal "
+        "XIDs): NoSchedule, NoExecute (also evicts pods that do not tolerate it) or None",
+        str,
+        "NoSchedule",
+    ),
+    Flag(
+        "--health-check-interval",
+        "HEALTH_CHECK_INTERVAL",
+        "health_check_interval_s",
+        "seconds between NVML health checks of every GPU (lost, ECC, pending pages/rows, "
+        "temperature); events are handled at once",
+        _seconds,
+        10.0,
+    ),
+    Flag(
+        "--health-xid-quiet-period",
+        "HEALTH_XID_QUIET_PERIOD",
+        "health_xid_quiet_period_s",
+        "seconds without a new XID after which a non-fatal XID's taint is removed (0: only a "
+        "GPU reset removes it)",
+        _seconds_or_off,
+        300.0,
+    ),
+    Flag(
+        "--health-min-change-interval",
+        "HEALTH_MIN_CHANGE_INTERVAL",
+        "health_min_change_interval_s",
+        "seconds a device's health taints stay before they may be removed or changed (flapping "
+        "limit; new taints apply at once; 0 turns it off)",
+        _seconds_or_off,
+        10.0,
+    ),
 )
 
 
@@ -162,7 +237,8 @@ def _agent_parser(prog: str) -> argparse.ArgumentParser:
         "environment variable named in brackets.",
     )
     for flag in FLAGS:
-        default = "" if flag.default is None else f" (default: {flag.default})"
+        shown = format_xids(flag.default) if isinstance(flag.default, frozenset) else flag.default
+        default = "" if flag.default is None else f" (default: {shown})"
         parser.add_argument(flag.name, dest=flag.field, help=f"{flag.help} [{flag.env}]{default}")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -217,11 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``gpu-dra``: ``explain``, ``devices`` or ``kubelet-plugin``."""
+    """Entry point of ``gpu-dra``: ``explain``, ``devices``, ``simulate-event`` or
+    ``kubelet-plugin``."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "explain": "what the scheduler would allocate for a claim, or why it cannot",
         "devices": "the devices this node (or a --simulate spec) would publish, as a table",
+        "simulate-event": "make something happen to a simulated GPU: an XID, an ECC error, ...",
         "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
     }
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
@@ -236,7 +314,70 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         return int(explain_main(rest))
     if command == "devices":
         return devices_main(rest)
+    if command == "simulate-event":
+        return simulate_event_main(rest)
     return main(rest)
+
+
+def simulate_event_main(argv: Sequence[str]) -> int:
+    """``gpu-dra simulate-event``: append a fault to a running simulated node's inbox."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-dra simulate-event",
+        description="Make something happen to a GPU of an agent running with --simulate (on "
+        "this node, or in its pod): the agent sees it through NVML as it would see the real "
+        "thing. Details: docs/simulate.md.",
+    )
+    parser.add_argument("--gpu", type=int, required=True, help="GPU index (gpu-<index>)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, help="a critical XID event with this number")
+    what.add_argument("--ecc", action="store_true", help="a double-bit ECC error (XID 48)")
+    what.add_argument("--lost", action="store_true", help="the GPU falls off the bus (XID 79)")
+    what.add_argument("--reset", action="store_true", help="a GPU reset: the GPU is back")
+    what.add_argument("--temperature", type=int, metavar="CELSIUS", help="the GPU temperature")
+    what.add_argument("--hang", type=float, metavar="SECONDS", help="NVML calls on it hang")
+    parser.add_argument("--gpu-instance", type=int, help="with --xid: the MIG GPU instance id")
+    parser.add_argument("--compute-instance", type=int, help="with --xid: its compute instance")
+    parser.add_argument(
+        "--kubelet-plugins-directory-path",
+        default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH", str(DEFAULT_PLUGINS_DIR)),
+        help="the agent's --kubelet-plugins-directory-path [KUBELET_PLUGINS_DIRECTORY_PATH]",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=os.environ.get("DRIVER_NAME", DEFAULT_DRIVER_NAME),
+        help="the agent's --driver-name [DRIVER_NAME]",
+    )
+    parser.add_argument("--inbox", type=Path, help="the inbox file (default: from the above)")
+    args = parser.parse_args(list(argv))
+    from dra_driver.gpus.simulated import SimulatedFault, append_fault  # noqa: PLC0415
+
+    plugin_dir = Path(args.kubelet_plugins_directory_path) / args.driver_name
+    inbox = args.inbox or simulated_faults_path(plugin_dir)
+    if not inbox.parent.is_dir():
+        print(
+            f"gpu-dra simulate-event: {inbox.parent} does not exist: is an agent running with "
+            "--simulate and the same --kubelet-plugins-directory-path and --driver-name?",
+            file=sys.stderr,
+        )
+        return 2
+    kinds = ("xid", "ecc", "lost", "reset", "temperature", "hang")
+    kind = next(k for k in kinds if getattr(args, k) not in (None, False))
+    try:
+        fault = SimulatedFault(
+            kind=kind,
+            gpu=args.gpu,
+            xid=args.xid or 0,
+            gpu_instance_id=args.gpu_instance,
+            compute_instance_id=args.compute_instance,
+            celsius=args.temperature or 0,
+            seconds=args.hang or 0.0,
+        )
+    except SimulationSpecError as exc:
+        print(f"gpu-dra simulate-event: {exc}", file=sys.stderr)
+        return 2
+    append_fault(inbox, fault)
+    print(f"{fault.to_json()} -> {inbox}")
+    return 0
 
 
 def devices_main(argv: Sequence[str]) -> int:
