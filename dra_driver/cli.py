@@ -361,7 +361,7 @@ def simulate_event_main(argv: Sequence[str]) -> int:
         )
         return 2
     kinds = ("xid", "ecc", "lost", "reset", "temperature", "hang")
-    kind = next(k for k in kinds if getattr(args, k) not in (None, False))
+    kind = next(k for k in kinds if getattr(args, k) is not None and getattr(args, k) is not False)
     try:
         fault = SimulatedFault(
             kind=kind,
