@@ -25,7 +25,6 @@ from dra_driver.config import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRAR_DIR,
     Config,
-    simulated_faults_path,
 )
 from dra_driver.devicehealth import (
     DEFAULT_FATAL_XIDS,
@@ -315,69 +314,10 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
     if command == "devices":
         return devices_main(rest)
     if command == "simulate-event":
+        from dra_driver.gpus.injector import main as simulate_event_main  # noqa: PLC0415
+
         return simulate_event_main(rest)
     return main(rest)
-
-
-def simulate_event_main(argv: Sequence[str]) -> int:
-    """``gpu-dra simulate-event``: append a fault to a running simulated node's inbox."""
-    parser = argparse.ArgumentParser(
-        prog="gpu-dra simulate-event",
-        description="Make something happen to a GPU of an agent running with --simulate (on "
-        "this node, or in its pod): the agent sees it through NVML as it would see the real "
-        "thing. Details: docs/simulate.md.",
-    )
-    parser.add_argument("--gpu", type=int, required=True, help="GPU index (gpu-<index>)")
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--xid", type=int, help="a critical XID event with this number")
-    what.add_argument("--ecc", action="store_true", help="a double-bit ECC error (XID 48)")
-    what.add_argument("--lost", action="store_true", help="the GPU falls off the bus (XID 79)")
-    what.add_argument("--reset", action="store_true", help="a GPU reset: the GPU is back")
-    what.add_argument("--temperature", type=int, metavar="CELSIUS", help="the GPU temperature")
-    what.add_argument("--hang", type=float, metavar="SECONDS", help="NVML calls on it hang")
-    parser.add_argument("--gpu-instance", type=int, help="with --xid: the MIG GPU instance id")
-    parser.add_argument("--compute-instance", type=int, help="with --xid: its compute instance")
-    parser.add_argument(
-        "--kubelet-plugins-directory-path",
-        default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH", str(DEFAULT_PLUGINS_DIR)),
-        help="the agent's --kubelet-plugins-directory-path [KUBELET_PLUGINS_DIRECTORY_PATH]",
-    )
-    parser.add_argument(
-        "--driver-name",
-        default=os.environ.get("DRIVER_NAME", DEFAULT_DRIVER_NAME),
-        help="the agent's --driver-name [DRIVER_NAME]",
-    )
-    parser.add_argument("--inbox", type=Path, help="the inbox file (default: from the above)")
-    args = parser.parse_args(list(argv))
-    from dra_driver.gpus.simulated import SimulatedFault, append_fault  # noqa: PLC0415
-
-    plugin_dir = Path(args.kubelet_plugins_directory_path) / args.driver_name
-    inbox = args.inbox or simulated_faults_path(plugin_dir)
-    if not inbox.parent.is_dir():
-        print(
-            f"gpu-dra simulate-event: {inbox.parent} does not exist: is an agent running with "
-            "--simulate and the same --kubelet-plugins-directory-path and --driver-name?",
-            file=sys.stderr,
-        )
-        return 2
-    kinds = ("xid", "ecc", "lost", "reset", "temperature", "hang")
-    kind = next(k for k in kinds if getattr(args, k) is not None and getattr(args, k) is not False)
-    try:
-        fault = SimulatedFault(
-            kind=kind,
-            gpu=args.gpu,
-            xid=args.xid or 0,
-            gpu_instance_id=args.gpu_instance,
-            compute_instance_id=args.compute_instance,
-            celsius=args.temperature or 0,
-            seconds=args.hang or 0.0,
-        )
-    except SimulationSpecError as exc:
-        print(f"gpu-dra simulate-event: {exc}", file=sys.stderr)
-        return 2
-    append_fault(inbox, fault)
-    print(f"{fault.to_json()} -> {inbox}")
-    return 0
 
 
 def devices_main(argv: Sequence[str]) -> int:

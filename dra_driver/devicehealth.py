@@ -39,13 +39,17 @@ device must not stay schedulable because it flapped a minute ago), but a removal
 of value or effect, waits until ``min_change_interval_s`` has passed since the device's last
 change; the latest wanted state is applied then. The health stream reports the published
 state, so slices and stream agree.
+
+The values below are NamedTuples rather than frozen dataclasses: each dataclass costs the agent
+about 11 KiB of memory at import, a NamedTuple 6, and the agent's RSS target has no room for the
+difference (bench_publish).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from dra_driver.devices import Taint, TaintEffect, gpu_device_name, mig_device_name
 from dra_driver.gpus.info import Inventory
@@ -98,15 +102,14 @@ class HealthPolicy:
         return f"{self.driver_name}/{kind}"
 
 
-@dataclass(frozen=True)
-class GpuTarget:
+class GpuTarget(NamedTuple):
     """One GPU the book watches: its identity and the devices published for it."""
 
-    index: int
+    gpu_index: int  # NVML index
     uuid: str
     name: str  # gpu-<minor>, also when the GPU is in MIG mode (labels XID counts)
     devices: tuple[str, ...]  # the GPU itself, or its MIG devices
-    migs: Mapping[tuple[int, int], str] = field(default_factory=dict)  # (GI id, CI id) -> name
+    migs: Mapping[tuple[int, int], str] = {}  # (GI id, CI id) -> name; never mutated
 
 
 def gpu_targets(inventory: Inventory) -> tuple[GpuTarget, ...]:
@@ -131,8 +134,7 @@ def gpu_targets(inventory: Inventory) -> tuple[GpuTarget, ...]:
 # --- observations (what gpus/healthwatch.py reports) ----------------------------------------
 
 
-@dataclass(frozen=True)
-class XidObserved:
+class XidObserved(NamedTuple):
     """An ``nvmlEventTypeXidCriticalError`` event."""
 
     gpu_uuid: str
@@ -141,15 +143,13 @@ class XidObserved:
     compute_instance_id: int = NO_INSTANCE
 
 
-@dataclass(frozen=True)
-class EccObserved:
+class EccObserved(NamedTuple):
     """An ``nvmlEventTypeDoubleBitEccError`` event."""
 
     gpu_uuid: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuChecked:
+class GpuChecked(NamedTuple):
     """One periodic check of a GPU. None: NVML cannot tell (not supported on this GPU)."""
 
     gpu_uuid: str
@@ -169,8 +169,7 @@ Observation = XidObserved | EccObserved | GpuChecked
 # --- what the book reports ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DeviceHealth:
+class DeviceHealth(NamedTuple):
     """One device's published health: for the health stream, metrics and ``/readyz``.
 
     ``changed_s``: when ``status`` or ``taints`` last changed (the caller's clock; the monitor
@@ -183,8 +182,7 @@ class DeviceHealth:
     changed_s: float
 
 
-@dataclass(frozen=True)
-class HealthChange:
+class HealthChange(NamedTuple):
     """A published change of one device (for logs and Node Events)."""
 
     device: str
@@ -197,24 +195,25 @@ class HealthChange:
         return not self.after
 
 
-@dataclass(frozen=True)
-class _Condition:
+class _Condition(NamedTuple):
     kind: str
     scope: str | None  # a MIG device name for an instance's XID; None: the whole GPU
     value: str = ""
     fatal: bool = False
     since_s: float = 0.0
     last_seen_s: float = 0.0
-    count: int = 1
+    seen: int = 1  # how often
     message: str = ""
 
 
-@dataclass
 class _Published:
-    taints: tuple[Taint, ...] = ()
-    message: str = ""
-    changed_s: float = 0.0
-    known: bool = False  # the GPU was checked at least once
+    __slots__ = ("changed_s", "known", "message", "taints")
+
+    def __init__(self, *, changed_s: float = 0.0, known: bool = False) -> None:
+        self.taints: tuple[Taint, ...] = ()
+        self.message = ""
+        self.changed_s = changed_s
+        self.known = known  # the GPU was checked at least once
 
 
 class HealthBook:
@@ -309,13 +308,12 @@ class HealthBook:
             return
         # The taint names the latest fatal XID, else the latest one.
         value = str(event.xid) if fatal or not old.fatal else old.value
-        conditions[(XID, scope)] = replace(
-            old,
+        conditions[(XID, scope)] = old._replace(
             value=value,
             fatal=old.fatal or fatal,
             last_seen_s=now_s,
-            count=old.count + 1,
-            message=f"XID {value}" + (f" ({old.count + 1} XIDs)" if old.count else ""),
+            seen=old.seen + 1,
+            message=f"XID {value} ({old.seen + 1} XIDs)",
         )
 
     def _record_check(
@@ -504,10 +502,10 @@ def _raise(
             kind, None, fatal=fatal, since_s=now_s, last_seen_s=now_s, message=message
         )
     elif level:
-        conditions[(kind, None)] = replace(old, last_seen_s=now_s, message=message)
+        conditions[(kind, None)] = old._replace(last_seen_s=now_s, message=message)
     else:
-        conditions[(kind, None)] = replace(
-            old, last_seen_s=now_s, count=old.count + 1, message=message
+        conditions[(kind, None)] = old._replace(
+            last_seen_s=now_s, seen=old.seen + 1, message=message
         )
 
 

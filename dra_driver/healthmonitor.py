@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import replace
 from typing import Protocol
 
 from dra_driver.devicehealth import (
@@ -166,10 +165,10 @@ class HealthMonitor:
             message = f"NVML has not answered for {mono - started:.0f} s"
             changed_s = wall - (mono - unknown_since)
             return {
-                d: replace(s, status="Unknown", message=message, changed_s=changed_s)
+                d: s._replace(status="Unknown", message=message, changed_s=changed_s)
                 for d, s in states.items()
             }
-        return {d: replace(s, changed_s=wall - (mono - s.changed_s)) for d, s in states.items()}
+        return {d: s._replace(changed_s=wall - (mono - s.changed_s)) for d, s in states.items()}
 
     def xid_counts(self) -> dict[tuple[str, int], int]:
         """(GPU name ``gpu-<minor>``, XID) -> XID events seen since start, ignored ones too."""

@@ -34,7 +34,8 @@ from dra_driver.errors import CdiError, DiscoveryError, DraError, PublishError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import simulated_inventory
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.simulated import SimulatedFault, simulated_nvml
+from dra_driver.gpus.injector import SimulatedFault
+from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.publisher import Publisher

@@ -15,7 +15,8 @@ from dra_driver.errors import HealthWatchError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.healthwatch import NvmlHealthWatch
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.simulated import SimulatedFault, SimulatedNode, simulated_nvml
+from dra_driver.gpus.injector import SimulatedFault
+from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
 
 SPEC = "h100:1,t4:1,a100-40gb:1:mig=3g.20gb+2g.10gb,l4:1:no-events"
 

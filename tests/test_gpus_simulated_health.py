@@ -14,12 +14,11 @@ import pynvml
 import pytest
 
 from dra_driver.errors import SimulationSpecError
+from dra_driver.gpus.injector import SimulatedFault, append_fault
 from dra_driver.gpus.simulated import (
     SHUTDOWN_C,
     SLOWDOWN_C,
-    SimulatedFault,
     SimulatedNode,
-    append_fault,
     parse_spec,
     simulated_nvml,
 )

@@ -22,7 +22,8 @@ from dra_driver.devicehealth import HealthPolicy
 from dra_driver.devices import node_devices
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.simulated import SimulatedFault, SimulatedNode, simulated_nvml
+from dra_driver.gpus.injector import SimulatedFault
+from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
 from dra_driver.healthmonitor import HealthMonitor
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pynvml
@@ -42,13 +41,15 @@ class _Lost(Exception):
     """A query answered GPU_IS_LOST (or the GPU is no longer found)."""
 
 
-@dataclass
 class WaitResult:
     """What one wait brought: observations, and the GPUs (UUIDs) to check at once."""
 
-    observations: list[Observation] = field(default_factory=list)
-    check: set[str] = field(default_factory=set)
-    check_all: bool = False
+    __slots__ = ("check", "check_all", "observations")
+
+    def __init__(self) -> None:
+        self.observations: list[Observation] = []
+        self.check: set[str] = set()
+        self.check_all = False
 
 
 class NvmlHealthWatch:

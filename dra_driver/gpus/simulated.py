@@ -37,24 +37,26 @@ import ctypes
 import hashlib
 import json
 import logging
-import os
 import tempfile
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pynvml
 
 from dra_driver.errors import SimulationSpecError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
+
+if TYPE_CHECKING:
+    from dra_driver.gpus.injector import SimulatedFault
 from dra_driver.gpus.profiles import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
@@ -843,9 +845,8 @@ class SimulatedNvmlLibrary:
 # nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, ...), the queries the health watch polls
 # (ECC counts, retired pages, remapped rows, temperature and its thresholds), and the faults a
 # test, the demo or another process injects (an XID, a double-bit ECC error, a lost GPU, a GPU
-# reset, a temperature, a hang).
+# reset, a temperature, a hang: gpus/injector.py describes them).
 
-FAULT_KINDS = ("xid", "ecc", "lost", "reset", "temperature", "hang")
 SUPPORTED_EVENT_TYPES = (
     pynvml.nvmlEventTypeSingleBitEccError
     | pynvml.nvmlEventTypeDoubleBitEccError
@@ -865,92 +866,35 @@ _NO_INSTANCE = 0xFFFFFFFF
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, kw_only=True)
-class SimulatedFault:
-    """One thing that happens to a simulated GPU (docs/simulate.md "Faults").
-
-    ``kind``: ``xid`` (an XID event; ``gpu_instance_id``/``compute_instance_id`` attribute it to
-    a MIG device), ``ecc`` (a double-bit ECC error: XID 48, the event, the volatile uncorrected
-    count up, and retired pages (before Ampere) or remapped rows pending), ``lost`` (XID 79, then
-    every query answers GPU_IS_LOST), ``reset`` (a GPU reset: answers again, volatile ECC counts
-    and pending pages/rows cleared), ``temperature`` (``celsius``), ``hang`` (every call on the
-    GPU blocks for ``seconds``). ``gpu`` is the NVML index (= the minor, ``gpu-<minor>``).
-    """
-
-    kind: str
-    gpu: int
-    xid: int = 0
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    celsius: int = 0
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise SimulationSpecError(
-                f"unknown fault {self.kind!r}; expected one of {', '.join(FAULT_KINDS)}"
-            )
-        if self.gpu < 0:
-            raise SimulationSpecError(f"GPU index {self.gpu} is negative")
-        if self.kind == "xid" and self.xid <= 0:
-            raise SimulationSpecError("an xid fault needs a positive XID number")
-        if self.kind == "hang" and self.seconds <= 0:
-            raise SimulationSpecError("a hang fault needs seconds > 0")
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SimulatedFault:
-        """A fault from one inbox line's object; SimulationSpecError when it is not one."""
-        known = {"kind", "gpu", "xid", "gpu_instance_id", "compute_instance_id", "celsius",
-                 "seconds"}  # fmt: skip
-        unknown = set(data) - known
-        if unknown:
-            raise SimulationSpecError(f"unknown fault fields {sorted(unknown)}")
-        try:
-            return cls(**{k: v for k, v in data.items()})
-        except TypeError as exc:
-            raise SimulationSpecError(f"bad fault {dict(data)!r}: {exc}") from exc
-
-    def to_json(self) -> str:
-        """One inbox line (without the newline)."""
-        fields: dict[str, object] = {"kind": self.kind, "gpu": self.gpu}
-        if self.kind == "xid":
-            fields["xid"] = self.xid
-        for name in ("gpu_instance_id", "compute_instance_id"):
-            if getattr(self, name) is not None:
-                fields[name] = getattr(self, name)
-        if self.kind == "temperature":
-            fields["celsius"] = self.celsius
-        if self.kind == "hang":
-            fields["seconds"] = self.seconds
-        return json.dumps(fields, separators=(",", ":"))
-
-
-def append_fault(inbox: Path, fault: SimulatedFault) -> None:
-    """Append ``fault`` to a simulated node's inbox (one write, atomic with O_APPEND)."""
-    inbox.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(inbox, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, (fault.to_json() + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-@dataclass
 class _GpuHealth:
-    lost: bool = False
-    hang_until: float = 0.0  # time.monotonic()
-    ecc_volatile: int = 0  # uncorrected, since the last reset
-    ecc_aggregate: int = 0  # uncorrected, lifetime
-    retired_pages_pending: bool = False
-    remapped_rows_pending: bool = False
-    temperature_c: int = IDLE_C
+    # Plain classes, not dataclasses: the agent's memory budget (see devicehealth.py).
+    __slots__ = (
+        "ecc_aggregate",
+        "ecc_volatile",
+        "hang_until",
+        "lost",
+        "remapped_rows_pending",
+        "retired_pages_pending",
+        "temperature_c",
+    )
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.hang_until = 0.0  # time.monotonic()
+        self.ecc_volatile = 0  # uncorrected, since the last reset
+        self.ecc_aggregate = 0  # uncorrected, lifetime
+        self.retired_pages_pending = False
+        self.remapped_rows_pending = False
+        self.temperature_c = IDLE_C
 
 
-@dataclass
 class _EventSet:
-    registered: dict[int, int] = field(default_factory=dict)  # GPU index -> event mask
-    queue: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
-    lost: set[int] = field(default_factory=set)  # GPUs lost since the last wait
+    __slots__ = ("lost", "queue", "registered")
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}  # GPU index -> event mask
+        self.queue: deque[tuple[int, int, int, int, int]] = deque()
+        self.lost: set[int] = set()  # GPUs lost since the last wait
 
 
 class SimulatedHealth:
@@ -1062,6 +1006,8 @@ class SimulatedHealth:
             self._inbox_lock.release()
 
     def _inject_line(self, line: str) -> None:
+        from dra_driver.gpus.injector import SimulatedFault  # noqa: PLC0415  (rarely needed)
+
         try:
             data = json.loads(line)
             if not isinstance(data, dict):
@@ -1272,7 +1218,7 @@ def simulated_nvml(
     pynvml's previous library, symbol cache and reference count on exit, so blocks may be used
     one after another or nested in one process (the installing and restoring are not for
     concurrent use; the library itself may be called from several threads). ``inbox``: a file
-    other processes append faults to (:func:`append_fault`); lines already in it are skipped.
+    other processes append faults to (gpus/injector.py); lines already in it are skipped.
     """
     gpus = build_node(parse_spec(spec), node_name=node_name)
     library = SimulatedNvmlLibrary(gpus, inbox=inbox)
