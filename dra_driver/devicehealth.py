@@ -262,7 +262,7 @@ class HealthBook:
             return
         conditions = self._conditions.setdefault(target.uuid, {})
         if isinstance(observation, XidObserved):
-            self._record_xid(target, conditions, observation, now_s)
+            self._record_xid(target, conditions, observation, now_s=now_s)
         elif isinstance(observation, EccObserved):
             _raise(
                 conditions,
@@ -272,13 +272,14 @@ class HealthBook:
                 now_s=now_s,
             )
         else:
-            self._record_check(target, conditions, observation, now_s)
+            self._record_check(target, conditions, observation, now_s=now_s)
 
     def _record_xid(
         self,
         target: GpuTarget,
         conditions: dict[tuple[str, str | None], _Condition],
         event: XidObserved,
+        *,
         now_s: float,
     ) -> None:
         key = (target.name, event.xid)
@@ -321,6 +322,7 @@ class HealthBook:
         target: GpuTarget,
         conditions: dict[tuple[str, str | None], _Condition],
         check: GpuChecked,
+        *,
         now_s: float,
     ) -> None:
         for device in target.devices:

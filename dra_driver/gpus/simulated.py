@@ -928,9 +928,9 @@ class SimulatedHealth:
                 self._emit(
                     gpu.index,
                     pynvml.nvmlEventTypeXidCriticalError,
-                    fault.xid,
-                    _NO_INSTANCE if gi is None else gi,
-                    _NO_INSTANCE if ci is None else ci,
+                    data=fault.xid,
+                    gpu_instance_id=_NO_INSTANCE if gi is None else gi,
+                    compute_instance_id=_NO_INSTANCE if ci is None else ci,
                 )
             elif fault.kind == "ecc":
                 state.ecc_volatile += 1
@@ -939,10 +939,10 @@ class SimulatedHealth:
                     state.remapped_rows_pending = True
                 else:
                     state.retired_pages_pending = True
-                self._emit(gpu.index, pynvml.nvmlEventTypeDoubleBitEccError, 0)
-                self._emit(gpu.index, pynvml.nvmlEventTypeXidCriticalError, XID_DOUBLE_BIT_ECC)
+                self._emit(gpu.index, pynvml.nvmlEventTypeDoubleBitEccError, data=0)
+                self._emit(gpu.index, pynvml.nvmlEventTypeXidCriticalError, data=XID_DOUBLE_BIT_ECC)
             elif fault.kind == "lost":
-                self._emit(gpu.index, pynvml.nvmlEventTypeXidCriticalError, XID_GPU_LOST)
+                self._emit(gpu.index, pynvml.nvmlEventTypeXidCriticalError, data=XID_GPU_LOST)
                 state.lost = True
                 for event_set in self._sets.values():
                     if gpu.index in event_set.registered:
@@ -962,6 +962,7 @@ class SimulatedHealth:
         self,
         index: int,
         event_type: int,
+        *,
         data: int,
         gpu_instance_id: int = _NO_INSTANCE,
         compute_instance_id: int = _NO_INSTANCE,
