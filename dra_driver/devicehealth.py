@@ -7,25 +7,10 @@ them into the ResourceSlices) and its state for the kubelet's health stream. hea
 runs the loop; nothing here does I/O or reads a clock (every method takes ``now_s``, a
 monotonic time in seconds).
 
-Conditions and their taints (key ``<driver name>/<suffix>``; ``gpu.nvidia.com`` by default, as
-NVIDIA's driver spells the first two, nvidia-compat.md "Health"):
-
-==========================  =======  ====================================================
-suffix (value)              class    set by / cleared by
-==========================  =======  ====================================================
-``gpu-lost``                fatal    NVML answers GPU_IS_LOST (or no longer finds the UUID)
-                                     / NVML answers for the GPU again
-``ecc-double-bit``          fatal    a double-bit ECC event, or the volatile uncorrected ECC
-                                     count above 0 / that count back at 0 (a GPU reset)
-``row-remap-failed``        fatal    nvmlDeviceGetRemappedRows reports a failure / it no
-                                     longer does
-``remapped-rows-pending``   normal   rows wait for a GPU reset to be remapped / reset done
-``retired-pages-pending``   normal   pages wait for a reset to be retired (before Ampere)
-``xid`` (the XID number)    normal,  a critical XID not in the ignored list / no new XID for
-                            fatal    the quiet period (normal XIDs), or a GPU reset (any)
-``thermal-slowdown``        normal   the GPU temperature at or above its slowdown threshold /
-                                     below it
-==========================  =======  ====================================================
+Conditions (each a taint ``<driver name>/<kind>``; the table of when each comes and goes is in
+docs/health.md): ``gpu-lost``, ``ecc-double-bit``, ``row-remap-failed`` (fatal),
+``remapped-rows-pending``, ``retired-pages-pending``, ``xid`` (value: the XID; fatal for the
+fatal XIDs), ``thermal-slowdown``. A normal XID goes after the quiet period without another.
 
 A GPU reset is recognised when a condition only a reset clears goes away (lost, ECC count,
 pending pages or rows); it clears the GPU's XID conditions too. Conditions of the whole GPU
@@ -48,7 +33,6 @@ difference (bench_publish).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from dra_driver.devices import Taint, TaintEffect, gpu_device_name, mig_device_name
@@ -86,8 +70,7 @@ _RESET_CLEARS = (GPU_LOST, ECC_DOUBLE_BIT, REMAPPED_ROWS_PENDING, RETIRED_PAGES_
 Status = Literal["Healthy", "Unhealthy", "Unknown"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class HealthPolicy:
+class HealthPolicy(NamedTuple):
     """How observations become taints (the agent's ``--health-*`` flags)."""
 
     driver_name: str
