@@ -43,7 +43,7 @@ from dra_driver.devicehealth import (
     gpu_targets,
 )
 from dra_driver.devices import Taint
-from dra_driver.errors import DraError, HealthWatchError
+from dra_driver.errors import DraError, HealthWatchError, PublishError
 from dra_driver.gpus.healthwatch import NvmlHealthWatch
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.health import Heartbeat
@@ -329,8 +329,12 @@ class HealthMonitor:
             changes = self._book.settle(now_s=time.monotonic())
             taints = self._book.taints()
         if taints != self._pushed:
-            self._taints.set_taints(taints)
-            self._pushed = taints
+            try:
+                self._taints.set_taints(taints)
+            except PublishError as exc:  # a bug in the taints; the next change tries again
+                log.error("the health taints cannot be published: %s", exc)
+            else:
+                self._pushed = taints
         self._report(changes)
         self._notify_if_changed()
 
