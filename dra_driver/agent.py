@@ -3,11 +3,14 @@
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
 Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
 Prometheus metrics (``--metrics-port``, off by default), with per-device telemetry sampled every
-``--telemetry-interval`` (telemetry.py; its health and XID series come from providers the health
-watcher sets with ``Telemetry.set_health_providers``). Then it
+``--telemetry-interval`` (telemetry.py; its health and XID series come from the HealthMonitor).
+The HealthMonitor watches the GPUs through NVML and puts taints on unhealthy devices (through
+the Publisher) and their health into the kubelet's health stream (through the plugin). Then it
 re-discovers periodically: GPUs appearing or disappearing and MIG layout changes (a MIG device
 re-created under the same name with other GPU/compute instance ids too) change, together, what
-prepare accepts, what the health stream lists and what is published. Background tasks retry on
+prepare accepts, what the health stream lists, what the health monitor watches and what is
+published; a known GPU that stops answering stays published (tainted gpu-lost) rather than
+vanishing under its claims. Background tasks retry on
 their own; what cannot be retried ends the process with a non-zero code so the DaemonSet
 restarts it. Every loop keeps a heartbeat for ``/healthz``; ``/readyz`` also needs the kubelet's
 registration, current slices and NVML answering (health.py). SIGTERM/SIGINT stop everything and
@@ -20,7 +23,7 @@ import ctypes
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from types import FrameType
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from dra_driver import devices, log
 from dra_driver.config import Config
+from dra_driver.devicehealth import HealthPolicy
 from dra_driver.errors import (
     CdiError,
     DiscoveryError,
@@ -39,8 +43,9 @@ from dra_driver.errors import (
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.health import Heartbeat, ProbeServer, SocketChecker, heartbeat_problems
+from dra_driver.healthmonitor import HealthMonitor
 from dra_driver.http_server import HttpServer, metrics_server
-from dra_driver.kube import KubeClient
+from dra_driver.kube import EventType, KubeClient
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publisher import Publisher
@@ -69,7 +74,13 @@ class Discovery:
         if config.simulate:
             from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
 
-            node = stack.enter_context(simulated_nvml(config.simulate, node_name=config.node_name))
+            node = stack.enter_context(
+                simulated_nvml(
+                    config.simulate,
+                    node_name=config.node_name,
+                    inbox=config.simulated_faults_path,
+                )
+            )
             self._sysfs_root = node.sysfs_root
             self._simulated = node.library
         self.last_error: str | None = None  # why the last pass failed; None after a success
@@ -96,7 +107,8 @@ class Discovery:
         self.last_error = None
         for failure in inventory.failures:
             logger.error(
-                "GPU not published: NVML query failed",
+                "a GPU failed its NVML queries; a new one is not published, a known one stays "
+                "(tainted by the health monitor)",
                 extra={"gpu_index": failure.index, "reason": failure.error},
             )
         return inventory
@@ -149,7 +161,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         )
         kube = KubeClient.from_config(kubeconfig=config.kubeconfig)
 
-        def report_event(reason: str, message: str) -> None:
+        def report_event(reason: str, message: str, *, event_type: EventType = "Warning") -> None:
             try:
                 node = kube.get_node(config.node_name)
                 kube.create_event(
@@ -157,6 +169,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     node_uid=str(node.get("metadata", {}).get("uid", "")),
                     reason=reason,
                     message=message,
+                    event_type=event_type,
                     namespace=config.pod_namespace,
                 )
             except KubeError as exc:
@@ -167,6 +180,13 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             driver_name=config.driver_name,
             node_name=config.node_name,
             node_devices=node_devices,
+        )
+        monitor = HealthMonitor(
+            policy=health_policy(config),
+            inventory=inventory,
+            taints=publisher,
+            events=report_event,
+            check_interval_s=config.health_check_interval_s,
         )
         driver_metrics: metrics.DriverMetrics | None = None
         scrapes: HttpServer | None = None
@@ -190,8 +210,13 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             claims=kube,
             report_event=report_event,
             metrics=driver_metrics,
+            health=monitor.states,
         )
+        monitor.subscribe(plugin.health_changed)
         with _stop_on_signals(stop):
+            # Health first: a GPU already unhealthy is tainted in the first slices written.
+            monitor.start()
+            stack.callback(monitor.stop)
             publisher.start()
             stack.callback(publisher.stop)
             plugin.start()
@@ -199,6 +224,10 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             telemetry = None
             if registry is not None:
                 telemetry = _start_telemetry(config, inventory, plugin, discovery, stack)
+                telemetry.set_health_providers(
+                    states=lambda: {name: h.status for name, h in monitor.states().items()},
+                    xid_counts=lambda: _xids_per_device(monitor.xid_counts()),
+                )
                 registry.register_formatted(telemetry)
             if driver_metrics is not None and scrapes is not None:
                 driver_metrics.set_published_devices(len(node_devices.devices))
@@ -207,7 +236,13 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             rediscovery = Heartbeat("rediscovery", stall_s=REDISCOVERY_STALL_S)
             if config.healthcheck_port:
                 sampling = (telemetry.heartbeat,) if telemetry and telemetry.heartbeat else ()
-                loops = (*publisher.heartbeats, *plugin.heartbeats, rediscovery, *sampling)
+                loops = (
+                    *publisher.heartbeats,
+                    *plugin.heartbeats,
+                    rediscovery,
+                    monitor.heartbeat,
+                    *sampling,
+                )
                 probes = ProbeServer(
                     SocketChecker(
                         registration_socket=plugin.paths.registration,
@@ -220,6 +255,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                         plugin.readiness_problems,
                         publisher.readiness_problems,
                         discovery.readiness_problems,
+                        monitor.readiness_problems,
                     ],
                 )
                 probes.start()
@@ -239,7 +275,12 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                 while not stop.wait(config.rediscover_interval_s):
                     with rediscovery.busy():
                         applied = _rediscover(
-                            discovery, config, state, publisher=publisher, plugin=plugin
+                            discovery,
+                            config,
+                            state,
+                            publisher=publisher,
+                            plugin=plugin,
+                            monitor=monitor,
                         )
                     if telemetry is not None and applied.inventory is not state.inventory:
                         telemetry.set_inventory(applied.inventory)
@@ -299,6 +340,47 @@ def _start_telemetry(
     return telemetry
 
 
+def _xids_per_device(counts: Mapping[tuple[str, int], int]) -> dict[str, int]:
+    """The health monitor's XID events per (device, XID) as a total per device (telemetry's
+    ``gpu_dra_gpu_xid_errors_total``)."""
+    totals: dict[str, int] = {}
+    for (device, _xid), count in counts.items():
+        totals[device] = totals.get(device, 0) + count
+    return totals
+
+
+def health_policy(config: Config) -> HealthPolicy:
+    """The health decisions the ``--health-*`` flags ask for."""
+    return HealthPolicy(
+        driver_name=config.driver_name,
+        ignored_xids=config.health_ignored_xids,
+        fatal_xids=config.health_fatal_xids,
+        taint_effect=config.health_taint_effect,
+        fatal_taint_effect=config.health_fatal_taint_effect,
+        xid_quiet_period_s=config.health_xid_quiet_period_s,
+        min_change_interval_s=config.health_min_change_interval_s,
+    )
+
+
+def keep_unanswering_gpus(current: Inventory, fresh: Inventory) -> Inventory:
+    """``fresh`` plus the GPUs of ``current`` that NVML still lists but that failed their queries
+    in ``fresh`` (a lost GPU: same NVML index, and its UUID not seen elsewhere).
+
+    Such a GPU stays published with its last known facts: the health monitor taints it
+    (gpu-lost), the claims holding it keep a device to point at, and it is known again as soon
+    as it answers. A GPU NVML no longer lists at all is gone.
+    """
+    failed = {f.index for f in fresh.failures}
+    seen = {g.uuid for g in fresh.gpus}
+    kept = tuple(g for g in current.gpus if g.index in failed and g.uuid not in seen)
+    if not kept:
+        return fresh
+    return Inventory(
+        gpus=tuple(sorted((*fresh.gpus, *kept), key=lambda g: g.index)),
+        failures=tuple(f for f in fresh.failures if f.index not in {g.index for g in kept}),
+    )
+
+
 def _release_freed_memory() -> None:
     """Hand memory freed during start-up (imports, discovery) back to the kernel.
 
@@ -316,6 +398,7 @@ def _rediscover(
     *,
     publisher: Publisher,
     plugin: KubeletPlugin,
+    monitor: HealthMonitor | None = None,
 ) -> _NodeState:
     """Re-run discovery; when anything about the GPUs changed, apply it everywhere.
 
@@ -324,10 +407,12 @@ def _rediscover(
     (what prepare accepts, the health stream) changes first, so a new device is accepted before
     the scheduler can see it; then the publisher. If the publisher refuses the new pool (a bug
     in the device model) the plugin goes back to the current inventory, so both keep agreeing.
-    Every failure keeps the current state, and the next pass tries again.
+    Every failure keeps the current state, and the next pass tries again. A known GPU that
+    fails its queries (lost) is kept (:func:`keep_unanswering_gpus`). The health monitor then
+    watches the new GPUs.
     """
     try:
-        inventory = discovery.discover()
+        inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
         fresh = _NodeState(
             inventory, devices.node_devices(inventory, driver_name=config.driver_name)
         )
@@ -353,6 +438,8 @@ def _rediscover(
             extra={"reason": str(exc)},
         )
         return current
+    if monitor is not None:
+        monitor.set_inventory(fresh.inventory)
     if fresh.node_devices == current.node_devices:
         return fresh
     try:
@@ -362,6 +449,8 @@ def _rediscover(
             "the re-discovered devices cannot be published; keeping the current ones",
             extra={"reason": str(exc)},
         )
+        if monitor is not None:
+            monitor.set_inventory(current.inventory)
         try:
             plugin.set_inventory(current.inventory)
         except CdiError as undo:
@@ -372,4 +461,4 @@ def _rediscover(
     return fresh
 
 
-__all__ = ["Discovery", "run_agent"]
+__all__ = ["Discovery", "health_policy", "keep_unanswering_gpus", "run_agent"]

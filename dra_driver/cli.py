@@ -1,9 +1,9 @@
 """Command line: flags (each with an environment-variable twin) -> Config, then run.
 
 ``gpu-dra-kubelet-plugin`` (and ``python -m dra_driver``) runs the node agent; ``gpu-dra`` is the
-user's tool with subcommands (``explain``, ``devices``, ``status``, ``kubelet-plugin``). A flag
-given on the command line wins over its environment variable; every value is validated at start
-and an error names the flag and the variable.
+user's tool with subcommands (``explain``, ``devices``, ``status``, ``simulate-event``,
+``kubelet-plugin``). A flag given on the command line wins over its environment variable; every
+value is validated at start and an error names the flag and the variable.
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from dra_driver.config import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRAR_DIR,
     Config,
+)
+from dra_driver.devicehealth import (
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_IGNORED_XIDS,
+    format_xids,
+    parse_xids,
 )
 from dra_driver.errors import ConfigError, DraError, SimulationSpecError
 
@@ -49,6 +55,13 @@ def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise ValueError("must be greater than 0")
+    return value
+
+
+def _seconds_or_off(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("must not be negative (0 turns it off)")
     return value
 
 
@@ -160,6 +173,67 @@ FLAGS: tuple[Flag, ...] = (
         _seconds,
         60.0,
     ),
+    Flag(
+        "--health-ignored-xids",
+        "HEALTH_IGNORED_XIDS",
+        "health_ignored_xids",
+        "XIDs that do not make a GPU unhealthy (application errors), comma-separated, or none",
+        parse_xids,
+        DEFAULT_IGNORED_XIDS,
+    ),
+    Flag(
+        "--health-fatal-xids",
+        "HEALTH_FATAL_XIDS",
+        "health_fatal_xids",
+        "XIDs after which a GPU needs a reset: their taint gets --health-fatal-taint-effect and "
+        "stays until the GPU is reset; comma-separated, or none",
+        parse_xids,
+        DEFAULT_FATAL_XIDS,
+    ),
+    Flag(
+        "--health-taint-effect",
+        "HEALTH_TAINT_EFFECT",
+        "health_taint_effect",
+        "effect of the taints of an unhealthy device: NoSchedule, NoExecute or None",
+        str,
+        "NoSchedule",
+    ),
+    Flag(
+        "--health-fatal-taint-effect",
+        "HEALTH_FATAL_TAINT_EFFECT",
+        "health_fatal_taint_effect",
+        "effect for fatal conditions (GPU lost, double-bit ECC, failed row remapping, fatal "
+        "XIDs): NoSchedule, NoExecute (also evicts pods that do not tolerate it) or None",
+        str,
+        "NoSchedule",
+    ),
+    Flag(
+        "--health-check-interval",
+        "HEALTH_CHECK_INTERVAL",
+        "health_check_interval_s",
+        "seconds between NVML health checks of every GPU (lost, ECC, pending pages/rows, "
+        "temperature); events are handled at once",
+        _seconds,
+        10.0,
+    ),
+    Flag(
+        "--health-xid-quiet-period",
+        "HEALTH_XID_QUIET_PERIOD",
+        "health_xid_quiet_period_s",
+        "seconds without a new XID after which a non-fatal XID's taint is removed (0: only a "
+        "GPU reset removes it)",
+        _seconds_or_off,
+        300.0,
+    ),
+    Flag(
+        "--health-min-change-interval",
+        "HEALTH_MIN_CHANGE_INTERVAL",
+        "health_min_change_interval_s",
+        "seconds a device's health taints stay before they may be removed or changed (flapping "
+        "limit; new taints apply at once; 0 turns it off)",
+        _seconds_or_off,
+        10.0,
+    ),
 )
 
 
@@ -171,7 +245,8 @@ def _agent_parser(prog: str) -> argparse.ArgumentParser:
         "environment variable named in brackets.",
     )
     for flag in FLAGS:
-        default = "" if flag.default is None else f" (default: {flag.default})"
+        shown = format_xids(flag.default) if isinstance(flag.default, frozenset) else flag.default
+        default = "" if flag.default is None else f" (default: {shown})"
         parser.add_argument(flag.name, dest=flag.field, help=f"{flag.help} [{flag.env}]{default}")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -226,12 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``gpu-dra``: ``explain``, ``devices``, ``status`` or ``kubelet-plugin``."""
+    """Entry point of ``gpu-dra``: ``explain``, ``devices``, ``status``, ``simulate-event`` or
+    ``kubelet-plugin``."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "explain": "what the scheduler would allocate for a claim, or why it cannot",
         "devices": "the devices this node (or a --simulate spec) would publish, as a table",
         "status": "each GPU's health, claim, pod, utilisation, memory, temperature and power",
+        "simulate-event": "make something happen to a simulated GPU: an XID, an ECC error, ...",
         "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
     }
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
@@ -250,6 +327,10 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         from dra_driver.status import main as status_main  # noqa: PLC0415
 
         return status_main(rest)
+    if command == "simulate-event":
+        from dra_driver.gpus.injector import main as simulate_event_main  # noqa: PLC0415
+
+        return simulate_event_main(rest)
     return main(rest)
 
 

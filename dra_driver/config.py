@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.devicehealth import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
+from dra_driver.devices import TaintEffect
 from dra_driver.errors import ConfigError
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
@@ -35,6 +37,11 @@ def validate_dns_subdomain(flag: str, value: str, *, max_len: int = 253) -> str:
             "starting and ending with a letter or digit)",
         )
     return value
+
+
+def simulated_faults_path(plugin_data_dir: Path) -> Path:
+    """Where a simulated node reads injected faults (docs/simulate.md "Faults")."""
+    return plugin_data_dir / "simulated-faults.jsonl"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +72,14 @@ class Config:
     rediscover_interval_s: float = 60.0
     # Seconds between telemetry samples (GPU and MIG readings on /metrics); 0 turns them off.
     telemetry_interval_s: float = 10.0
+    # GPU health (devicehealth.py, healthmonitor.py)
+    health_ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    health_fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS
+    health_taint_effect: TaintEffect = "NoSchedule"
+    health_fatal_taint_effect: TaintEffect = "NoSchedule"
+    health_check_interval_s: float = 10.0
+    health_xid_quiet_period_s: float = 300.0
+    health_min_change_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
@@ -109,6 +124,41 @@ class Config:
             raise ConfigError(
                 "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
             )
+        self._validate_health()
+
+    def _validate_health(self) -> None:
+        for flag, effect in (
+            ("--health-taint-effect (HEALTH_TAINT_EFFECT)", self.health_taint_effect),
+            (
+                "--health-fatal-taint-effect (HEALTH_FATAL_TAINT_EFFECT)",
+                self.health_fatal_taint_effect,
+            ),
+        ):
+            if effect not in EFFECTS:
+                raise ConfigError(
+                    flag, f"{effect!r} is not a taint effect: use {', '.join(EFFECTS)}"
+                )
+        for flag, xids in (
+            ("--health-ignored-xids (HEALTH_IGNORED_XIDS)", self.health_ignored_xids),
+            ("--health-fatal-xids (HEALTH_FATAL_XIDS)", self.health_fatal_xids),
+        ):
+            bad = sorted(x for x in xids if not 0 < x < 2**32)
+            if bad:
+                raise ConfigError(flag, f"{bad} are not XID numbers (positive integers)")
+        if not self.health_check_interval_s > 0:
+            raise ConfigError(
+                "--health-check-interval (HEALTH_CHECK_INTERVAL)",
+                f"{self.health_check_interval_s} must be greater than 0",
+            )
+        for flag, seconds in (
+            ("--health-xid-quiet-period (HEALTH_XID_QUIET_PERIOD)", self.health_xid_quiet_period_s),
+            (
+                "--health-min-change-interval (HEALTH_MIN_CHANGE_INTERVAL)",
+                self.health_min_change_interval_s,
+            ),
+        ):
+            if not seconds >= 0:
+                raise ConfigError(flag, f"{seconds} must not be negative (0 turns it off)")
 
     @property
     def driver_root_in_container(self) -> Path:
@@ -128,6 +178,11 @@ class Config:
     @property
     def checkpoint_path(self) -> Path:
         return self.plugin_data_dir / "checkpoint.json"
+
+    @property
+    def simulated_faults_path(self) -> Path:
+        """With ``--simulate``: the file ``gpu-dra simulate-event`` appends faults to."""
+        return simulated_faults_path(self.plugin_data_dir)
 
     @property
     def cdi_vendor(self) -> str:

@@ -3,14 +3,17 @@
 1. Starts a local API server (the one the tests use) unless ``KUBECONFIG`` names a cluster.
 2. Runs the real node agent process on a simulated node (``DEMO_SIMULATE``) and shows, as a
    table, the ResourceSlices the API server stored.
-3. Acts as the kubelet: registers over the registration socket (GetInfo), allocates a claim with
-   the ``gpu-dra explain`` allocator against the stored slices, calls NodePrepareResources over
-   dra.sock and shows the answer, the CDI spec and the agent's log.
-4. Ends with ``gpu-dra status`` of the node, read from the agent's ``/metrics``: every GPU and MIG
+3. Acts as the kubelet: registers over the registration socket (GetInfo).
+4. GPU health: makes simulated GPU 0 fall off the bus (``gpu-dra simulate-event --lost``, XID
+   79), shows its taints in the stored slice and the Node Events, then resets it and shows them
+   gone.
+5. Allocates a claim with the ``gpu-dra explain`` allocator against the stored slices, calls
+   NodePrepareResources over dra.sock and shows the answer, the CDI spec and the agent's log.
+6. Ends with ``gpu-dra status`` of the node, read from the agent's ``/metrics``: every GPU and MIG
    device with the claim and pod holding it and its simulated readings; then unprepares the
    claim, stops the agent with SIGTERM and says that both sockets are gone.
 
-Against a real cluster (``KUBECONFIG`` set) steps 1-2 publish to that cluster and step 3 only
+Against a real cluster (``KUBECONFIG`` set) steps 1-4 publish to that cluster and step 5 only
 explains the allocation: writing a claim's allocation is the scheduler's job there.
 """
 
@@ -138,6 +141,8 @@ def main() -> int:
             "--kubelet-registrar-directory-path", str(registry),
             "--cdi-root", str(cdi_root), "--healthcheck-port", "0", "--log-format", "text",
             "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
+            # Quick health checks and a short flapping limit keep the health step short.
+            "--health-check-interval", "0.5", "--health-min-change-interval", "1",
         ]  # fmt: skip
         print("    " + " ".join(command[2:]))
         log_path = workdir / "agent.log"
@@ -201,6 +206,8 @@ def _run(
         registration.NotifyRegistrationStatus(
             reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5
         )
+
+    _health(stored_slices, plugins=plugins, node=node, fake_api=fake_api)
 
     _step("Scheduler (gpu-dra explain's allocator): one GPU with >= 40Gi of memory")
     result = explain.allocate(DEMO_CLAIM, default_device_classes(DRIVER), slices, node=node)
@@ -282,6 +289,48 @@ def _show_status(metrics_url: str, log_path: Path, *, claim: str | None) -> None
     print(log_path.read_text().rstrip())
     _step(f"gpu-dra status --metrics-url {metrics_url}")
     status.main(["--metrics-url", metrics_url])
+
+
+def _health(
+    stored_slices: Callable[[], list[dict[str, Any]] | None],
+    *,
+    plugins: Path,
+    node: str,
+    fake_api: Any,
+) -> None:
+    """A GPU falls off the bus and is reset: its taints come and go in the stored slice."""
+    from dra_driver.gpus.injector import main as simulate_event_main  # noqa: PLC0415
+
+    def taints_of_gpu_0() -> list[dict[str, Any]]:
+        for item in stored_slices() or ():
+            for device in item["spec"].get("devices") or ():
+                if device["name"] == "gpu-0":
+                    return list(device.get("taints") or ())
+        return []
+
+    def both_taints() -> list[dict[str, Any]] | None:
+        found = taints_of_gpu_0()
+        return found if len(found) == 2 else None
+
+    where = ["--kubelet-plugins-directory-path", str(plugins), "--driver-name", DRIVER]
+    _step("GPU health: GPU 0 falls off the bus (gpu-dra simulate-event --gpu 0 --lost)")
+    simulate_event_main(["--gpu", "0", "--lost", *where])
+    for taint in _wait_for("the gpu-0 taints", both_taints):
+        print(f"    gpu-0 taint: {json.dumps(taint)}")
+    _step("GPU health: GPU 0 is reset (gpu-dra simulate-event --gpu 0 --reset)")
+    simulate_event_main(["--gpu", "0", "--reset", *where])
+    _wait_for("gpu-0 without taints", lambda: not taints_of_gpu_0())
+    print(f"    gpu-0 taints: {taints_of_gpu_0()}")
+    if fake_api is None:
+        return
+
+    def events() -> list[dict[str, Any]]:
+        found = fake_api.objects("events")
+        return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+    _wait_for("the DeviceHealthy Event", lambda: events()[-1]["reason"] == "DeviceHealthy")
+    for event in events():
+        print(f"    Event on Node {node}: {event['type']} {event['reason']}: {event['message']}")
 
 
 def _readable_json(value: Any, indent: str = "") -> str:

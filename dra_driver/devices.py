@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from dra_driver.errors import DeviceModelError
@@ -75,6 +75,20 @@ class NodeDevices:
 
     devices: tuple[Device, ...] = ()
     counter_sets: tuple[CounterSet, ...] = field(default=())
+
+
+def with_taints(node_devices: NodeDevices, taints: Mapping[str, tuple[Taint, ...]]) -> NodeDevices:
+    """``node_devices`` with ``taints[name]`` added to each named device; names the pool does not
+    have are ignored. Returns ``node_devices`` itself when nothing is added."""
+    if not any(taints.get(d.name) for d in node_devices.devices):
+        return node_devices
+    return NodeDevices(
+        devices=tuple(
+            replace(d, taints=d.taints + taints[d.name]) if taints.get(d.name) else d
+            for d in node_devices.devices
+        ),
+        counter_sets=node_devices.counter_sets,
+    )
 
 
 # --- GPU/MIG facts -> devices ------------------------------------------------------------------

@@ -7,7 +7,8 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     ├── DiscoveryError            NVML cannot tell us about the GPUs
     │   ├── NvmlLibraryNotFound   libnvidia-ml.so.1 is not under the driver root
     │   ├── NoGpusFound           NVML works but reports zero GPUs
-    │   └── GpuError              one GPU failed (the others are still published)
+    │   ├── GpuError              one GPU failed (the others are still published)
+    │   └── HealthWatchError      NVML cannot be used for health checks now (gpus/healthwatch.py)
     ├── DeviceModelError          a device would break an API validation rule
     ├── KubeError                 an API call failed (carries verb, resource, status)
     │   ├── KubeForbidden         403: names the RBAC verb and resource that is missing
@@ -60,6 +61,10 @@ class NvmlLibraryNotFound(DiscoveryError):
 
 class NoGpusFound(DiscoveryError):
     """NVML initialised but reported no GPU."""
+
+
+class HealthWatchError(DiscoveryError):
+    """NVML as a whole cannot be used for health checks now (init or the event set failed)."""
 
 
 class GpuError(DiscoveryError):

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dra_driver.devices import NodeDevices
+from dra_driver.devices import NodeDevices, Taint, with_taints
 from dra_driver.errors import (
     KubeConflict,
     KubeError,
@@ -163,8 +163,11 @@ class Publisher:
         self._watch_timeout_s = watch_timeout_s
         self._rng = random.Random()  # noqa: S311 (backoff jitter, not security)
         self._lock = threading.Condition()
+        self._compose = threading.Lock()  # one set_devices/set_taints at a time
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._node_devices = node_devices
+        self._taints: dict[str, tuple[Taint, ...]] = {}
         self._desired = self._build(node_devices)
         self._desired_version = 1
         self._synced_version = 0
@@ -185,8 +188,14 @@ class Publisher:
             Heartbeat("slice-watch", stall_s=watch_timeout_s + 120.0),
         )
 
-    def _build(self, node_devices: NodeDevices) -> DesiredPool:
-        return build_slices(node_devices, driver_name=self._driver_name, node_name=self._node_name)
+    def _build(
+        self, node_devices: NodeDevices, taints: Mapping[str, tuple[Taint, ...]] | None = None
+    ) -> DesiredPool:
+        return build_slices(
+            with_taints(node_devices, taints or {}),
+            driver_name=self._driver_name,
+            node_name=self._node_name,
+        )
 
     # --- public API ------------------------------------------------------------------------------
 
@@ -216,11 +225,32 @@ class Publisher:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def set_devices(self, node_devices: NodeDevices) -> None:
-        """Make ``node_devices`` the desired pool and sync soon.
+        """Make ``node_devices`` the desired pool (with the current health taints) and sync soon.
 
         Raises PublishError (and keeps publishing the previous pool) if the pool is invalid.
         """
-        desired = self._build(node_devices)
+        with self._compose:
+            desired = self._build(node_devices, self._taints)
+            self._node_devices = node_devices
+            self._replace_desired(desired)
+
+    def set_taints(self, taints: Mapping[str, tuple[Taint, ...]]) -> None:
+        """Make ``taints`` (device name -> health taints, added to the device's own) the taints
+        of the pool, replacing the previous ones, and sync soon. Names the pool does not have
+        are kept for when it has them. Nothing is written when the taints did not change.
+
+        Raises PublishError (keeping the previous taints) if a tainted device would break the
+        API's rules.
+        """
+        wanted = {name: tuple(t) for name, t in taints.items() if t}
+        with self._compose:
+            if wanted == self._taints:
+                return
+            desired = self._build(self._node_devices, wanted)
+            self._taints = wanted
+            self._replace_desired(desired)
+
+    def _replace_desired(self, desired: DesiredPool) -> None:
         with self._lock:
             self._desired = desired
             self._desired_version += 1

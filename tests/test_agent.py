@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -26,12 +27,15 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.agent import _NodeState, _rediscover
+from dra_driver.agent import _NodeState, _rediscover, keep_unanswering_gpus
 from dra_driver.config import Config
 from dra_driver.devices import NodeDevices, node_devices
 from dra_driver.errors import CdiError, DiscoveryError, DraError, PublishError
+from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import simulated_inventory
 from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.injector import SimulatedFault
+from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.publisher import Publisher
@@ -392,3 +396,104 @@ def test_a_failed_rediscovery_keeps_the_current_state_everywhere(
     if failing == "publisher":
         assert calls[-1] == ("plugin", before.inventory)
     assert caplog.records  # logged as an error, not raised
+
+
+# -- health: a lost GPU stays published; faults reach the running agent ---------------------
+
+
+def test_a_known_gpu_that_stops_answering_stays_while_an_unknown_one_is_left_out() -> None:
+    with simulated_nvml("h100:3", node_name="node1") as node:
+        discover = partial(nvml.discover, driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        known = discover()
+        node.library.health.inject(SimulatedFault(kind="lost", gpu=1))
+        fresh = discover()
+    assert [g.index for g in fresh.gpus] == [0, 2] and [f.index for f in fresh.failures] == [1]
+    kept = keep_unanswering_gpus(known, fresh)
+    assert kept.gpus == known.gpus and kept.failures == ()
+    assert keep_unanswering_gpus(Inventory(gpus=known.gpus[:1]), fresh) == fresh
+
+
+@as_a_pod
+def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untaints_them(
+    tmp_path: Path,
+) -> None:
+    """The agent as the DaemonSet runs it, on simulated GPUs; ``gpu-dra simulate-event`` (what
+    a user runs in the pod) makes GPU 1 fall off the bus and come back."""
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        api.add_node("gpu-node-1")
+        port, metrics_port = free_port(), free_port()
+        plugins = tmp_path / "plugins"
+        argv = [
+            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
+            "--simulate", "h100:2", "--kubelet-plugins-directory-path", str(plugins),
+            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(port),
+            "--health-min-change-interval", "0.5", "--health-fatal-taint-effect", "NoExecute",
+            "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
+        ]  # fmt: skip
+        command, env = api.in_cluster_command(argv, workdir=tmp_path)
+        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+        def taints() -> dict[str, list[tuple[str, str]]]:
+            return {
+                d["name"]: [(t["key"], t["effect"]) for t in d["taints"]]
+                for s in api.slices(node_name="gpu-node-1")
+                for d in s["spec"].get("devices") or ()
+                if d.get("taints")
+            }
+
+        gpu_dra = str(Path(sys.executable).parent / "gpu-dra")
+
+        def inject(*args: str) -> None:
+            done = subprocess.run(
+                [gpu_dra, "simulate-event", "--gpu", "1", *args],
+                env={**os.environ, "KUBELET_PLUGINS_DIRECTORY_PATH": str(plugins)},
+                capture_output=True, text=True, check=False, timeout=30,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert "simulated-faults.jsonl" in done.stdout
+
+        try:
+            deadline = time.monotonic() + 30
+            while not api.slices(node_name="gpu-node-1") and time.monotonic() < deadline:
+                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+                time.sleep(0.05)
+            _register(tmp_path / "registry" / "gpu.nvidia.com-reg.sock")
+            inject("--lost")
+            lost = [("gpu.nvidia.com/gpu-lost", "NoExecute"), ("gpu.nvidia.com/xid", "NoExecute")]
+            while taints() != {"gpu-1": lost} and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert taints() == {"gpu-1": lost}
+            # /metrics says the same: the health monitor feeds telemetry's health and XID series
+            series = exposition.parse(_scrape(metrics_port)[1])
+            gpu1 = exposition.find(series, "gpu_dra_gpu_health", device="gpu-1")
+            assert [(dict(k)["state"], v) for k, v in gpu1.items()] == [("Unhealthy", 1.0)]
+            xids = exposition.find(series, "gpu_dra_gpu_xid_errors_total", device="gpu-1")
+            assert list(xids.values()) == [1.0]
+            # Unhealthy devices do not make the agent unready: it still serves the others.
+            while _probe(port, "/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _probe(port, "/readyz") == (200, "ok\n")
+            inject("--reset")
+            while taints() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert taints() == {}
+            healthy = exposition.find(
+                exposition.parse(_scrape(metrics_port)[1]), "gpu_dra_gpu_health", state="Healthy"
+            )
+            assert sorted(dict(k)["device"] for k in healthy) == ["gpu-0", "gpu-1"]
+            events = sorted(
+                api.objects("events"), key=lambda e: int(e["metadata"]["resourceVersion"])
+            )
+            assert [e["reason"] for e in events][-1] == "DeviceHealthy"
+            assert {e["reason"] for e in events} == {"DeviceUnhealthy", "DeviceHealthy"}
+            assert all(e["involvedObject"]["name"] == "gpu-node-1" for e in events)
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            _, stderr = agent.communicate(timeout=20)
+        assert agent.returncode == 0, stderr
+        assert '"msg": "device unhealthy; tainted"' in stderr
+    finally:
+        api.stop()

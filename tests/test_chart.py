@@ -86,6 +86,11 @@ COMBINATIONS: dict[str, tuple[str, ...]] = {
         "--set", "imagePullSecrets[0].name=regcred",
         "--set", "serviceAccount.annotations.team=ml",
     ),
+    "health settings": ("--set-json", "health.ignoredXids=[]",
+                        "--set", "health.fatalXids={79,94}",
+                        "--set", "health.fatalTaintEffect=NoExecute",
+                        "--set-json", "health.checkIntervalSeconds=2.5",
+                        "--set", "health.xidQuietPeriodSeconds=0"),
 }  # fmt: skip
 
 
@@ -421,6 +426,13 @@ def test_every_setting_of_the_agent_is_passed_from_values() -> None:
         "TELEMETRY_INTERVAL",
         "LOG_FORMAT",
         "LOG_LEVEL",
+        "HEALTH_IGNORED_XIDS",
+        "HEALTH_FATAL_XIDS",
+        "HEALTH_TAINT_EFFECT",
+        "HEALTH_FATAL_TAINT_EFFECT",
+        "HEALTH_CHECK_INTERVAL",
+        "HEALTH_XID_QUIET_PERIOD",
+        "HEALTH_MIN_CHANGE_INTERVAL",
     }
     assert required <= set(env)
     assert env["DRIVER_NAME"]["value"] == "gpu.nvidia.com"
@@ -440,6 +452,28 @@ def test_the_agent_accepts_the_values_the_chart_renders() -> None:
     assert config.telemetry_interval_s == 10
     assert config.pod_uid == environ["POD_UID"]
     assert container["command"] == ["gpu-dra-kubelet-plugin"]
+
+
+@pytest.mark.parametrize("name", ["defaults", "health settings"])
+def test_health_settings_reach_the_agent_as_the_values_say(name: str) -> None:
+    container = agent_container(render(*COMBINATIONS[name]))
+    environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = cli.build_config([], {**environ, "NODE_NAME": "gpu-node-1"})
+    if name == "defaults":
+        assert config.health_ignored_xids == {13, 31, 43, 45, 68, 109}
+        assert config.health_fatal_xids == {48, 79, 95}
+        assert config.health_fatal_taint_effect == "NoSchedule"
+        assert config.health_check_interval_s == 10
+        assert config.health_xid_quiet_period_s == 300
+    else:
+        assert environ["HEALTH_IGNORED_XIDS"] == "none"
+        assert config.health_ignored_xids == frozenset()
+        assert config.health_fatal_xids == {79, 94}
+        assert config.health_fatal_taint_effect == "NoExecute"
+        assert config.health_check_interval_s == 2.5
+        assert config.health_xid_quiet_period_s == 0
+    assert config.health_taint_effect == "NoSchedule"
+    assert config.health_min_change_interval_s == 10
 
 
 def test_simulated_gpus_are_passed_to_the_agent() -> None:
@@ -667,6 +701,12 @@ def test_the_cdi_hook_value_reaches_the_agent() -> None:
         (("--set", "metrics.podMonitor.enable=true"), "enable"),
         (("--set", "metrics.podMonitor.interval=half a minute"), "interval"),
         (("--set", "metrics.dashboard.namespace=Monitoring"), "namespace"),
+        (("--set", "health.taintEffect=NoSchedul"), "taintEffect"),
+        (("--set", "health.fatalXids={0}"), "fatalXids"),
+        (("--set-string", "health.ignoredXids={13}"), "ignoredXids"),
+        (("--set", "health.checkIntervalSeconds=0"), "checkIntervalSeconds"),
+        (("--set", "health.minChangeIntervalSeconds=-1"), "minChangeIntervalSeconds"),
+        (("--set", "health.quietPeriod=5"), "quietPeriod"),
     ],
 )
 def test_values_schema_rejects_typos_and_wrong_types(args: tuple[str, ...], complaint: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.cli import FLAGS, build_config
+from dra_driver.cli import FLAGS, build_config, gpu_dra_main
 from dra_driver.errors import ConfigError
 
 
@@ -118,3 +118,98 @@ def test_the_cdi_hook_is_builtin_none_or_a_host_path(value: str, hook: str) -> N
 def test_a_relative_cdi_hook_is_refused_naming_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"--cdi-hook \(CDI_HOOK\).*'nvidia-cdi-hook'"):
         build_config(["--node-name", "n1", "--cdi-hook", "nvidia-cdi-hook"], {})
+
+
+def test_health_flags_and_their_environment_twins() -> None:
+    config = build_config(
+        ["--node-name", "n1", "--health-ignored-xids", "13,31", "--health-fatal-xids", "none"],
+        {
+            "HEALTH_TAINT_EFFECT": "None",
+            "HEALTH_FATAL_TAINT_EFFECT": "NoExecute",
+            "HEALTH_CHECK_INTERVAL": "2.5",
+            "HEALTH_XID_QUIET_PERIOD": "0",
+            "HEALTH_MIN_CHANGE_INTERVAL": "30",
+        },
+    )
+    assert config.health_ignored_xids == {13, 31}
+    assert config.health_fatal_xids == frozenset()
+    assert (config.health_taint_effect, config.health_fatal_taint_effect) == ("None", "NoExecute")
+    assert config.health_check_interval_s == 2.5
+    assert config.health_xid_quiet_period_s == 0
+    assert config.health_min_change_interval_s == 30
+    defaults = build_config(["--node-name", "n1"], {})
+    assert defaults.health_ignored_xids == {13, 31, 43, 45, 68, 109}
+    assert defaults.health_fatal_xids == {48, 79, 95}
+    assert defaults.health_taint_effect == defaults.health_fatal_taint_effect == "NoSchedule"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (
+            ["--health-ignored-xids", "13,abc"],
+            {},
+            r"--health-ignored-xids \(HEALTH_IGNORED_XIDS\): '13,abc' is not valid: 'abc' is "
+            r"not an XID number",
+        ),
+        (
+            [],
+            {"HEALTH_FATAL_XIDS": "79;48"},
+            r"--health-fatal-xids \(HEALTH_FATAL_XIDS\): .*'79;48'",
+        ),
+        (
+            ["--health-taint-effect", "NoSchedul"],
+            {},
+            r"--health-taint-effect \(HEALTH_TAINT_EFFECT\): 'NoSchedul' is not a taint effect: "
+            r"use None, NoSchedule, NoExecute",
+        ),
+        ([], {"HEALTH_FATAL_TAINT_EFFECT": "noexecute"}, r"--health-fatal-taint-effect"),
+        (["--health-check-interval", "0"], {}, r"--health-check-interval"),
+        (["--health-xid-quiet-period", "-5"], {}, r"--health-xid-quiet-period .*negative"),
+        ([], {"HEALTH_MIN_CHANGE_INTERVAL": "soon"}, r"--health-min-change-interval"),
+    ],
+)
+def test_bad_health_settings_are_refused_naming_the_flag(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(["--node-name", "n1", *argv], env)
+
+
+def test_simulate_event_appends_a_fault_where_the_simulated_agent_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "gpu.nvidia.com").mkdir()
+    plugins = ["--kubelet-plugins-directory-path", str(tmp_path)]
+    assert gpu_dra_main(["simulate-event", "--gpu", "0", "--xid", "79", *plugins]) == 0
+    assert gpu_dra_main(["simulate-event", "--gpu", "1", "--reset", *plugins]) == 0
+    inbox = tmp_path / "gpu.nvidia.com" / "simulated-faults.jsonl"
+    assert inbox.read_text().splitlines() == [
+        '{"kind":"xid","gpu":0,"xid":79}',
+        '{"kind":"reset","gpu":1}',
+    ]
+    assert f"-> {inbox}" in capsys.readouterr().out
+
+
+def test_simulate_event_says_when_no_simulated_agent_runs_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate-event", "--gpu", "0", "--lost", "--kubelet-plugins-directory-path"]
+    assert gpu_dra_main([*argv, str(tmp_path)]) == 2
+    assert "is an agent running with --simulate" in capsys.readouterr().err
+    (tmp_path / "gpu.nvidia.com").mkdir()
+    assert (
+        gpu_dra_main(
+            [
+                "simulate-event",
+                "--gpu",
+                "0",
+                "--xid",
+                "0",
+                "--inbox",
+                str(tmp_path / "gpu.nvidia.com" / "x"),
+            ]
+        )
+        == 2
+    )
+    assert "positive XID" in capsys.readouterr().err

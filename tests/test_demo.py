@@ -30,6 +30,14 @@ def test_the_demo_publishes_prepares_and_unprepares_through_the_real_agent() -> 
     assert re.search(r"^gpu-4-mig-3g40gb-9-\d +mig +NVIDIA A100-SXM4-80GB .* 3g\.40gb", table, re.M)
     assert len(re.findall(r" 1g\.10gb ", table)) == 2
     assert re.search(r"^gpu-5 +gpu +NVIDIA L4 ", table, re.M)
+    # A lost GPU is tainted in the stored slice, and untainted after its reset.
+    health = out.split("GPU 0 falls off the bus")[1].split("==> Scheduler")[0]
+    assert re.search(
+        r'gpu-0 taint: \{"key": "gpu.nvidia.com/gpu-lost", "effect": "NoSchedule"', health
+    )
+    assert '"key": "gpu.nvidia.com/xid", "value": "79"' in health
+    assert "gpu-0 taints: []" in health
+    assert "Normal DeviceHealthy: gpu-0: healthy again" in health
     # Registration advertises v1 first; prepare answers a CDI ID; unprepare removes the spec.
     assert "supported_versions=['v1.DRAPlugin', 'v1beta1.DRAPlugin'" in out
     cdi_id = re.search(

@@ -30,6 +30,7 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
 from dra_driver.metrics import DriverMetrics, Registry
+from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from tests.claimdata import allocated_claim, new_uid
 from tests.spares import held, spares_in
@@ -66,6 +67,7 @@ def start_plugin(
     metrics: DriverMetrics | None = None,
     gpus: Inventory | None = None,
     health_interval_s: float = 0.1,
+    health: HealthStates | None = None,
 ) -> KubeletPlugin:
     plugin = KubeletPlugin(
         config=make_config(tmp, pod_uid=pod_uid),
@@ -76,6 +78,7 @@ def start_plugin(
         proc_root=tmp / "proc",
         boot_id_path=tmp / "boot_id",
         health_interval_s=health_interval_s,
+        health=health,
     )
     plugin.start()
     return plugin
@@ -261,7 +264,7 @@ def test_a_batch_of_1000_claims_gets_1000_answers(
     assert list(plugin.config.cdi_root.glob("*.json")) == []
 
 
-def test_health_stream_reports_every_device_healthy_and_repeats(plugin: KubeletPlugin) -> None:
+def test_health_stream_lists_every_device_and_repeats(plugin: KubeletPlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
             health.NodeWatchResourcesRequest(), timeout=5
@@ -272,7 +275,11 @@ def test_health_stream_reports_every_device_healthy_and_repeats(plugin: KubeletP
         assert [(d.device.pool_name, d.device.device_name) for d in report.devices] == [
             ("node1", f"gpu-{i}") for i in range(8)
         ]
-        assert all(d.health == health.HEALTHY for d in report.devices)
+        # No health source (the agent passes its health monitor): nothing is claimed.
+        assert all(d.health == health.UNKNOWN for d in report.devices)
+        assert {d.message for d in report.devices} == {
+            "the agent does not watch this device's health"
+        }
         assert all(d.health_check_timeout_seconds == 30 for d in report.devices)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from dra_driver.devicehealth import MAX_HEALTH_TAINTS
 from dra_driver.devices import (
     CounterConsumption,
     CounterSet,
@@ -19,6 +20,7 @@ from dra_driver.devices import (
     Taint,
     Version,
     node_devices,
+    with_taints,
 )
 from dra_driver.errors import PublishError
 from dra_driver.gpus.simulated import discover_simulated
@@ -466,3 +468,43 @@ def test_three_more_attributes_on_a_7g_mig_device_would_be_refused_by_the_api() 
     device["attributes"]["extra3"] = {"int": 3}
 
     assert validate_slice(obj) == ["spec.devices[0]: Too many attributes and capacities (max 32)"]
+
+
+def health_taints(value: str = "79") -> tuple[Taint, ...]:
+    """As many health taints as a device carries at most, in the monitor's spelling."""
+    return (
+        Taint(key=f"{DRIVER}/gpu-lost", value="", effect="NoExecute"),
+        Taint(key=f"{DRIVER}/ecc-double-bit", value="", effect="NoExecute"),
+        Taint(key=f"{DRIVER}/remapped-rows-pending", value="", effect="NoSchedule"),
+        Taint(key=f"{DRIVER}/xid", value=value, effect="None"),
+    )[:MAX_HEALTH_TAINTS]
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_tainted_devices_pass_the_strict_schema_within_the_taint_limits(
+    kubernetes_version: str,
+) -> None:
+    devices = node_devices(discover_simulated(MIG_NODE, node_name=NODE), driver_name=DRIVER)
+    # 66 devices: the 64-device limit of a slice with taints splits them into two slices.
+    many = NodeDevices(
+        devices=devices.devices + tuple(gpu(100 + i) for i in range(66 - len(devices.devices)))
+    )
+    tainted = with_taints(many, {d.name: health_taints() for d in many.devices})
+    objs = publish(build(tainted))
+    assert [len(o["spec"]["devices"]) for o in objs] == [64, 2]
+    for obj in objs:
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+        assert validate_slice(obj) == []
+        for device in obj["spec"]["devices"]:
+            assert [t["key"] for t in device["taints"]] == [t.key for t in health_taints()]
+            assert all(t["timeAdded"] for t in device["taints"])
+    untainted = publish(build(many))
+    assert [len(o["spec"]["devices"]) for o in untainted] == [66]
+
+
+def test_the_api_refuses_a_seventeenth_taint() -> None:
+    too_many = tuple(Taint(key=f"{DRIVER}/t{i}", value="", effect="NoSchedule") for i in range(17))
+    (obj,) = publish(build(NodeDevices(devices=(gpu(0, taints=too_many[:16]),))))
+    assert validate_slice(obj) == []
+    obj["spec"]["devices"][0]["taints"].append({"key": f"{DRIVER}/t16", "effect": "NoSchedule"})
+    assert validate_slice(obj) == ["spec.devices[0].taints: Too many (max 16)"]

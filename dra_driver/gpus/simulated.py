@@ -12,7 +12,7 @@ Spec syntax (documented for users in docs/simulate.md)::
     spec   := group ("," group)*
     group  := product [":" count] (":" option)*
     option := "mig" | "mig=" layout | "mig-pending" | "addressing=" ("hmm" | "ats")
-            | "numa=" (node | "none") | "fail"
+            | "numa=" (node | "none") | "fail" | "no-events"
     layout := entry ("+" entry)*          entry := profile ["*" count]
 
 e.g. ``h100:8``, ``a100-80gb:2,l4:1``, ``a100-40gb:1:mig=3g.20gb+2g.10gb+1g.5gb``,
@@ -20,10 +20,12 @@ e.g. ``h100:8``, ``a100-80gb:2,l4:1``, ``a100-40gb:1:mig=3g.20gb+2g.10gb+1g.5gb`
 profile name, so ``mig=1g.5gb+me+3g.20gb`` reads as ``1g.5gb+me`` and ``3g.20gb``. Instances
 take the first free placement of their profile's placement table, in the order given; earlier
 choices are revisited when a later instance would not fit. ``fail`` makes every NVML query on
-that GPU return NVML_ERROR_GPU_IS_LOST (the fault hook for tests). ``numa=`` overrides the NUMA
-node the sysfs tree reports for the group's GPUs; ``none`` writes -1, as the kernel does for a
-device without NUMA affinity. By default the first half of the node's PCIe root complexes (and
-their GPUs) sit on NUMA node 0 and the second half on node 1, as on a two-socket server.
+that GPU return NVML_ERROR_GPU_IS_LOST (the fault hook for tests); ``no-events`` makes the GPU
+refuse NVML event registration (NOT_SUPPORTED), as GPUs without event support do. ``numa=``
+overrides the NUMA node the sysfs tree reports for the group's GPUs; ``none`` writes -1, as the
+kernel does for a device without NUMA affinity. By default the first half of the node's PCIe
+root complexes (and their GPUs) sit on NUMA node 0 and the second half on node 1, as on a
+two-socket server.
 
 UUIDs and PCI addresses are derived from the node name with SHA-256, so the same spec on the same
 node always yields the same devices, and two nodes never share UUIDs.
@@ -38,6 +40,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
+import logging
 import math
 import tempfile
 import threading
@@ -49,13 +53,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pynvml
 
 from dra_driver.errors import SimulationSpecError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
+
+if TYPE_CHECKING:
+    from dra_driver.gpus.injector import SimulatedFault
 from dra_driver.gpus.profiles import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
@@ -72,7 +79,15 @@ TOTAL_SLICES = 8  # memory slices of the A100/H100/H200 MIG layout
 TOTAL_COMPUTE_SLICES = 7
 
 _ADDRESSING = {"hmm": 1, "ats": 2}  # NVML_DEVICE_ADDRESSING_MODE_HMM / _ATS
-_OPTIONS = ("mig", "mig=<layout>", "mig-pending", "addressing=hmm|ats", "numa=<node>|none", "fail")
+_OPTIONS = (
+    "mig",
+    "mig=<layout>",
+    "mig-pending",
+    "addressing=hmm|ats",
+    "numa=<node>|none",
+    "fail",
+    "no-events",
+)
 NO_NUMA_NODE = -1
 """What the kernel writes to ``numa_node`` for a device without NUMA affinity."""
 MAX_NUMA_NODE = 1023  # Linux: MAX_NUMNODES is at most 1 << 10
@@ -97,6 +112,7 @@ class SimulatedGpuSpec:
     addressing_mode: int | None = None
     numa_node: int | None = None  # None: by position (see build_node); NO_NUMA_NODE: none
     fail: bool = False
+    events: bool = True  # False: NVML event registration answers NOT_SUPPORTED
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,8 @@ def _apply_option(gpu: SimulatedGpuSpec, option: str, *, where: str) -> Simulate
         return _replace(gpu, numa_node=int(value))
     if option == "fail":
         return _replace(gpu, fail=True)
+    if option == "no-events":
+        return _replace(gpu, events=False)
     raise SimulationSpecError(
         f"{where}: unknown option {option!r}; expected a GPU count or one of {', '.join(_OPTIONS)}"
     )
@@ -380,6 +398,7 @@ _NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
 _INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 _VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
 
 _ERROR_STRINGS = {
     _SUCCESS: b"Success",
@@ -390,6 +409,7 @@ _ERROR_STRINGS = {
     _INSUFFICIENT_SIZE: b"Insufficient Size",
     _GPU_IS_LOST: b"GPU is lost",
     _VERSION_MISMATCH: b"Argument version mismatch",
+    _TIMEOUT: b"Timeout",
 }
 
 
@@ -472,16 +492,20 @@ class _Handles:
 class SimulatedNvmlLibrary:
     """Answers pynvml's calls the way libnvidia-ml.so.1 would, from simulated GPUs.
 
-    Only the symbols discovery and telemetry use exist; any other lookup raises AttributeError,
-    which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND, as with an old real library.
+    Only the symbols discovery, telemetry and the health watch use exist; any other lookup raises
+    AttributeError, which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND, as with an old real
+    library. Safe to call from several threads (the agent's re-discovery, telemetry and health
+    watch). ``health`` holds the GPUs' health and injects faults (:meth:`SimulatedHealth.inject`);
+    ``inbox`` is the file other processes append faults to (docs/simulate.md "Faults").
     """
 
-    def __init__(self, gpus: tuple[SimulatedGpu, ...]) -> None:
+    def __init__(self, gpus: tuple[SimulatedGpu, ...], *, inbox: Path | None = None) -> None:
         self._gpus = gpus
         self._handles = _Handles()
         self._handles.add(gpus)
         self._initialised = 0
         self._init_lock = threading.Lock()
+        self.health = SimulatedHealth(self, inbox=inbox)
         # Symbol names in call order, for tests and debugging; bounded for long-lived use.
         self.calls: deque[str] = deque(maxlen=10_000)
         # Telemetry (see "telemetry" below): the clock readings move with, and which UUIDs run
@@ -519,6 +543,7 @@ class SimulatedNvmlLibrary:
             "nvmlDeviceGetAttributes_v2": self._attributes,
             "nvmlDeviceGetGpuInstanceById": self._gpu_instance_by_id,
             "nvmlGpuInstanceGetInfo": self._gpu_instance_info,
+            **self.health.functions(),
         }
         impls.update(self._telemetry_functions())
         self._functions = {
@@ -536,6 +561,7 @@ class SimulatedNvmlLibrary:
             self.calls.append(name)
             if name not in _WITHOUT_INIT and not self._initialised:
                 return _UNINITIALIZED
+            self.health.read_inbox()
             return impl(*args)
 
         return call
@@ -543,7 +569,7 @@ class SimulatedNvmlLibrary:
     # system
 
     def _init(self, flags: Any) -> int:
-        with self._init_lock:  # NVML counts initialisations thread-safely (telemetry's thread)
+        with self._init_lock:  # NVML counts nested init/shutdown pairs, from any thread
             self._initialised += 1
         return _SUCCESS
 
@@ -581,7 +607,7 @@ class SimulatedNvmlLibrary:
             gpu, mig = self._handles.migs[address]
         else:
             return None, None, _INVALID_ARGUMENT
-        if gpu.spec.fail:
+        if gpu.spec.fail or not self.health.answers(gpu):
             return gpu, mig, _GPU_IS_LOST
         return gpu, mig, _SUCCESS
 
@@ -812,7 +838,7 @@ class SimulatedNvmlLibrary:
         if found is None:
             return _INVALID_ARGUMENT
         gpu, mig = found
-        if gpu.spec.fail:
+        if gpu.spec.fail or not self.health.answers(gpu):
             return _GPU_IS_LOST
         info = _target(ref)
         info.device = ctypes.cast(
@@ -888,13 +914,22 @@ class SimulatedNvmlLibrary:
         wanted = (raw or b"").decode()
         for address, gpu in self._handles.gpus.items():
             if gpu.uuid == wanted:
+                if gpu.spec.fail or not self.health.answers(gpu):
+                    return _GPU_IS_LOST
                 _set_pointer(ref, address)
                 return _SUCCESS
-        for address, (_, mig) in self._handles.migs.items():
+        for address, (parent, mig) in self._handles.migs.items():
             if mig.uuid == wanted:
+                if parent.spec.fail or not self.health.answers(parent):
+                    return _GPU_IS_LOST
                 _set_pointer(ref, address)
                 return _SUCCESS
         return _NOT_FOUND
+
+    def gpu_temperature(self, gpu: SimulatedGpu) -> int:
+        """A fault's temperature, else the reading that moves with the GPU's load."""
+        injected = self.health.temperature(gpu)
+        return injected if injected is not None else round(31 + 44 * self._load(gpu, None))
 
     def _utilization_rates(self, handle: Any, ref: Any) -> int:
         gpu, _, rc = self._telemetry_device(handle)
@@ -914,7 +949,7 @@ class SimulatedNvmlLibrary:
             return rc
         if _int(sensor) != pynvml.NVML_TEMPERATURE_GPU:
             return _INVALID_ARGUMENT
-        _target(ref).value = round(31 + 44 * self._load(gpu, None))
+        _target(ref).value = self.gpu_temperature(gpu)
         return _SUCCESS
 
     def _power_usage(self, handle: Any, ref: Any) -> int:
@@ -959,7 +994,11 @@ class SimulatedNvmlLibrary:
             pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
         ) or _int(counter_type) not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
             return _INVALID_ARGUMENT
-        _target(ref).value = self.ecc_errors.get((gpu.uuid, kind), 0)
+        count = self.ecc_errors.get((gpu.uuid, kind), 0)
+        if kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:  # the faults' double-bit errors
+            volatile = _int(counter_type) == pynvml.NVML_VOLATILE_ECC
+            count += self.health.uncorrected_ecc(gpu, volatile=volatile)
+        _target(ref).value = count
         return _SUCCESS
 
 
@@ -1002,6 +1041,343 @@ def simulated_load(uuid: str, *, now_s: float, busy: bool) -> float:
     return min(1.0, max(0.0, load))
 
 
+# --- health: NVML events, health queries and injected faults ------------------------------------
+#
+# Kept apart from discovery above: the event-set functions (nvmlEventSetCreate,
+# nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, ...), the queries the health watch polls
+# (ECC counts, retired pages, remapped rows, temperature and its thresholds), and the faults a
+# test, the demo or another process injects (an XID, a double-bit ECC error, a lost GPU, a GPU
+# reset, a temperature, a hang: gpus/injector.py describes them).
+
+SUPPORTED_EVENT_TYPES = (
+    pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypePState
+    | pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeClock
+)
+"""What ``nvmlDeviceGetSupportedEventTypes`` answers for a simulated GPU with events."""
+SLOWDOWN_C = 87  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN of every simulated GPU
+SHUTDOWN_C = 92
+IDLE_C = 38
+XID_GPU_LOST = 79  # "GPU has fallen off the bus", what the driver reports for a lost GPU
+XID_DOUBLE_BIT_ECC = 48
+_INBOX_POLL_S = 0.02  # how often a waiting or calling thread looks at the inbox file
+_NO_INSTANCE = 0xFFFFFFFF
+
+_log = logging.getLogger(__name__)
+
+
+class _GpuHealth:
+    # Plain classes, not dataclasses: the agent's memory budget (see devicehealth.py).
+    __slots__ = (
+        "ecc_aggregate",
+        "ecc_volatile",
+        "hang_until",
+        "lost",
+        "remapped_rows_pending",
+        "retired_pages_pending",
+        "temperature_c",
+        "temperature_injected",
+    )
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.hang_until = 0.0  # time.monotonic()
+        self.ecc_volatile = 0  # uncorrected, since the last reset
+        self.ecc_aggregate = 0  # uncorrected, lifetime
+        self.retired_pages_pending = False
+        self.remapped_rows_pending = False
+        self.temperature_c = IDLE_C
+        self.temperature_injected = False  # else telemetry's moving reading is the temperature
+
+
+class _EventSet:
+    __slots__ = ("lost", "queue", "registered")
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}  # GPU index -> event mask
+        self.queue: deque[tuple[int, int, int, int, int]] = deque()
+        self.lost: set[int] = set()  # GPUs lost since the last wait
+
+
+class SimulatedHealth:
+    """The health side of a simulated node: state per GPU, event sets, faults, the inbox."""
+
+    def __init__(self, library: SimulatedNvmlLibrary, *, inbox: Path | None) -> None:
+        self._library = library
+        self._gpus = {g.index: g for g in library._gpus}
+        self._state = {g.index: _GpuHealth() for g in library._gpus}
+        self._sets: dict[int, _EventSet] = {}
+        self._next_set = 0x5E7E0000
+        self._changed = threading.Condition()
+        self.inbox = inbox
+        self._inbox_offset = inbox.stat().st_size if inbox and inbox.exists() else 0
+        self._inbox_checked = 0.0
+        self._inbox_lock = threading.Lock()
+
+    # --- faults ------------------------------------------------------------------------------
+
+    def inject(self, fault: SimulatedFault) -> None:
+        """Make ``fault`` happen now; SimulationSpecError for a GPU the node does not have."""
+        gpu = self._gpus.get(fault.gpu)
+        if gpu is None:
+            raise SimulationSpecError(
+                f"no simulated GPU {fault.gpu}: the node has GPUs 0-{len(self._gpus) - 1}"
+            )
+        with self._changed:
+            state = self._state[gpu.index]
+            if fault.kind == "xid":
+                gi, ci = fault.gpu_instance_id, fault.compute_instance_id
+                self._emit(
+                    gpu.index,
+                    pynvml.nvmlEventTypeXidCriticalError,
+                    data=fault.xid,
+                    gpu_instance_id=_NO_INSTANCE if gi is None else gi,
+                    compute_instance_id=_NO_INSTANCE if ci is None else ci,
+                )
+            elif fault.kind == "ecc":
+                state.ecc_volatile += 1
+                state.ecc_aggregate += 1
+                if gpu.spec.hardware.architecture >= pynvml.NVML_DEVICE_ARCH_AMPERE:
+                    state.remapped_rows_pending = True
+                else:
+                    state.retired_pages_pending = True
+                self._emit(gpu.index, pynvml.nvmlEventTypeDoubleBitEccError, data=0)
+                self._emit(gpu.index, pynvml.nvmlEventTypeXidCriticalError, data=XID_DOUBLE_BIT_ECC)
+            elif fault.kind == "lost":
+                self._emit(gpu.index, pynvml.nvmlEventTypeXidCriticalError, data=XID_GPU_LOST)
+                state.lost = True
+                for event_set in self._sets.values():
+                    if gpu.index in event_set.registered:
+                        event_set.lost.add(gpu.index)
+            elif fault.kind == "reset":
+                state.lost = False
+                state.hang_until = 0.0
+                state.ecc_volatile = 0
+                state.retired_pages_pending = state.remapped_rows_pending = False
+            elif fault.kind == "temperature":
+                state.temperature_c = fault.celsius
+                state.temperature_injected = True
+            else:
+                state.hang_until = time.monotonic() + fault.seconds
+            self._changed.notify_all()
+
+    def _emit(
+        self,
+        index: int,
+        event_type: int,
+        *,
+        data: int,
+        gpu_instance_id: int = _NO_INSTANCE,
+        compute_instance_id: int = _NO_INSTANCE,
+    ) -> None:
+        """Queue an event on every set that registered the GPU for its type (lock held)."""
+        for event_set in self._sets.values():
+            if event_set.registered.get(index, 0) & event_type:
+                event_set.queue.append(
+                    (index, event_type, data, gpu_instance_id, compute_instance_id)
+                )
+
+    def read_inbox(self) -> None:
+        """Inject the faults other processes appended to the inbox since the last look.
+
+        Called on every NVML call and while a wait is blocked, at most every 20 ms. A line that
+        is not a fault is logged and skipped; a truncated file is read again from the start.
+        """
+        if self.inbox is None:
+            return
+        now = time.monotonic()
+        if now - self._inbox_checked < _INBOX_POLL_S or not self._inbox_lock.acquire(False):
+            return
+        try:
+            self._inbox_checked = now
+            try:
+                size = self.inbox.stat().st_size
+            except OSError:
+                return
+            if size < self._inbox_offset:
+                self._inbox_offset = 0
+            if size == self._inbox_offset:
+                return
+            with self.inbox.open("rb") as f:
+                f.seek(self._inbox_offset)
+                data = f.read(size - self._inbox_offset)
+            complete = data[: data.rfind(b"\n") + 1]
+            self._inbox_offset += len(complete)
+            for line in complete.decode(errors="replace").splitlines():
+                if line.strip():
+                    self._inject_line(line)
+        finally:
+            self._inbox_lock.release()
+
+    def _inject_line(self, line: str) -> None:
+        from dra_driver.gpus.injector import SimulatedFault  # noqa: PLC0415  (rarely needed)
+
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise SimulationSpecError("not a JSON object")
+            fault = SimulatedFault.from_json(data)
+            self.inject(fault)
+        except (ValueError, SimulationSpecError) as exc:
+            _log.warning("simulated GPUs: ignoring inbox line %r: %s", line, exc)
+            return
+        _log.info("simulated GPUs: injected %s", fault.to_json())
+
+    def answers(self, gpu: SimulatedGpu) -> bool:
+        """False while ``gpu`` is lost; blocks while it hangs (every call on it)."""
+        state = self._state[gpu.index]
+        left = state.hang_until - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        return not state.lost
+
+    # --- the NVML functions ------------------------------------------------------------------
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        # nvmlDeviceGetHandleByUUID, nvmlDeviceGetTemperature and nvmlDeviceGetTotalEccErrors
+        # are the library's (telemetry's), which read this state: one answer per symbol.
+        return {
+            "nvmlEventSetCreate": self._set_create,
+            "nvmlEventSetFree": self._set_free,
+            "nvmlDeviceGetSupportedEventTypes": self._supported_events,
+            "nvmlDeviceRegisterEvents": self._register,
+            "nvmlEventSetWait_v2": self._wait,
+            "nvmlDeviceGetRetiredPagesPendingStatus": self._retired_pages_pending,
+            "nvmlDeviceGetRemappedRows": self._remapped_rows,
+            "nvmlDeviceGetTemperatureV": self._temperature_v,
+            "nvmlDeviceGetTemperatureThreshold": self._threshold,
+        }
+
+    def _full_gpu(self, handle: Any) -> tuple[SimulatedGpu | None, int]:
+        return self._library._gpu(handle)
+
+    def _set_create(self, ref: Any) -> int:
+        with self._changed:
+            self._next_set += 0x10
+            self._sets[self._next_set] = _EventSet()
+            _set_pointer(ref, self._next_set)
+        return _SUCCESS
+
+    def _set_free(self, event_set: Any) -> int:
+        with self._changed:
+            if self._sets.pop(_address(event_set), None) is None:
+                return _INVALID_ARGUMENT
+        return _SUCCESS
+
+    def _supported_events(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if not gpu.spec.events:
+            return _NOT_SUPPORTED
+        _target(ref).value = SUPPORTED_EVENT_TYPES
+        return _SUCCESS
+
+    def _register(self, handle: Any, event_types: Any, event_set: Any) -> int:
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        mask = _int(event_types)
+        # nvml.h: NOT_SUPPORTED "if the platform does not support this feature or some of
+        # requested event types".
+        if not gpu.spec.events or mask & ~SUPPORTED_EVENT_TYPES:
+            return _NOT_SUPPORTED
+        with self._changed:
+            found = self._sets.get(_address(event_set))
+            if found is None:
+                return _INVALID_ARGUMENT
+            found.registered[gpu.index] = found.registered.get(gpu.index, 0) | mask
+        return _SUCCESS
+
+    def _wait(self, event_set: Any, data_ref: Any, timeout_ms: Any) -> int:
+        deadline = time.monotonic() + _int(timeout_ms) / 1000
+        while True:
+            self.read_inbox()
+            with self._changed:
+                found = self._sets.get(_address(event_set))
+                if found is None:
+                    return _INVALID_ARGUMENT
+                if found.queue:
+                    index, event_type, data, gi, ci = found.queue.popleft()
+                    event = _target(data_ref)
+                    event.device = ctypes.cast(
+                        ctypes.c_void_p(self._library._handles.gpu_address[index]),
+                        pynvml.c_nvmlDevice_t,
+                    )
+                    event.eventType = event_type
+                    event.eventData = data
+                    event.gpuInstanceId = gi
+                    event.computeInstanceId = ci
+                    return _SUCCESS
+                if found.lost:  # nvml.h: GPU_IS_LOST "if a GPU has fallen off the bus"
+                    found.lost.clear()
+                    return _GPU_IS_LOST
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return _TIMEOUT
+                self._changed.wait(min(left, _INBOX_POLL_S) if self.inbox else left)
+
+    def _retired_pages_pending(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if gpu.spec.hardware.architecture >= pynvml.NVML_DEVICE_ARCH_AMPERE:
+            return _NOT_SUPPORTED  # row remapping replaced page retirement
+        _target(ref).value = int(self._state[gpu.index].retired_pages_pending)
+        return _SUCCESS
+
+    def _remapped_rows(self, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any) -> int:
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if gpu.spec.hardware.architecture < pynvml.NVML_DEVICE_ARCH_AMPERE:
+            return _NOT_SUPPORTED
+        state = self._state[gpu.index]
+        _target(corr).value = 0
+        _target(unc).value = state.ecc_aggregate
+        _target(pending).value = int(state.remapped_rows_pending)
+        _target(failure).value = 0
+        return _SUCCESS
+
+    def temperature(self, gpu: SimulatedGpu) -> int | None:
+        """The temperature a fault set on ``gpu``; None when none did (telemetry's reading)."""
+        state = self._state[gpu.index]
+        return state.temperature_c if state.temperature_injected else None
+
+    def uncorrected_ecc(self, gpu: SimulatedGpu, *, volatile: bool) -> int:
+        """Uncorrected ECC errors the faults caused on ``gpu`` (volatile: since its reset)."""
+        state = self._state[gpu.index]
+        return state.ecc_volatile if volatile else state.ecc_aggregate
+
+    def _temperature_v(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        reading = _target(ref)
+        if reading.version != pynvml.nvmlTemperature_v1:
+            return _VERSION_MISMATCH
+        if reading.sensorType != pynvml.NVML_TEMPERATURE_GPU:
+            return _INVALID_ARGUMENT
+        reading.temperature = self._library.gpu_temperature(gpu)
+        return _SUCCESS
+
+    def _threshold(self, handle: Any, threshold: Any, ref: Any) -> int:
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        values = {
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: SLOWDOWN_C,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: SHUTDOWN_C,
+        }
+        value = values.get(_int(threshold))
+        if value is None:
+            return _NOT_SUPPORTED
+        _target(ref).value = value
+        return _SUCCESS
+
+
 @dataclass(frozen=True)
 class SimulatedNode:
     """What ``simulated_nvml`` yields: the GPUs it serves and the sysfs tree to read."""
@@ -1013,16 +1389,20 @@ class SimulatedNode:
 
 
 @contextmanager
-def simulated_nvml(spec: str, *, node_name: str) -> Iterator[SimulatedNode]:
+def simulated_nvml(
+    spec: str, *, node_name: str, inbox: Path | None = None
+) -> Iterator[SimulatedNode]:
     """Install simulated GPUs as pynvml's NVML library for the duration of the block.
 
     Parses ``spec`` first (SimulationSpecError before anything changes), writes a sysfs tree to a
     temporary directory (removed afterwards; pass ``node.sysfs_root`` to discovery), and restores
     pynvml's previous library, symbol cache and reference count on exit, so blocks may be used
-    one after another or nested in one process. Not for concurrent use from several threads.
+    one after another or nested in one process (the installing and restoring are not for
+    concurrent use; the library itself may be called from several threads). ``inbox``: a file
+    other processes append faults to (gpus/injector.py); lines already in it are skipped.
     """
     gpus = build_node(parse_spec(spec), node_name=node_name)
-    library = SimulatedNvmlLibrary(gpus)
+    library = SimulatedNvmlLibrary(gpus, inbox=inbox)
     with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as tmp:
         sysfs_root = write_sysfs(Path(tmp), gpus)
         with pynvml.libLoadLock:

@@ -9,6 +9,9 @@ start() (spec A.3 order, checklist H):
    soon as it registers us); both stay up for the life of the process;
 5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
 
+The health stream reports each device's health from the ``health`` source (the agent's
+healthmonitor.HealthMonitor), and sends at once when it calls :meth:`KubeletPlugin.health_changed`.
+
 set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts and what the health
 stream lists in one step; prepared claims holding a device that is gone are reported (log,
 Warning Event ``PreparedDeviceMissing`` on the Node, ``gpu_dra_prepared_devices_missing``).
@@ -50,11 +53,12 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.health import Heartbeat
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
-from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer
+from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
 
 if TYPE_CHECKING:
+    from dra_driver.kube import EventType
     from dra_driver.metrics import DriverMetrics
     from dra_driver.telemetry import ClaimHolder
 
@@ -81,18 +85,31 @@ class NodeEventSink(Protocol):
     def get_node(self, name: str) -> dict[str, Any]: ...
 
     def create_event(
-        self, *, node_name: str, node_uid: str, reason: str, message: str
+        self,
+        *,
+        node_name: str,
+        node_uid: str,
+        reason: str,
+        message: str,
+        event_type: EventType = ...,
     ) -> dict[str, Any]: ...
 
 
 def node_event_reporter(kube: NodeEventSink, *, node_name: str) -> EventReporter:
-    """An EventReporter posting Warning Events on ``node_name`` (its UID is looked up once)."""
+    """An EventReporter posting Events on ``node_name`` (its UID is looked up once): Warning,
+    unless ``event_type`` says Normal."""
     node_uid: list[str] = []
 
-    def report(reason: str, message: str) -> None:
+    def report(reason: str, message: str, *, event_type: EventType = "Warning") -> None:
         if not node_uid:
             node_uid.append(str(kube.get_node(node_name)["metadata"].get("uid", "")))
-        kube.create_event(node_name=node_name, node_uid=node_uid[0], reason=reason, message=message)
+        kube.create_event(
+            node_name=node_name,
+            node_uid=node_uid[0],
+            reason=reason,
+            message=message,
+            event_type=event_type,
+        )
 
     return report
 
@@ -102,8 +119,9 @@ class KubeletPlugin:
 
     ``claims`` is where ResourceClaims are read (kube.KubeClient). ``report_event`` posts a
     Warning Event on the Node (used when the checkpoint was damaged). ``metrics``, when
-    given, is updated by the DRA services. ``proc_root`` and ``boot_id_path`` exist so tests
-    can point them at fake files.
+    given, is updated by the DRA services. ``health`` gives each device's health to the health
+    stream (without it every device is reported UNKNOWN). ``proc_root`` and ``boot_id_path``
+    exist so tests can point them at fake files.
     """
 
     def __init__(
@@ -114,6 +132,7 @@ class KubeletPlugin:
         claims: ClaimSource,
         report_event: EventReporter | None = None,
         metrics: DriverMetrics | None = None,
+        health: HealthStates | None = None,
         proc_root: Path = Path("/proc"),
         boot_id_path: Path = BOOT_ID_PATH,
         health_interval_s: float = DEFAULT_INTERVAL_S,
@@ -130,6 +149,7 @@ class KubeletPlugin:
         self._claims = claims
         self._report_event = report_event
         self.metrics = metrics
+        self._health_states = health
         self._proc_root = proc_root
         self._health_interval_s = health_interval_s
         self._reconcile_interval_s = reconcile_interval_s
@@ -262,6 +282,11 @@ class KubeletPlugin:
         if self._health is not None:
             self._health.wake()
         self._report_missing_devices()
+
+    def health_changed(self) -> None:
+        """A device's health changed: open health streams report now. Never blocks."""
+        if self._health is not None:
+            self._health.wake()
 
     @property
     def heartbeats(self) -> tuple[Heartbeat, ...]:
@@ -398,6 +423,7 @@ class KubeletPlugin:
         self._health = HealthServicer(
             pool=self.config.node_name,
             device_names=lambda: sorted(preparer.targets),  # the current devices, at each report
+            health=self._health_states,
             stopping=self._stopping,
             interval_s=self._health_interval_s,
         )
