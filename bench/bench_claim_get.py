@@ -10,8 +10,8 @@ Compared, on one kept-alive connection each, in alternating batches so both see 
 phase:
 
 * keepalive: the path kube.py uses (KeepAliveGetter);
-* official: the same KubeClient with the claim GET on the official client (``ApiClient.call_api``,
-  RESTClientObject, urllib3's PoolManager), the path kube.py falls back to;
+* official: the same KubeClient with the claim GET on the official client's transport
+  (``rest.RESTClientObject``, urllib3's PoolManager), the path kube.py falls back to;
 * typed API, for information: ``ResourceV1Api.read_namespaced_resource_claim``, which also builds
   the client's model objects (kube.py never uses it).
 
@@ -71,14 +71,17 @@ def _per_get_ms(get: Callable[[int], Any]) -> tuple[float, float]:
 
 def _compare(kubeconfig: Path, names: list[str]) -> dict[str, tuple[float, float]]:
     """Median per-GET (CPU ms, wall ms) of each way of getting a claim."""
-    from kubernetes.client import ResourceV1Api  # noqa: PLC0415  (kube.py trims the package)
+    from kubernetes.client import (  # noqa: PLC0415  (kube.py trims the package)
+        ApiClient,
+        ResourceV1Api,
+    )
 
     keepalive = KubeClient.from_config(kubeconfig=kubeconfig)
     official = KubeClient.from_config(kubeconfig=kubeconfig)
     assert keepalive._getter is not None and official._getter is not None
     official._getter.close()
     official._getter = None  # the official client's path, as kube.py falls back to it
-    typed = ResourceV1Api(official._api)
+    typed = ResourceV1Api(ApiClient(official.configuration))
     ways: dict[str, Callable[[int], Any]] = {
         "keepalive": lambda i: keepalive.get_resource_claim(
             namespace=NAMESPACE, name=names[i % len(names)]
