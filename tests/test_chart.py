@@ -73,6 +73,10 @@ COMBINATIONS: dict[str, tuple[str, ...]] = {
                    "--set", "metrics.podMonitor.interval=30s",
                    "--set", "metrics.dashboard.enabled=true",
                    "--set", "metrics.dashboard.annotations.grafana_folder=GPUs"),
+    "service monitor": ("--set", "metrics.serviceMonitor.enabled=true",
+                        "--set", "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
+                        "--set", "metrics.serviceMonitor.interval=30s",
+                        "--set", "metrics.serviceMonitor.scrapeTimeout=10s"),
     "existing service account": ("--set", "serviceAccount.create=false",
                                  "--set", "serviceAccount.name=gpu-agent",
                                  "--set", "rbac.create=false"),
@@ -167,7 +171,7 @@ def test_every_rendered_object_is_valid_for_the_kubernetes_version(
     assert objects
     for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # a CRD's kind (prometheus-operator): test_pod_monitor_* check it
+            continue  # a CRD's kind (prometheus-operator): test_*_monitor_* check it
         try:
             kubernetes_validate.validate(obj, kubernetes_version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -700,6 +704,9 @@ def test_the_cdi_hook_value_reaches_the_agent() -> None:
         (("--set-string", "metrics.telemetryInterval=10s"), "telemetryInterval"),
         (("--set", "metrics.podMonitor.enable=true"), "enable"),
         (("--set", "metrics.podMonitor.interval=half a minute"), "interval"),
+        (("--set", "metrics.serviceMonitor.enable=true"), "enable"),
+        (("--set", "metrics.serviceMonitor.scrapeTimeout=10 seconds"), "scrapeTimeout"),
+        (("--set", "metrics.serviceMonitor.labels.tier=1"), "tier"),
         (("--set", "metrics.dashboard.namespace=Monitoring"), "namespace"),
         (("--set", "health.taintEffect=NoSchedul"), "taintEffect"),
         (("--set", "health.fatalXids={0}"), "fatalXids"),
@@ -1018,7 +1025,70 @@ def test_pod_monitor_needs_the_metrics_port() -> None:
 
 def test_monitoring_objects_are_only_rendered_when_asked_for() -> None:
     kinds = {o["kind"] for o in render()}
-    assert "PodMonitor" not in kinds and "ConfigMap" not in kinds
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "Service", "ConfigMap"}
+
+
+def test_service_monitor_scrapes_the_agent_pods_through_a_headless_service() -> None:
+    objects = render(*COMBINATIONS["service monitor"])
+    service = one(objects, "Service")
+    assert service["metadata"]["namespace"] == NAMESPACE
+    assert service["spec"]["clusterIP"] == "None"
+    daemonset = one(objects, "DaemonSet")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == daemonset["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert port == {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    container_ports = {p["name"]: p["containerPort"] for p in agent_container(objects)["ports"]}
+    assert container_ports["metrics"] == 8080
+
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert not selector.items() <= pod_labels.items()  # the Service's own label, not the pods'
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint == {
+        "port": "metrics",
+        "path": "/metrics",
+        "interval": "30s",
+        "scrapeTimeout": "10s",
+    }  # no honorLabels, no relabelings: the metrics carry their own node label
+    assert "PodMonitor" not in {o["kind"] for o in objects}
+
+
+def test_service_port_follows_the_metrics_port() -> None:
+    objects = render("--set", "metrics.serviceMonitor.enabled=true", "--set", "metricsPort=9400")
+    (port,) = one(objects, "Service")["spec"]["ports"]
+    assert port["port"] == 9400
+    container_ports = {p["name"]: p["containerPort"] for p in agent_container(objects)["ports"]}
+    assert container_ports["metrics"] == 9400
+    assert "interval" not in one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
+
+
+def test_service_name_stays_a_dns_label_with_a_long_fullname() -> None:
+    objects = render(
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "fullnameOverride=" + "g" * 63
+    )  # fmt: skip
+    name = one(objects, "Service")["metadata"]["name"]
+    assert len(name) <= 63
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+
+
+def test_service_monitor_needs_the_metrics_port() -> None:
+    error = render_error("--set", "metrics.serviceMonitor.enabled=true", "--set", "metricsPort=0")
+    assert "metrics.serviceMonitor.enabled needs metricsPort" in error
+
+
+def test_pod_monitor_and_service_monitor_cannot_both_be_enabled() -> None:
+    error = render_error(
+        "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"
+    )  # fmt: skip
+    assert "metrics.podMonitor.enabled and metrics.serviceMonitor.enabled are both true" in error
+    assert "enable only one" in error
 
 
 def test_the_dashboard_ships_as_a_configmap_labelled_for_the_grafana_sidecar() -> None:
