@@ -129,6 +129,15 @@ def answer_of(entry: v1.NodePrepareResourceResponse) -> list[tuple[Any, ...]]:
     ]
 
 
+def send(stub: v1_grpc.DRAPluginStub, claims: list[dict[str, Any]], *, unprepare: bool) -> None:
+    """One NodePrepareResources or NodeUnprepareResources call for ``claims``."""
+    refs = [claim_ref(c) for c in claims]
+    if unprepare:
+        stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=5)
+    else:
+        stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=5)
+
+
 def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
     """The invariants a freshly started plugin must have established."""
     cdi_dir = Path(settings["cdi"])
@@ -177,16 +186,7 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
         ) -> None:
             try:
                 with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
-                    stub = v1_grpc.DRAPluginStub(ch)
-                    refs = [claim_ref(c) for c in batch]
-                    if unprepare:
-                        stub.NodeUnprepareResources(
-                            v1.NodeUnprepareResourcesRequest(claims=refs), timeout=5
-                        )
-                    else:
-                        stub.NodePrepareResources(
-                            v1.NodePrepareResourcesRequest(claims=refs), timeout=5
-                        )
+                    send(v1_grpc.DRAPluginStub(ch), batch, unprepare=unprepare)
             except grpc.RpcError:
                 pass  # killed mid-call
             finally:
@@ -290,16 +290,9 @@ def test_kill_9_during_concurrent_callers_leaves_a_consistent_node(
             with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
                 stub = v1_grpc.DRAPluginStub(ch)
                 while not stop_calls.is_set():
-                    refs = [claim_ref(c) for c in own.sample(claims, own.randint(1, 2))]
+                    batch = own.sample(claims, own.randint(1, 2))
                     try:
-                        if own.random() < 0.5:
-                            stub.NodeUnprepareResources(
-                                v1.NodeUnprepareResourcesRequest(claims=refs), timeout=5
-                            )
-                        else:
-                            stub.NodePrepareResources(
-                                v1.NodePrepareResourcesRequest(claims=refs), timeout=5
-                            )
+                        send(stub, batch, unprepare=own.random() < 0.5)
                     except grpc.RpcError:
                         return  # killed mid-call
 
