@@ -207,7 +207,7 @@ def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> 
     if sharing.strategy == "MPS":
         raise ConfigNotSupported(
             f"{where}: sharing (strategy MPS) is not supported by this driver yet; remove "
-            "`sharing` to get exclusive access, or use strategy TimeSlicing on a full GPU"
+            "`sharing` to get exclusive access"
         )
     if isinstance(config, MigDeviceConfig):
         raise ConfigNotSupported(

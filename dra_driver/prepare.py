@@ -785,9 +785,14 @@ class Preparer:
     def _set_slice(self, uuid: str, interval: str, mark: Path) -> None:
         assert self._timeslicer is not None
         if interval != timeslice.DEFAULT and not mark.exists():
-            mark.parent.mkdir(parents=True, exist_ok=True)
-            mark.touch()
-            fsync_dir(mark.parent)
+            try:
+                mark.parent.mkdir(parents=True, exist_ok=True)
+                mark.touch()
+                fsync_dir(mark.parent)
+            except OSError as exc:
+                raise TimeSliceFailed(
+                    f"cannot mark GPU {uuid} as having a time slice set ({mark}): {exc}"
+                ) from exc
         self._slices.pop(uuid, None)  # unknown until nvidia-smi says it is done
         self._timeslicer.set(uuid, interval)
         self._slices[uuid] = interval

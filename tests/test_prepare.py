@@ -256,7 +256,7 @@ MPS = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 10 * 2
 
 NOT_YET = (
     "sharing (strategy MPS) is not supported by this driver yet; remove `sharing` to get "
-    "exclusive access, or use strategy TimeSlicing on a full GPU"
+    "exclusive access"
 )
 NO_EFFECT = (
     "sharing (strategy TimeSlicing) has no effect on a MIG device; remove `sharing` (a MIG "
