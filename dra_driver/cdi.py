@@ -583,6 +583,27 @@ def read_mig_cap_minors(path: Path) -> dict[str, int]:
     return minors
 
 
+def find_driver_tool(driver_root: Path, name: str) -> Path | None:
+    """Where this process finds the driver's program ``name`` (``nvidia-smi``) under
+    ``driver_root`` (its own view: ``CONTAINER_DRIVER_ROOT``), links followed inside the root;
+    None when the install has none."""
+    for rel in _BIN_DIRS:
+        tool = _resolve_in_root(driver_root, driver_root / rel / name)
+        if tool is not None and tool.is_file():
+            return tool
+    return None
+
+
+def find_driver_library(driver_root: Path, soname: str) -> Path | None:
+    """The file ``soname`` (``libnvidia-ml.so.1``) names in the first library directory under
+    ``driver_root`` that has it, links followed inside the root; None when none has it."""
+    for directory in _library_dirs(driver_root):
+        real = _resolve_in_root(driver_root, directory / soname)
+        if real is not None and real.is_file():
+            return real
+    return None
+
+
 def _library_dirs(driver_root: Path) -> list[Path]:
     rels = _LIB_DIRS_BY_ARCH.get(platform.machine(), ()) + _COMMON_LIB_DIRS
     seen: set[Path] = set()

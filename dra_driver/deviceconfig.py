@@ -9,7 +9,8 @@ never silently ignored, and a GpuConfig on a MIG device (or the reverse) is refu
 
 Decoding is complete, so a mistake anywhere in a config is reported precisely; carrying a config
 out is a separate question (``check_supported``): a config that asks for what the agent does not
-do yet (``sharing``: time slicing, MPS) is refused for that claim, never accepted and ignored.
+do (``sharing`` with MPS; time slicing of a MIG device, where it has no effect) is refused for
+that claim, never accepted and ignored. Time slicing of a full GPU is carried out by prepare.py.
 
 ``driverCapabilities`` is an extension of ours (NVIDIA's driver does not know the field): the
 NVIDIA container runtime's ``NVIDIA_DRIVER_CAPABILITIES`` names, which select the driver
@@ -193,16 +194,25 @@ def check_fits(config: DeviceConfig, *, device_type: DeviceType, device_name: st
 
 
 def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> None:
-    """Refuse a valid config that asks for what this agent does not carry out yet.
+    """Refuse a valid config that asks for what this agent does not carry out.
 
-    Today that is any ``sharing`` (time slicing or MPS, on a GPU or a MIG device): accepting it
-    would hand out the device exclusively while the claim believes it is shared.
+    Time slicing of a full GPU is carried out (prepare.py, timeslice.py). Refused: MPS (on a GPU
+    or a MIG device: accepting it would hand out the device exclusively while the claim
+    believes it is shared) and time slicing of a MIG device, which has no effect there.
     """
-    if config.sharing is not None:
+    sharing = config.sharing
+    if sharing is None:
+        return
+    where = f"the config of request {request} (device {device_name})"
+    if sharing.strategy == "MPS":
         raise ConfigNotSupported(
-            f"the config of request {request} (device {device_name}): sharing (strategy "
-            f"{config.sharing.strategy}) is not supported by this driver yet; remove `sharing` "
-            "to get exclusive access"
+            f"{where}: sharing (strategy MPS) is not supported by this driver yet; remove "
+            "`sharing` to get exclusive access"
+        )
+    if isinstance(config, MigDeviceConfig):
+        raise ConfigNotSupported(
+            f"{where}: sharing (strategy TimeSlicing) has no effect on a MIG device; remove "
+            "`sharing` (a MIG device is isolated from the others on its GPU)"
         )
 
 

@@ -9,13 +9,18 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
 3. GET the ResourceClaim; refuse it when the UID differs, it is not allocated, or it is allocated
    to another node. Keep only results of our driver; every device must be one we have.
 4. Decode our opaque configs (class configs, then claim configs; later wins) strictly; refuse a
-   config this driver cannot carry out (``sharing``) rather than ignore it.
-5. Record ``PrepareStarted`` (refusing a device another prepared claim holds, admin access aside),
-   write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
-   ``PrepareCompleted``; answer one Device per result.
+   config this driver cannot carry out (MPS; time slicing of a MIG device) rather than ignore it.
+5. When a full GPU's config asks for a time-slice interval: record ``PrepareStarted`` (durably,
+   refusing a device another claim holds, admin access aside, or an interval other than the one
+   another claim on the GPU asks for), then set the GPU's time slice (timeslice.py); a failure
+   rolls the claim back.
+6. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
+   ``PrepareCompleted`` (with the same checks); answer one Device per result.
 
-Unprepare drops the claim from the checkpoint, then removes its spec; an unknown claim succeeds.
-``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind.
+Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
+GPUs it asked one of back to Default (or to what another claim on it asks); an unknown claim
+succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind,
+time slices included.
 
 Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
 per-claim outcome, and independent claims of a batch run concurrently.
@@ -30,10 +35,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi
+from dra_driver import cdi, timeslice
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -41,6 +47,7 @@ from dra_driver.checkpoint import (
     ClaimLocks,
     ClaimRecord,
     Claims,
+    Phase,
     PreparedDevice,
 )
 from dra_driver.devices import gpu_device_name, mig_device_name
@@ -50,11 +57,14 @@ from dra_driver.errors import (
     ClaimFetchFailed,
     ClaimNotFound,
     ConfigDecodeError,
+    ConfigNotSupported,
     DeviceConflict,
     DraError,
     KubeError,
     PrepareError,
+    TimeSliceFailed,
 )
+from dra_driver.fsutil import fsync_dir
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
 
 if TYPE_CHECKING:
@@ -177,6 +187,13 @@ class _Planned:
 
         return to_json(self.config)
 
+    @property
+    def interval(self) -> str | None:
+        """The time-slice interval this device's config asks for (full GPUs only), or None."""
+        if self.config is None or self.target.type != "gpu":
+            return None
+        return timeslice.recorded_interval(self.config_json())
+
 
 # deviceconfig is imported where it is used (the ``noqa: PLC0415`` lines), so it is loaded with
 # the first claim that carries an opaque config of ours: building its pydantic models (and
@@ -198,6 +215,7 @@ _ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
     (ClaimNotFound, "claim_not_found"),
     (ClaimFetchFailed, "api_error"),
     (DeviceConflict, "device_conflict"),
+    (TimeSliceFailed, "timeslice"),
     (ConfigDecodeError, "config"),
     (PrepareError, "invalid_claim"),
     (CdiError, "cdi"),
@@ -251,6 +269,7 @@ class Preparer:
         locks: ClaimLocks,
         claims: ClaimSource,
         max_parallel_claims: int = 16,
+        timeslicer: timeslice.TimeSlicer | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -270,6 +289,16 @@ class Preparer:
         # claim uid -> the pods its status.reservedFor named when prepare or reconcile last read
         # it (for telemetry: which pod holds a device). Costs no request of its own.
         self._pods: dict[str, tuple[str, ...]] = {}
+        # Time slices (None: claims asking for one are refused). _slices: GPU uuid -> the
+        # interval this process set or found there since it started (absent: unknown). One lock
+        # for every change, so that a GPU is set to what the checkpoint says at that moment.
+        # A file per GPU uuid in _slice_marks: "its time slice may not be Default", created
+        # (durably) before a non-default interval is set, removed once Default is set again: a
+        # crash between a claim's removal and the restore still leaves a trace reconcile sees.
+        self._timeslicer = timeslicer
+        self._slices: dict[str, str] = {}
+        self._slice_lock = threading.Lock()
+        self._slice_marks = checkpoint.path.parent / "timeslice"
 
     @property
     def targets(self) -> Mapping[str, DeviceTarget]:
@@ -382,15 +411,18 @@ class Preparer:
             claim = self._fetch(ref)
             planned = self._plan(ref, claim)
             devices = tuple(self._answer(ref, p) for p in planned)
+            if any(p.interval is not None for p in planned):
+                # Changes the node beyond the spec: PrepareStarted first (docs/plugin.md,
+                # "Durability"), naming the intervals (the devices' configs) so that a
+                # rollback knows which GPUs to restore.
+                self._set_time_slices(ref, planned, devices)
             # The spec goes to a temp file and is fsync'd (see _sync_spec: alone, in a helper
-            # thread, overlapping the checkpoint's append and fdatasync). The record is written
-            # once, as PrepareCompleted: the only change
-            # this prepare makes on the node is the spec, and it becomes visible (the rename)
-            # only after the record is durable. A crash before the rename leaves a temp file
-            # (reconcile removes it) and a record without its spec (the next prepare of the
-            # claim, or reconcile, writes it again); the kubelet hears of success only after
-            # both are durable. A prepare that changes the node in other ways must record
-            # PrepareStarted first (docs/plugin.md, "Durability").
+            # thread, overlapping the checkpoint's append and fdatasync). Without a time slice
+            # the record is written once, as PrepareCompleted: the only change this prepare
+            # makes on the node is the spec, and it becomes visible (the rename) only after the
+            # record is durable. A crash before the rename leaves a temp file (reconcile removes
+            # it) and a record without its spec (the next prepare of the claim, or reconcile,
+            # writes it again); the kubelet hears of success only after both are durable.
             capabilities = frozenset().union(*(p.capabilities for p in planned))
             pending = self.specs.begin(
                 ref.uid, self._encode_spec(ref.uid, [p.target for p in planned], capabilities)
@@ -398,13 +430,7 @@ class Preparer:
             try:
                 synced = self._sync_spec(pending)
                 try:
-                    record_op = self._record_op(ref, planned, devices)
-                    try:
-                        self.checkpoint.transact(record_op)
-                    except DeviceConflict as exc:
-                        if not self._clear_stale(exc.holders):
-                            raise
-                        self.checkpoint.transact(record_op)
+                    self._record(self._record_op(ref, planned, devices, phase=PREPARE_COMPLETED))
                 finally:
                     # waits: the temp file is busy till then
                     sync_error = synced.exception() if synced is not None else None
@@ -425,6 +451,35 @@ class Preparer:
                 },
             )
             return devices
+
+    def _record(self, op: Callable[[Claims], None]) -> None:
+        """Commit ``op`` (durably); a device conflict with claims no pod can use any more
+        clears them and tries once more."""
+        try:
+            self.checkpoint.transact(op)
+        except DeviceConflict as exc:
+            if not self._clear_stale(exc.holders):
+                raise
+            self.checkpoint.transact(op)
+
+    def _set_time_slices(
+        self, ref: ClaimRef, planned: Sequence[_Planned], devices: tuple[PreparedDevice, ...]
+    ) -> None:
+        """Record the claim ``PrepareStarted`` (durably; refusing a device or an interval
+        another claim holds), then set the time slice of each GPU it asks one of. On failure the
+        claim is rolled back (record removed, GPUs set back to what the other claims ask, else
+        Default) and TimeSliceFailed names what nvidia-smi said. Claim lock held."""
+        if self._timeslicer is None:
+            raise ConfigNotSupported(
+                f"ResourceClaim {ref.namespace}/{ref.name}: time slicing is not available "
+                "(this agent runs no nvidia-smi)"
+            )
+        self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
+        try:
+            self._sync_slices({p.target.gpu.uuid for p in planned if p.interval}, strict=True)
+        except BaseException:
+            self._roll_back_quietly(ref.uid)
+            raise
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
@@ -460,6 +515,10 @@ class Preparer:
         self.specs.remove(uid, sync_dir=False)
         self._pods.pop(uid, None)
         if record is not None:
+            # After the record: a crash before this leaves a GPU marked as maybe not Default
+            # and no claim asking for it, which reconcile sets back. A failure never fails
+            # the unprepare (logged; reconcile retries).
+            self._restore_time_slices(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
     # -- steps -------------------------------------------------------------------------------
@@ -586,34 +645,46 @@ class Preparer:
         )
 
     def _record_op(
-        self, ref: ClaimRef, planned: Sequence[_Planned], devices: tuple[PreparedDevice, ...]
+        self,
+        ref: ClaimRef,
+        planned: Sequence[_Planned],
+        devices: tuple[PreparedDevice, ...],
+        *,
+        phase: Phase,
     ) -> Callable[[Claims], None]:
-        """Record the claim as prepared, refusing a device another prepared claim holds
-        (admin access aside); checked and recorded in one step, so two claims racing for a
+        """Record the claim in ``phase``, refusing a device another recorded claim holds
+        (admin access aside), or a GPU another claim asks another time-slice interval of (one
+        GPU has one time slice); checked and recorded in one step, so two claims racing for a
         device cannot both have it."""
         wanted = {p.target.name for p in planned if not p.admin_access}
+        intervals = {p.target.name: p.interval for p in planned if p.interval is not None}
 
         def op(claims: Claims) -> None:
             for other in claims.values():
                 if other.uid == ref.uid:
                     continue
                 for held in other.devices:
+                    owner = (
+                        f"{other.namespace}/{other.name} ({other.uid})"
+                        if other.namespace
+                        else other.uid
+                    )
                     if held.device in wanted and not held.admin_access:
-                        owner = (
-                            f"{other.namespace}/{other.name} ({other.uid})"
-                            if other.namespace
-                            else other.uid
-                        )
                         raise DeviceConflict(
                             f"device {held.device} is already prepared for claim {owner}",
                             holders=(other.uid,),
                         )
+                    want = intervals.get(held.device)
+                    theirs = timeslice.recorded_interval(held.config) if want else None
+                    if theirs is not None and theirs != want:
+                        raise DeviceConflict(
+                            f"device {held.device} is prepared for claim {owner} with time-slice "
+                            f"interval {theirs}; this claim asks for interval {want} (a GPU has "
+                            "one time slice for all its claims)",
+                            holders=(other.uid,),
+                        )
             claims[ref.uid] = ClaimRecord(
-                uid=ref.uid,
-                namespace=ref.namespace,
-                name=ref.name,
-                phase=PREPARE_COMPLETED,
-                devices=devices,
+                uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=phase, devices=devices
             )
 
         return op
@@ -642,9 +713,92 @@ class Preparer:
         return self._spec_encoder.encode(claim_uid, devices, capabilities)
 
     def _roll_back(self, record: ClaimRecord) -> None:
-        """Undo a half-done prepare (lock held): the spec first, then the record."""
+        """Undo a half-done prepare (lock held): the spec first, then the record, then the
+        time slices it asked for (set back to what the remaining claims ask, else Default)."""
         self.specs.remove(record.uid)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
+        self._restore_time_slices(record)
+
+    # -- time slices -------------------------------------------------------------------------
+
+    def _restore_time_slices(self, record: ClaimRecord) -> None:
+        """Set the GPUs whose time slice ``record`` (just removed) asked for to what the
+        remaining claims ask; failures are logged and left to reconcile."""
+        targets = self._current.targets
+        uuids = {
+            targets[d.device].gpu.uuid
+            for d in record.devices
+            if d.device in targets and timeslice.recorded_interval(d.config) is not None
+        }
+        if uuids:
+            self._sync_slices(uuids, strict=False)
+
+    def _wanted_slices(self) -> dict[str, str]:
+        """GPU uuid -> the interval the recorded claims (either phase) ask of it; a GPU no
+        claim asks one of should be at Default. The conflict check keeps it to one per GPU."""
+        targets = self._current.targets
+        wanted: dict[str, str] = {}
+        for record in self.checkpoint.snapshot().values():
+            for device in record.devices:
+                interval = timeslice.recorded_interval(device.config)
+                target = targets.get(device.device)
+                if interval is not None and target is not None and target.type == "gpu":
+                    wanted[target.gpu.uuid] = interval
+        return wanted
+
+    def _sync_slices(self, uuids: Iterable[str] | None, *, strict: bool) -> int:
+        """Set each GPU of ``uuids`` (None: every full GPU of the node) to the interval the
+        checkpoint asks of it now, where it may differ: what this process set since it started
+        differs, or it is unknown and a claim asks for a non-default interval or the GPU is
+        marked as maybe not Default. Returns how many were set. ``strict``: the first failure
+        raises TimeSliceFailed; else failures are logged (the GPU stays unknown: the next
+        reconcile pass tries again). Without a time slicer: nothing to do."""
+        if self._timeslicer is None:
+            return 0
+        if uuids is None:
+            uuids = {t.gpu.uuid for t in self._current.targets.values() if t.type == "gpu"}
+        done = 0
+        with self._slice_lock:
+            wanted = self._wanted_slices()
+            for uuid in sorted(uuids):
+                want = wanted.get(uuid, timeslice.DEFAULT)
+                known = self._slices.get(uuid)
+                if known == want:
+                    continue
+                mark = self._slice_marks / uuid
+                if known is None and want == timeslice.DEFAULT and not mark.exists():
+                    self._slices[uuid] = want  # never set by us: the driver's default
+                    continue
+                try:
+                    self._set_slice(uuid, want, mark)
+                except TimeSliceFailed as exc:
+                    if strict:
+                        raise
+                    log.error(
+                        "cannot set a GPU's time slice; reconcile will retry",
+                        extra={"gpu_uuid": uuid, "interval": want, "error": str(exc)},
+                    )
+                    continue
+                done += 1
+        return done
+
+    def _set_slice(self, uuid: str, interval: str, mark: Path) -> None:
+        assert self._timeslicer is not None
+        if interval != timeslice.DEFAULT and not mark.exists():
+            try:
+                mark.parent.mkdir(parents=True, exist_ok=True)
+                mark.touch()
+                fsync_dir(mark.parent)
+            except OSError as exc:
+                raise TimeSliceFailed(
+                    f"cannot mark GPU {uuid} as having a time slice set ({mark}): {exc}"
+                ) from exc
+        self._slices.pop(uuid, None)  # unknown until nvidia-smi says it is done
+        self._timeslicer.set(uuid, interval)
+        self._slices[uuid] = interval
+        if interval == timeslice.DEFAULT:
+            mark.unlink(missing_ok=True)
+        log.info("set a GPU's time slice", extra={"gpu_uuid": uuid, "interval": interval})
 
     def _roll_back_quietly(self, uid: str) -> None:
         try:
@@ -740,6 +894,10 @@ class Preparer:
                     )  # fmt: skip
                     self._unprepare_locked(uid)
                     done["unprepared_gone"] += 1
+        # What a crash or a failed restore left: GPUs whose time slice is not what the claims
+        # ask (at start every GPU a claim asks a non-default interval of, or marked; then
+        # only those whose last change failed).
+        done["time_slices_set"] = self._sync_slices(None, strict=False)
         live = self.checkpoint.snapshot()  # claims another instance unprepared
         for uid in list(self._pods):
             if uid not in live:

@@ -14,8 +14,10 @@ root /run/nvidia/driver with its own dev/), each test:
    the image, without the node's driver files), every hostPath volume at its mountPath, an
    emptyDir /tmp, the ServiceAccount token, in-cluster API access to the local API server;
 4. acts as the kubelet: registration over the registration socket, NodePrepareResources over
-   the DRA socket for two claims (the second asks for the ``video`` driver capability), and
-   reads the GPUs' telemetry from the metrics port;
+   the DRA socket for two claims (the second asks for the ``video`` driver capability and for
+   time slicing: the agent runs the driver root's nvidia-smi, the fake driver's stand-in, from
+   its read-only ``/driver-root``, and sets Default again on unprepare), and reads the GPUs'
+   telemetry from the metrics port;
 5. starts containers with podman + runc through the returned CDI device IDs, in the node's mount
    namespace. A program in the container dlopen()s libcuda.so.1, libcuda.so and
    libnvidia-ml.so.1 and calls a function of each. The container images hold a real glibc
@@ -54,7 +56,14 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.gpus.fakedriver import LIBRARIES, make_device_nodes, make_fake_driver
+from dra_driver.gpus.fakedriver import (
+    LIBRARIES,
+    make_device_nodes,
+    make_fake_driver,
+    read_nvidia_smi_calls,
+    read_time_slices,
+    simulated_inventory,
+)
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from dra_driver.localapi import FakeKubeApi, free_port
 from tests import exposition
@@ -317,6 +326,9 @@ def start_node(
         PATH=f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         HOME="/root",
         PYTHONDONTWRITEBYTECODE="1",
+        # Where the stand-in nvidia-smi keeps what it was told (a real one leaves that in the
+        # GPU): the driver root is read-only in the pod, the plugin data dir is not.
+        FAKE_NVIDIA_SMI_DIR=f"{env['KUBELET_PLUGINS_DIRECTORY_PATH']}/gpu.nvidia.com",
     )
     plan = {
         "node": {
@@ -427,9 +439,11 @@ def test_a_container_prepared_by_the_deployed_agent_loads_the_driver(
     try:
         api.add_node(NODE)
         plain = api.add_claim(allocated_claim(name="plain", node=NODE, devices=["gpu-0"]))
+        # also time slicing: nvidia-smi is run from the pod's view of the driver root
         video_config = opaque(
             {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-             "driverCapabilities": ["compute", "utility", "video"]}
+             "driverCapabilities": ["compute", "utility", "video"],
+             "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
         )  # fmt: skip
         video = api.add_claim(
             allocated_claim(name="video", node=NODE, devices=["gpu-1"], configs=[video_config])
@@ -452,6 +466,11 @@ def test_a_container_prepared_by_the_deployed_agent_loads_the_driver(
                 ids[ref.name] = [i for d in entry.devices for i in d.cdi_device_ids]
             spec_files = sorted(p.name for p in node.cdi_dir.glob("*.json"))
             assert len(spec_files) == 2
+            smi_dir = node.kubelet_dir / "plugins" / "gpu.nvidia.com"
+            video_gpu = simulated_inventory("h100:2", node_name=NODE).gpus[1].uuid
+            assert read_nvidia_smi_calls(smi_dir) == [
+                f"compute-policy -i {video_gpu} --set-timeslice 3"
+            ], node.log.read_text()
 
             # Every host path a spec names is the node's, never the agent's /driver-root.
             spec = json.loads((node.cdi_dir / spec_files[0]).read_text())
@@ -502,6 +521,7 @@ def test_a_container_prepared_by_the_deployed_agent_loads_the_driver(
                 v1.NodeUnprepareResourcesRequest(claims=refs), timeout=30
             )
             assert all(undone.claims[r.uid].error == "" for r in refs)
+            assert read_time_slices(smi_dir) == {video_gpu: 0}  # Default again
         assert not list(node.cdi_dir.glob("*.json"))
         assert node.stop() == 0, node.log.read_text()
         assert not list((node.kubelet_dir / "plugins_registry").glob("*.sock"))

@@ -210,24 +210,44 @@ def test_bad_driver_capabilities_are_a_claim_error_naming_the_value(
 
 
 @pytest.mark.parametrize(
+    ("parameters", "why"),
+    [
+        (
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e9}}),
+            "sharing (strategy MPS) is not supported by this driver yet; remove `sharing` to get "
+            "exclusive access",
+        ),
+        (
+            mig(sharing={"strategy": "MPS"}),
+            "sharing (strategy MPS) is not supported by this driver yet; remove `sharing` to get "
+            "exclusive access",
+        ),
+        (
+            mig(sharing={"strategy": "TimeSlicing"}),
+            "sharing (strategy TimeSlicing) has no effect on a MIG device; remove `sharing` (a "
+            "MIG device is isolated from the others on its GPU)",
+        ),
+    ],
+)
+def test_mps_and_time_slicing_of_mig_are_decoded_but_refused_naming_the_field(
+    parameters: dict[str, Any], why: str
+) -> None:
+    config = decode(parameters)  # a valid config: decoding accepts it
+    with pytest.raises(ConfigNotSupported) as info:
+        check_supported(config, device_name="gpu-0", request="gpu")
+    assert str(info.value) == f"the config of request gpu (device gpu-0): {why}"
+
+
+@pytest.mark.parametrize(
     "parameters",
     [
         gpu(sharing={"strategy": "TimeSlicing"}),
         gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}),
-        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e9}}),
-        mig(sharing={"strategy": "TimeSlicing"}),
-        mig(sharing={"strategy": "MPS"}),
+        gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {}}),
     ],
 )
-def test_any_sharing_is_decoded_but_refused_naming_the_field(parameters: dict[str, Any]) -> None:
-    config = decode(parameters)  # a valid config: decoding accepts it
-    strategy = parameters["sharing"]["strategy"]
-    with pytest.raises(ConfigNotSupported) as info:
-        check_supported(config, device_name="gpu-0", request="gpu")
-    assert str(info.value) == (
-        f"the config of request gpu (device gpu-0): sharing (strategy {strategy}) is not "
-        "supported by this driver yet; remove `sharing` to get exclusive access"
-    )
+def test_time_slicing_of_a_full_gpu_is_supported(parameters: dict[str, Any]) -> None:
+    check_supported(decode(parameters), device_name="gpu-0", request="gpu")
 
 
 @pytest.mark.parametrize(

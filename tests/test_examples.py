@@ -72,7 +72,7 @@ def pod_specs(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[
 
 
 def test_there_are_examples() -> None:
-    assert len(FILES) >= 11
+    assert len(FILES) >= 12
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -230,10 +230,48 @@ def test_shared_claim_is_used_by_two_containers_of_one_pod() -> None:
     assert all(c["resources"]["claims"] == [{"name": "gpu"}] for c in pod["containers"])
 
 
-def test_no_example_promises_sharing_the_driver_does_not_do_yet() -> None:
-    # time slicing and MPS are refused at prepare until they are implemented
+def test_no_example_promises_mps_the_driver_does_not_do_yet() -> None:
+    # MPS is refused at prepare until it is implemented (time slicing is carried out)
     for path in FILES:
-        assert "sharing:" not in path.read_text(), path.name
+        assert "strategy: MPS" not in path.read_text(), path.name
+
+
+def test_time_slicing_example_is_prepared_as_its_header_says(tmp_path: Path) -> None:
+    """The template's claim, allocated gpu-0 and prepared by the agent's Preparer on the fake
+    driver: the stand-in nvidia-smi is told what the header says, and Default after."""
+    from tests.claimdata import allocated_claim, opaque  # noqa: PLC0415
+    from tests.test_prepare import build_env  # noqa: PLC0415
+
+    objects = _all("time-slicing.yaml")
+    (spec,) = claim_specs(objects)
+    assert [o["kind"] for o in objects] == ["ResourceClaimTemplate", "Pod"]
+    (config,) = spec["devices"]["config"]
+    decoded = deviceconfig.decode(config["opaque"]["parameters"])
+    assert isinstance(decoded, deviceconfig.GpuConfig) and decoded.sharing is not None
+    assert decoded.sharing.timeSlicingConfig is not None
+    assert decoded.sharing.timeSlicingConfig.interval == "Long"
+    env = build_env(tmp_path)
+    try:
+        claim = env.store.add(
+            allocated_claim(
+                name="time-sliced-gpu", configs=[opaque(config["opaque"]["parameters"])]
+            )
+        )
+        env.preparer.prepare(env.ref(claim))
+        uuid = env.preparer.targets["gpu-0"].gpu.uuid
+        smi_dir = tmp_path / "driver-root" / "usr/bin"
+        env.preparer.unprepare(env.ref(claim))
+        calls = (smi_dir / "nvidia-smi.log").read_text().splitlines()
+        assert calls == [
+            f"compute-policy -i {uuid} --set-timeslice 3",
+            f"compute-policy -i {uuid} --set-timeslice 0",
+        ]
+    finally:
+        env.preparer.close()
+    text = " ".join(header(EXAMPLES / "time-slicing.yaml").replace("#", " ").split())
+    assert "`nvidia-smi compute-policy -i <GPU uuid> --set-timeslice 3`" in text
+    assert "(`--set-timeslice 0`)" in text
+    assert "MPS is not supported yet" in text
 
 
 def test_video_example_asks_a_gpu_config_for_the_video_capability() -> None:

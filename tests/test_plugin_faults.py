@@ -27,9 +27,16 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.gpus.fakedriver import make_fake_driver
+from dra_driver.gpus.fakedriver import (
+    NVIDIA_SMI_HANG,
+    NVIDIA_SMI_HANGING,
+    make_fake_driver,
+    read_nvidia_smi_calls,
+    read_time_slices,
+    simulated_inventory,
+)
 from dra_driver.localapi import FakeKubeApi
-from tests.claimdata import allocated_claim
+from tests.claimdata import allocated_claim, opaque
 from tests.spares import held, spares_in
 
 ITERATIONS = 100
@@ -315,3 +322,102 @@ def test_kill_9_during_concurrent_callers_leaves_a_consistent_node(
             v1.NodePrepareResourcesRequest(claims=[claim_ref(c) for c in claims]), timeout=10
         )
         assert all(e.error == "" for e in again.claims.values())
+
+
+def _time_slicing_claim(name: str, device: str, interval: str) -> dict[str, Any]:
+    sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}
+    return allocated_claim(
+        name=name,
+        devices=[device],
+        configs=[
+            opaque({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": sharing})
+        ],
+    )  # fmt: skip
+
+
+def _kill_while_nvidia_smi_hangs(
+    plugin_process: PluginProcess, call: Any, *, calls_before: int
+) -> str:
+    """Make the stand-in nvidia-smi hang, run ``call`` (a gRPC call) in a thread, kill the
+    plugin with SIGKILL once nvidia-smi was run, then end the hanging nvidia-smi (the dead
+    plugin's child: a real one would have finished) and let the next one work. Returns the
+    argument line nvidia-smi was given."""
+    smi_dir = Path(plugin_process.settings["driver_root"]) / "usr/bin"
+    (smi_dir / NVIDIA_SMI_HANG).touch()
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 10
+    while (
+        len(read_nvidia_smi_calls(smi_dir)) <= calls_before
+        or not (smi_dir / NVIDIA_SMI_HANGING).exists()
+    ):
+        assert time.monotonic() < deadline, "nvidia-smi was not run"
+        time.sleep(0.005)
+    plugin_process.kill()
+    caller.join(10)
+    (smi_dir / NVIDIA_SMI_HANG).unlink()
+    hanging = smi_dir / NVIDIA_SMI_HANGING
+    while not hanging.read_text().endswith("\n"):
+        time.sleep(0.001)
+    for pid in hanging.read_text().split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    hanging.unlink()
+    return read_nvidia_smi_calls(smi_dir)[calls_before]
+
+
+def test_kill_9_while_a_time_slice_is_set_or_restored_leaves_the_gpu_as_the_claims_ask(
+    plugin_process: PluginProcess, kubeapi: FakeKubeApi
+) -> None:
+    smi_dir = Path(plugin_process.settings["driver_root"]) / "usr/bin"
+    uuid = simulated_inventory(f"h100:{GPUS}", node_name="node1").gpus[2].uuid
+    claim = kubeapi.add_claim(_time_slicing_claim("sliced", "gpu-2", "Long"))
+    uid = claim["metadata"]["uid"]
+
+    def prepare() -> None:
+        with (
+            grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch,
+            contextlib.suppress(grpc.RpcError),
+        ):
+            v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[claim_ref(claim)]), timeout=20
+            )
+
+    def unprepare() -> None:
+        with (
+            grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch,
+            contextlib.suppress(grpc.RpcError),
+        ):
+            v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[claim_ref(claim)]), timeout=20
+            )
+
+    # 1. killed while nvidia-smi sets Long: the claim was recorded PrepareStarted first, so the
+    # next instance rolls it back and sets the GPU back to Default
+    plugin_process.spawn()
+    told = _kill_while_nvidia_smi_hangs(plugin_process, prepare, calls_before=0)
+    assert told == f"compute-policy -i {uuid} --set-timeslice 3"
+    plugin_process.spawn()
+    assert check_node(plugin_process.settings) == {}
+    assert read_nvidia_smi_calls(smi_dir)[-1] == f"compute-policy -i {uuid} --set-timeslice 0"
+    assert read_time_slices(smi_dir) == {uuid: 0}
+    # 2. the claim prepares again and gets its interval
+    prepare()
+    assert set(check_node(plugin_process.settings)) == {uid}
+    assert read_time_slices(smi_dir) == {uuid: 3}
+    # 3. killed while unprepare restores Default (the record is already gone): the next
+    # instance sees the GPU marked as maybe not Default and sets it back
+    calls = len(read_nvidia_smi_calls(smi_dir))
+    told = _kill_while_nvidia_smi_hangs(plugin_process, unprepare, calls_before=calls)
+    assert told == f"compute-policy -i {uuid} --set-timeslice 0"
+    plugin_process.spawn()
+    assert check_node(plugin_process.settings) == {}
+    assert read_time_slices(smi_dir) == {uuid: 0}
+    assert len(read_nvidia_smi_calls(smi_dir)) == calls + 2
+    # 4. a restart with a prepared claim sets its interval again, once
+    prepare()
+    plugin_process.kill()
+    calls = len(read_nvidia_smi_calls(smi_dir))
+    plugin_process.spawn()
+    assert read_nvidia_smi_calls(smi_dir)[calls:] == [f"compute-policy -i {uuid} --set-timeslice 3"]

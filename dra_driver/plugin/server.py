@@ -56,6 +56,7 @@ from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
+from dra_driver.timeslice import NvidiaSmi
 
 if TYPE_CHECKING:
     from dra_driver.kube import EventType
@@ -210,6 +211,8 @@ class KubeletPlugin:
             checkpoint=self.checkpoint,
             locks=self.locks,
             claims=self._claims,
+            # run from the agent's view of the driver root, as the files were scanned
+            timeslicer=NvidiaSmi(cfg.driver_root_in_container),
         )
         self._recover(report)
         self._report_missing_devices()
