@@ -111,7 +111,7 @@ class NvidiaSmi:
             env["LD_LIBRARY_PATH"] = ":".join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
         what = f"{' '.join(argv[1:])} (time slice {interval} of GPU {gpu_uuid})"
         try:
-            done = subprocess.run(  # noqa: S603  (argv is ours, no shell)
+            done = subprocess.run(  # argv is ours: no shell
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
