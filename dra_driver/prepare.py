@@ -664,21 +664,17 @@ class Preparer:
                 if other.uid == ref.uid:
                     continue
                 for held in other.devices:
-                    owner = (
-                        f"{other.namespace}/{other.name} ({other.uid})"
-                        if other.namespace
-                        else other.uid
-                    )
                     if held.device in wanted and not held.admin_access:
                         raise DeviceConflict(
-                            f"device {held.device} is already prepared for claim {owner}",
+                            f"device {held.device} is already prepared for claim {_owner(other)}",
                             holders=(other.uid,),
                         )
                     want = intervals.get(held.device)
                     theirs = timeslice.recorded_interval(held.config) if want else None
                     if theirs is not None and theirs != want:
                         raise DeviceConflict(
-                            f"device {held.device} is prepared for claim {owner} with time-slice "
+                            f"device {held.device} is prepared for claim {_owner(other)} with "
+                            f"time-slice "
                             f"interval {theirs}; this claim asks for interval {want} (a GPU has "
                             "one time slice for all its claims)",
                             holders=(other.uid,),
@@ -1020,6 +1016,11 @@ class Preparer:
             return added
 
         return self.checkpoint.transact(op)
+
+
+def _owner(record: ClaimRecord) -> str:
+    """How an error names a claim that holds a device."""
+    return f"{record.namespace}/{record.name} ({record.uid})" if record.namespace else record.uid
 
 
 def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
