@@ -43,6 +43,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import tempfile
 import threading
 import time
@@ -58,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import pynvml
 
 from dra_driver.errors import SimulationSpecError
+from dra_driver.fsutil import fsync_dir, write_all
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 
@@ -295,7 +297,11 @@ class SimulatedMig:
 
 @dataclass(frozen=True)
 class SimulatedGpu:
-    """A simulated GPU with its node-specific identities."""
+    """A simulated GPU with its node-specific identities.
+
+    ``migs`` is the spec's layout, the MIG devices the GPU starts with when no state file says
+    otherwise; the library's ``mig.devices(gpu)`` are the ones that exist now.
+    """
 
     index: int
     minor: int
@@ -340,7 +346,7 @@ def build_node(spec: SimulationSpec, *, node_name: str) -> tuple[SimulatedGpu, .
     for index, (gpu, bus) in enumerate(zip(spec.gpus, buses, strict=True)):
         migs = tuple(
             SimulatedMig(
-                uuid="MIG-" + _uuid(node_name, "mig", index, m.profile.profile_id, m.start),
+                uuid=_mig_uuid(node_name, index, m.profile, m.start),
                 gpu_instance_id=_gpu_instance_id(m.start, m.profile.placement_size),
                 compute_instance_id=0,
                 profile=m.profile,
@@ -399,6 +405,9 @@ _INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 _VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 _TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
+_IN_USE: int = pynvml.NVML_ERROR_IN_USE
+_INSUFFICIENT_RESOURCES: int = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 
 _ERROR_STRINGS = {
     _SUCCESS: b"Success",
@@ -410,6 +419,9 @@ _ERROR_STRINGS = {
     _GPU_IS_LOST: b"GPU is lost",
     _VERSION_MISMATCH: b"Argument version mismatch",
     _TIMEOUT: b"Timeout",
+    _IN_USE: b"In use by another client",
+    _INSUFFICIENT_RESOURCES: b"Insufficient resources",
+    _UNKNOWN: b"Unknown Error",
 }
 
 
@@ -465,11 +477,13 @@ def _nvml_bus_id(pci_bus_id: str) -> str:
 
 @dataclass
 class _Handles:
-    """Opaque handle values pynvml passes back to us; never dereferenced by anyone."""
+    """Opaque full-GPU handle values pynvml passes back to us; never dereferenced by anyone.
+
+    Each GPU owns 0x1000 addresses from its handle on; the MIG block (SimulatedMigInstances)
+    gives its MIG device, GPU-instance and compute-instance handles addresses inside that range.
+    """
 
     gpus: dict[int, SimulatedGpu] = field(default_factory=dict)
-    migs: dict[int, tuple[SimulatedGpu, SimulatedMig]] = field(default_factory=dict)
-    gpu_instances: dict[int, tuple[SimulatedGpu, SimulatedMig]] = field(default_factory=dict)
     gpu_address: dict[int, int] = field(default_factory=dict)  # index -> handle
 
     def add(self, gpus: tuple[SimulatedGpu, ...]) -> None:
@@ -478,34 +492,35 @@ class _Handles:
             address += 0x1000
             self.gpus[address] = gpu
             self.gpu_address[gpu.index] = address
-            for n, mig in enumerate(gpu.migs):
-                self.migs[address + 0x10 * (n + 1)] = (gpu, mig)
-                self.gpu_instances[address + 0x800 + 0x10 * (n + 1)] = (gpu, mig)
-
-    def mig_address(self, mig: SimulatedMig) -> int:
-        return next(a for a, (_, m) in self.migs.items() if m is mig)
-
-    def gpu_instance_address(self, mig: SimulatedMig) -> int:
-        return next(a for a, (_, m) in self.gpu_instances.items() if m is mig)
 
 
 class SimulatedNvmlLibrary:
     """Answers pynvml's calls the way libnvidia-ml.so.1 would, from simulated GPUs.
 
-    Only the symbols discovery, telemetry and the health watch use exist; any other lookup raises
-    AttributeError, which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND, as with an old real
-    library. Safe to call from several threads (the agent's re-discovery, telemetry and health
-    watch). ``health`` holds the GPUs' health and injects faults (:meth:`SimulatedHealth.inject`);
-    ``inbox`` is the file other processes append faults to (docs/simulate.md "Faults").
+    Only the symbols discovery, telemetry, the health watch and MIG management use exist; any
+    other lookup raises AttributeError, which pynvml turns into NVML_ERROR_FUNCTION_NOT_FOUND, as
+    with an old real library. Safe to call from several threads (the agent's re-discovery,
+    telemetry and health watch). ``health`` holds the GPUs' health and injects faults
+    (:meth:`SimulatedHealth.inject`); ``inbox`` is the file other processes append faults to
+    (docs/simulate.md "Faults"). ``mig`` holds the GPU and compute instances that exist now
+    (:class:`SimulatedMigInstances`), kept in ``state_path`` when one is given.
     """
 
-    def __init__(self, gpus: tuple[SimulatedGpu, ...], *, inbox: Path | None = None) -> None:
+    def __init__(
+        self,
+        gpus: tuple[SimulatedGpu, ...],
+        *,
+        node_name: str,
+        inbox: Path | None = None,
+        state_path: Path | None = None,
+    ) -> None:
         self._gpus = gpus
         self._handles = _Handles()
         self._handles.add(gpus)
         self._initialised = 0
         self._init_lock = threading.Lock()
         self.health = SimulatedHealth(self, inbox=inbox)
+        self.mig = SimulatedMigInstances(self, node_name=node_name, state_path=state_path)
         # Symbol names in call order, for tests and debugging; bounded for long-lived use.
         self.calls: deque[str] = deque(maxlen=10_000)
         # Telemetry (see "telemetry" below): the clock readings move with, and which UUIDs run
@@ -544,6 +559,7 @@ class SimulatedNvmlLibrary:
             "nvmlDeviceGetGpuInstanceById": self._gpu_instance_by_id,
             "nvmlGpuInstanceGetInfo": self._gpu_instance_info,
             **self.health.functions(),
+            **self.mig.functions(),
         }
         impls.update(self._telemetry_functions())
         self._functions = {
@@ -601,10 +617,11 @@ class SimulatedNvmlLibrary:
     def _device(self, handle: Any) -> tuple[SimulatedGpu | None, SimulatedMig | None, int]:
         """(gpu, mig, rc): the GPU a handle names, the MIG device if it is a MIG handle."""
         address = _address(handle)
+        mig_devices = self.mig.view.mig_devices
         if address in self._handles.gpus:
             gpu, mig = self._handles.gpus[address], None
-        elif address in self._handles.migs:
-            gpu, mig = self._handles.migs[address]
+        elif address in mig_devices:
+            gpu, mig = mig_devices[address]
         else:
             return None, None, _INVALID_ARGUMENT
         if gpu.spec.fail or not self.health.answers(gpu):
@@ -773,9 +790,10 @@ class SimulatedNvmlLibrary:
         i = _int(index)
         if i >= TOTAL_COMPUTE_SLICES:
             return _INVALID_ARGUMENT
-        if i >= len(gpu.migs):
+        migs = self.mig.devices(gpu)
+        if i >= len(migs):
             return _NOT_FOUND
-        _set_pointer(ref, self._handles.mig_address(gpu.migs[i]))
+        _set_pointer(ref, self.mig.mig_address(gpu, migs[i]))
         return _SUCCESS
 
     def _is_mig_handle(self, handle: Any, ref: Any) -> int:
@@ -827,27 +845,25 @@ class SimulatedNvmlLibrary:
             return rc
         if not gpu.spec.mig_enabled:
             return _NOT_SUPPORTED
-        mig = next((m for m in gpu.migs if m.gpu_instance_id == _int(gpu_instance_id)), None)
-        if mig is None:
+        instances = self.mig.view.instances[gpu.index]
+        found = next((i for i in instances if i.id == _int(gpu_instance_id)), None)
+        if found is None:
             return _NOT_FOUND
-        _set_pointer(ref, self._handles.gpu_instance_address(mig))
+        _set_pointer(ref, self.mig.gpu_instance_address(found))
         return _SUCCESS
 
     def _gpu_instance_info(self, gpu_instance: Any, ref: Any) -> int:
-        found = self._handles.gpu_instances.get(_address(gpu_instance))
+        found, rc = self.mig.gpu_instance(gpu_instance)
         if found is None:
-            return _INVALID_ARGUMENT
-        gpu, mig = found
-        if gpu.spec.fail or not self.health.answers(gpu):
-            return _GPU_IS_LOST
+            return rc
         info = _target(ref)
         info.device = ctypes.cast(
-            ctypes.c_void_p(self._handles.gpu_address[gpu.index]), pynvml.c_nvmlDevice_t
+            ctypes.c_void_p(self._handles.gpu_address[found.gpu_index]), pynvml.c_nvmlDevice_t
         )
-        info.id = mig.gpu_instance_id
-        info.profileId = mig.profile.profile_id
-        info.placement.start = mig.start
-        info.placement.size = mig.profile.placement_size
+        info.id = found.id
+        info.profileId = found.profile.profile_id
+        info.placement.start = found.start
+        info.placement.size = found.profile.placement_size
         return _SUCCESS
 
     # telemetry: the readings telemetry.py samples (utilisation, memory used, temperature, power,
@@ -882,7 +898,7 @@ class SimulatedNvmlLibrary:
             busy = workload is not None and workload(mig.uuid)
             return simulated_load(mig.uuid, now_s=self.clock(), busy=busy)
         busy = workload is not None and (
-            workload(gpu.uuid) or any(workload(m.uuid) for m in gpu.migs)
+            workload(gpu.uuid) or any(workload(m.uuid) for m in self.mig.devices(gpu))
         )
         return simulated_load(gpu.uuid, now_s=self.clock(), busy=busy)
 
@@ -892,7 +908,7 @@ class SimulatedNvmlLibrary:
         if mig is None and gpu.spec.mig_enabled:
             used = sum(
                 self._memory_used_bytes(gpu, m, total_bytes=m.profile.memory_mib << 20)
-                for m in gpu.migs
+                for m in self.mig.devices(gpu)
             )
             return min(total_bytes, used + (total_bytes >> 9))  # + the driver's own share
         # Memory follows the slow part of the load (allocations outlive kernel bursts).
@@ -918,7 +934,7 @@ class SimulatedNvmlLibrary:
                     return _GPU_IS_LOST
                 _set_pointer(ref, address)
                 return _SUCCESS
-        for address, (parent, mig) in self._handles.migs.items():
+        for address, (parent, mig) in self.mig.view.mig_devices.items():
             if mig.uuid == wanted:
                 if parent.spec.fail or not self.health.answers(parent):
                     return _GPU_IS_LOST
@@ -1378,6 +1394,578 @@ class SimulatedHealth:
         return _SUCCESS
 
 
+# --- MIG instance management: GPU and compute instances created and destroyed through NVML ---
+#
+# Kept apart from discovery above: nvmlDeviceCreateGpuInstance(WithPlacement),
+# nvmlGpuInstanceDestroy, nvmlDeviceGetGpuInstances, nvmlDeviceGetGpuInstanceRemainingCapacity
+# and their compute-instance counterparts, with the return codes nvml.h documents for them. The
+# instances that exist are one immutable view, replaced under one lock on every change (after the
+# state file, when there is one, has been written), so discovery, telemetry and the health watch
+# read a consistent set without locking. The spec's layout is the state a node starts from.
+#
+# Modelled: the profiles' placement tables on the 8 memory slices, the per-profile instance
+# counts (which is what makes a ``+me`` profile exclusive: one instance of it per GPU), the 7
+# compute slices, and the full-GPU-instance compute profile. Not modelled: compute profiles
+# smaller than their GPU instance, processes holding an instance (IN_USE only for compute
+# instances inside a GPU instance), permissions, and switching MIG mode.
+
+_STATE_VERSION = 1
+# NVML_COMPUTE_INSTANCE_PROFILE_* of the compute profile that spans a whole GPU instance, by
+# the GPU instance's compute slices; real NVML gives compute profiles ids equal to their index.
+_FULL_COMPUTE_PROFILE: dict[int, int] = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+}
+# Handle addresses inside a GPU's 0x1000 (see _Handles), by GPU-instance id (0-13) and
+# compute-instance id (0-7).
+_MIG_DEVICE_OFFSET = 0x100
+_COMPUTE_INSTANCE_OFFSET = 0x400
+_GPU_INSTANCE_OFFSET = 0x800
+
+
+@dataclass(frozen=True)
+class SimulatedGpuInstance:
+    """A GPU instance of a simulated GPU; each of its compute instances is one MIG device."""
+
+    gpu_index: int
+    id: int
+    profile: GpuInstanceProfile
+    start: int
+    compute_instances: tuple[SimulatedMig, ...] = ()
+
+    @property
+    def memory_slices(self) -> frozenset[int]:
+        return frozenset(range(self.start, self.start + self.profile.placement_size))
+
+
+@dataclass(frozen=True)
+class _MigView:
+    """Every instance that exists, and the handle addresses that name them; never mutated."""
+
+    instances: dict[int, tuple[SimulatedGpuInstance, ...]]  # GPU index -> by id
+    devices: dict[int, tuple[SimulatedMig, ...]]  # GPU index -> MIG devices, NVML's order
+    mig_devices: dict[int, tuple[SimulatedGpu, SimulatedMig]]
+    gpu_instances: dict[int, SimulatedGpuInstance]
+    compute_instances: dict[int, tuple[SimulatedGpuInstance, SimulatedMig]]
+
+
+def _mig_uuid(node_name: str, gpu_index: int, profile: GpuInstanceProfile, start: int) -> str:
+    return "MIG-" + _uuid(node_name, "mig", gpu_index, profile.profile_id, start)
+
+
+def _full_compute_profile(instance: SimulatedGpuInstance) -> int:
+    return _FULL_COMPUTE_PROFILE[instance.profile.slice_count]
+
+
+def _placement(arg: Any) -> Any:
+    """The placement struct a ``const nvml...Placement_t *`` argument points at."""
+    if hasattr(arg, "_obj"):
+        return arg._obj  # byref(...)
+    if isinstance(arg, ctypes.Structure):
+        return arg
+    return arg.contents  # a pointer(...)
+
+
+class SimulatedMigInstances:
+    """The GPU and compute instances of a simulated node, and the NVML functions that manage them.
+
+    ``state_path``: a JSON file this node owns; read at start when it exists (it then replaces
+    the spec's layout for the GPUs it names), rewritten atomically (temporary file, fsync,
+    rename) on every change, under the lock, before the change becomes visible. Format::
+
+        {"version": 1, "gpus": {"<GPU UUID>": [{"gpu_instance_id": 2, "profile_id": 9,
+          "start": 0, "compute_instances": [{"compute_instance_id": 0, "profile_id": 2}]}]}}
+
+    GPUs of the node the file does not name start from the spec's layout; UUIDs of other nodes
+    are ignored. A file that cannot be read or names impossible instances is a
+    SimulationSpecError at start.
+    """
+
+    def __init__(
+        self, library: SimulatedNvmlLibrary, *, node_name: str, state_path: Path | None
+    ) -> None:
+        self._library = library
+        self._gpus = library._gpus
+        self._node_name = node_name
+        self.state_path = state_path
+        self._lock = threading.Lock()
+        instances = {
+            gpu.index: tuple(
+                SimulatedGpuInstance(
+                    gpu_index=gpu.index,
+                    id=mig.gpu_instance_id,
+                    profile=mig.profile,
+                    start=mig.start,
+                    compute_instances=(mig,),
+                )
+                for mig in gpu.migs
+            )
+            for gpu in self._gpus
+        }
+        if state_path is not None and state_path.exists():
+            instances.update(self._read(state_path))
+        self.view = self._build_view(instances)
+
+    # --- the view and handles ------------------------------------------------------------------
+
+    def devices(self, gpu: SimulatedGpu) -> tuple[SimulatedMig, ...]:
+        """The MIG devices of ``gpu`` now, by GPU-instance id then compute-instance id."""
+        return self.view.devices[gpu.index]
+
+    def _base(self, gpu_index: int) -> int:
+        return self._library._handles.gpu_address[gpu_index]
+
+    def mig_address(self, gpu: SimulatedGpu, mig: SimulatedMig) -> int:
+        offset = _MIG_DEVICE_OFFSET + 0x10 * mig.gpu_instance_id + mig.compute_instance_id
+        return self._base(gpu.index) + offset
+
+    def gpu_instance_address(self, instance: SimulatedGpuInstance) -> int:
+        return self._base(instance.gpu_index) + _GPU_INSTANCE_OFFSET + 0x10 * instance.id
+
+    def _compute_instance_address(self, instance: SimulatedGpuInstance, ci: SimulatedMig) -> int:
+        offset = _COMPUTE_INSTANCE_OFFSET + 0x10 * instance.id + ci.compute_instance_id
+        return self._base(instance.gpu_index) + offset
+
+    def _build_view(self, instances: dict[int, tuple[SimulatedGpuInstance, ...]]) -> _MigView:
+        by_id = {i: tuple(sorted(found, key=lambda g: g.id)) for i, found in instances.items()}
+        view = _MigView(
+            instances=by_id,
+            devices={
+                i: tuple(ci for gi in found for ci in gi.compute_instances)
+                for i, found in by_id.items()
+            },
+            mig_devices={},
+            gpu_instances={},
+            compute_instances={},
+        )
+        for gpu in self._gpus:
+            for gi in by_id[gpu.index]:
+                view.gpu_instances[self.gpu_instance_address(gi)] = gi
+                for ci in gi.compute_instances:
+                    view.mig_devices[self.mig_address(gpu, ci)] = (gpu, ci)
+                    view.compute_instances[self._compute_instance_address(gi, ci)] = (gi, ci)
+        return view
+
+    def _answers(self, gpu_index: int) -> bool:
+        gpu = self._gpus[gpu_index]
+        return not gpu.spec.fail and self._library.health.answers(gpu)
+
+    def gpu_instance(self, handle: Any) -> tuple[SimulatedGpuInstance | None, int]:
+        """(instance, rc) for a GPU-instance handle; INVALID_ARGUMENT once it is destroyed."""
+        found = self.view.gpu_instances.get(_address(handle))
+        if found is None:
+            return None, _INVALID_ARGUMENT
+        if not self._answers(found.gpu_index):
+            return None, _GPU_IS_LOST
+        return found, _SUCCESS
+
+    def _mig_gpu(self, handle: Any) -> tuple[SimulatedGpu | None, int]:
+        """A full-GPU handle of a GPU in MIG mode (nvml.h: NOT_SUPPORTED when it is off)."""
+        gpu, rc = self._library._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return None, rc
+        if not gpu.spec.mig_enabled:
+            return None, _NOT_SUPPORTED
+        return gpu, _SUCCESS
+
+    # --- state changes ---------------------------------------------------------------------------
+
+    def _commit(self, gpu_index: int, instances: tuple[SimulatedGpuInstance, ...]) -> int:
+        """Make ``instances`` the GPU's instances: state file first, then the view (lock held)."""
+        changed = dict(self.view.instances)
+        changed[gpu_index] = instances
+        if self.state_path is not None:
+            try:
+                self._write(self.state_path, changed)
+            except OSError as exc:
+                _log.error("simulated GPUs: cannot write MIG state %s: %s", self.state_path, exc)
+                return _UNKNOWN
+        self.view = self._build_view(changed)
+        return _SUCCESS
+
+    def _refusal(self, gpu: SimulatedGpu, profile: GpuInstanceProfile, start: int) -> int:
+        """Why a ``profile`` instance at ``start`` cannot be created now; SUCCESS if it can."""
+        if start not in profile.placement_starts:
+            return _INVALID_ARGUMENT
+        existing = self.view.instances[gpu.index]
+        span = frozenset(range(start, start + profile.placement_size))
+        compute = sum(i.profile.slice_count for i in existing) + profile.slice_count
+        same = sum(1 for i in existing if i.profile.profile_id == profile.profile_id)
+        if (
+            same >= profile.instance_count
+            or compute > TOTAL_COMPUTE_SLICES
+            or any(span & i.memory_slices for i in existing)
+        ):
+            return _INSUFFICIENT_RESOURCES
+        return _SUCCESS
+
+    def _create_gpu_instance(
+        self, gpu: SimulatedGpu, profile: GpuInstanceProfile, start: int | None, ref: Any
+    ) -> int:
+        with self._lock:
+            if start is None:  # the first placement that fits, in the profile's table order
+                start = next(
+                    (
+                        s
+                        for s in profile.placement_starts
+                        if self._refusal(gpu, profile, s) == _SUCCESS
+                    ),
+                    None,
+                )
+                if start is None:
+                    return _INSUFFICIENT_RESOURCES
+            rc = self._refusal(gpu, profile, start)
+            if rc != _SUCCESS:
+                return rc
+            created = SimulatedGpuInstance(
+                gpu_index=gpu.index,
+                id=_gpu_instance_id(start, profile.placement_size),
+                profile=profile,
+                start=start,
+            )
+            rc = self._commit(gpu.index, (*self.view.instances[gpu.index], created))
+            if rc == _SUCCESS:
+                _set_pointer(ref, self.gpu_instance_address(created))
+            return rc
+
+    def _destroy_gpu_instance(self, handle: Any) -> int:
+        with self._lock:
+            instance, rc = self.gpu_instance(handle)
+            if instance is None:
+                return rc
+            if instance.compute_instances:  # nvml.h: IN_USE while compute instances exist
+                return _IN_USE
+            left = tuple(i for i in self.view.instances[instance.gpu_index] if i is not instance)
+            return self._commit(instance.gpu_index, left)
+
+    def _create_compute_instance(self, handle: Any, profile_id: int, ref: Any) -> int:
+        with self._lock:
+            instance, rc = self.gpu_instance(handle)
+            if instance is None:
+                return rc
+            rc = self._compute_profile_refusal(instance, profile_id)
+            if rc != _SUCCESS:
+                return rc
+            if instance.compute_instances:
+                return _INSUFFICIENT_RESOURCES  # the full compute profile leaves no room
+            ci = SimulatedMig(
+                uuid=_mig_uuid(
+                    self._node_name, instance.gpu_index, instance.profile, instance.start
+                ),
+                gpu_instance_id=instance.id,
+                compute_instance_id=0,
+                profile=instance.profile,
+                start=instance.start,
+            )
+            grown = _replace(instance, compute_instances=(ci,))
+            others = (i for i in self.view.instances[instance.gpu_index] if i is not instance)
+            rc = self._commit(instance.gpu_index, (*others, grown))
+            if rc == _SUCCESS:
+                _set_pointer(ref, self._compute_instance_address(grown, ci))
+            return rc
+
+    def _compute_profile_refusal(self, instance: SimulatedGpuInstance, profile_id: int) -> int:
+        if profile_id >= pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            return _INVALID_ARGUMENT
+        if profile_id != _full_compute_profile(instance):
+            return _NOT_SUPPORTED  # smaller compute profiles are not simulated
+        return _SUCCESS
+
+    # --- the NVML functions ----------------------------------------------------------------------
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "nvmlDeviceCreateGpuInstance": self._nvml_create_gi,
+            "nvmlDeviceCreateGpuInstanceWithPlacement": self._nvml_create_gi_with_placement,
+            "nvmlGpuInstanceDestroy": self._destroy_gpu_instance,
+            "nvmlDeviceGetGpuInstances": self._nvml_gpu_instances,
+            "nvmlDeviceGetGpuInstanceRemainingCapacity": self._nvml_gi_remaining,
+            "nvmlGpuInstanceGetComputeInstanceProfileInfoV": self._nvml_ci_profile_info,
+            "nvmlGpuInstanceGetComputeInstancePossiblePlacements": self._nvml_ci_placements,
+            "nvmlGpuInstanceCreateComputeInstance": self._nvml_create_ci,
+            "nvmlGpuInstanceCreateComputeInstanceWithPlacement": self._nvml_create_ci_placed,
+            "nvmlComputeInstanceDestroy": self._nvml_destroy_ci,
+            "nvmlGpuInstanceGetComputeInstances": self._nvml_compute_instances,
+            "nvmlGpuInstanceGetComputeInstanceRemainingCapacity": self._nvml_ci_remaining,
+            "nvmlComputeInstanceGetInfo_v2": self._nvml_ci_info,
+        }
+
+    def _gpu_and_profile(
+        self, handle: Any, profile_id: Any
+    ) -> tuple[SimulatedGpu | None, GpuInstanceProfile | None, int]:
+        gpu, rc = self._mig_gpu(handle)
+        if gpu is None:
+            return None, None, rc
+        profile = self._library._profile_by_id(gpu, _int(profile_id))
+        if profile is None:  # nvml.h: INVALID_ARGUMENT "if ... profileId ... are invalid"
+            return None, None, _INVALID_ARGUMENT
+        return gpu, profile, _SUCCESS
+
+    def _nvml_create_gi(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gpu, profile, rc = self._gpu_and_profile(handle, profile_id)
+        if gpu is None or profile is None:
+            return rc
+        return self._create_gpu_instance(gpu, profile, None, ref)
+
+    def _nvml_create_gi_with_placement(
+        self, handle: Any, profile_id: Any, placement: Any, ref: Any
+    ) -> int:
+        gpu, profile, rc = self._gpu_and_profile(handle, profile_id)
+        if gpu is None or profile is None:
+            return rc
+        if placement is None:
+            return _INVALID_ARGUMENT
+        wanted = _placement(placement)
+        if wanted.size != profile.placement_size:
+            return _INVALID_ARGUMENT
+        return self._create_gpu_instance(gpu, profile, int(wanted.start), ref)
+
+    def _nvml_gpu_instances(self, handle: Any, profile_id: Any, array: Any, count: Any) -> int:
+        gpu, profile, rc = self._gpu_and_profile(handle, profile_id)
+        if gpu is None or profile is None:
+            return rc
+        if array is None:
+            return _INVALID_ARGUMENT
+        found = [i for i in self.view.instances[gpu.index] if i.profile is profile]
+        # nvml.h: the caller sizes the array for the profile's instanceCount.
+        handles = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+        for n, instance in enumerate(found):
+            handles[n] = self.gpu_instance_address(instance)
+        _target(count).value = len(found)
+        return _SUCCESS
+
+    def _nvml_gi_remaining(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        gpu, profile, rc = self._gpu_and_profile(handle, profile_id)
+        if gpu is None or profile is None:
+            return rc
+        existing = self.view.instances[gpu.index]
+        used = frozenset().union(*(i.memory_slices for i in existing))
+        compute_left = TOTAL_COMPUTE_SLICES - sum(i.profile.slice_count for i in existing)
+        same = sum(1 for i in existing if i.profile is profile)
+        # Placements of one profile are aligned to their size, so taking free ones in table
+        # order finds the most that fit together.
+        fit = 0
+        for start in profile.placement_starts:
+            span = frozenset(range(start, start + profile.placement_size))
+            if not span & used:
+                used |= span
+                fit += 1
+        _target(ref).value = max(
+            0, min(fit, profile.instance_count - same, compute_left // profile.slice_count)
+        )
+        return _SUCCESS
+
+    def _nvml_ci_profile_info(self, handle: Any, profile: Any, engine: Any, ref: Any) -> int:
+        instance, rc = self.gpu_instance(handle)
+        if instance is None:
+            return rc
+        info = _target(ref)
+        if info.version != pynvml.nvmlComputeInstanceProfileInfo_v2:
+            return _VERSION_MISMATCH
+        if _int(engine) >= pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT:
+            return _INVALID_ARGUMENT
+        rc = self._compute_profile_refusal(instance, _int(profile))
+        if rc != _SUCCESS:
+            return rc
+        gi = instance.profile
+        info.id = _full_compute_profile(instance)
+        info.sliceCount = gi.slice_count
+        info.instanceCount = 1
+        info.multiprocessorCount = gi.multiprocessors
+        info.sharedCopyEngineCount = gi.copy_engines
+        info.sharedDecoderCount = gi.decoders
+        info.sharedEncoderCount = gi.encoders
+        info.sharedJpegCount = gi.jpeg_engines
+        info.sharedOfaCount = gi.ofa_engines
+        info.name = f"MIG {gi.name}".encode()  # nvidia-smi names the full compute profile so
+        return _SUCCESS
+
+    def _nvml_ci_placements(self, handle: Any, profile_id: Any, placements: Any, count: Any) -> int:
+        instance, rc = self.gpu_instance(handle)
+        if instance is None:
+            return rc
+        rc = self._compute_profile_refusal(instance, _int(profile_id))
+        if rc != _SUCCESS:
+            return rc
+        if placements is not None:  # nvml.h: with placements == NULL only the count is returned
+            array = ctypes.cast(placements, ctypes.POINTER(pynvml.c_nvmlComputeInstancePlacement_t))
+            array[0].start = 0
+            array[0].size = instance.profile.slice_count
+        _target(count).value = 1
+        return _SUCCESS
+
+    def _nvml_create_ci(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        return self._create_compute_instance(handle, _int(profile_id), ref)
+
+    def _nvml_create_ci_placed(self, handle: Any, profile_id: Any, placement: Any, ref: Any) -> int:
+        instance, rc = self.gpu_instance(handle)
+        if instance is None:
+            return rc
+        if placement is None:
+            return _INVALID_ARGUMENT
+        wanted = _placement(placement)
+        if (wanted.start, wanted.size) != (0, instance.profile.slice_count):
+            return _INVALID_ARGUMENT
+        return self._create_compute_instance(handle, _int(profile_id), ref)
+
+    def _nvml_destroy_ci(self, handle: Any) -> int:
+        with self._lock:
+            found = self.view.compute_instances.get(_address(handle))
+            if found is None:
+                return _INVALID_ARGUMENT
+            instance, ci = found
+            if not self._answers(instance.gpu_index):
+                return _GPU_IS_LOST
+            shrunk = _replace(
+                instance,
+                compute_instances=tuple(c for c in instance.compute_instances if c is not ci),
+            )
+            others = (i for i in self.view.instances[instance.gpu_index] if i is not instance)
+            return self._commit(instance.gpu_index, (*others, shrunk))
+
+    def _nvml_compute_instances(self, handle: Any, profile_id: Any, array: Any, count: Any) -> int:
+        instance, rc = self.gpu_instance(handle)
+        if instance is None:
+            return rc
+        if _int(profile_id) >= pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT or array is None:
+            return _INVALID_ARGUMENT
+        found = [
+            ci
+            for ci in instance.compute_instances
+            if _int(profile_id) == _full_compute_profile(instance)
+        ]
+        handles = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+        for n, ci in enumerate(found):
+            handles[n] = self._compute_instance_address(instance, ci)
+        _target(count).value = len(found)
+        return _SUCCESS
+
+    def _nvml_ci_remaining(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        instance, rc = self.gpu_instance(handle)
+        if instance is None:
+            return rc
+        rc = self._compute_profile_refusal(instance, _int(profile_id))
+        if rc != _SUCCESS:
+            return rc
+        _target(ref).value = 0 if instance.compute_instances else 1
+        return _SUCCESS
+
+    def _nvml_ci_info(self, handle: Any, ref: Any) -> int:
+        found = self.view.compute_instances.get(_address(handle))
+        if found is None:
+            return _INVALID_ARGUMENT
+        instance, ci = found
+        if not self._answers(instance.gpu_index):
+            return _GPU_IS_LOST
+        info = _target(ref)
+        info.device = ctypes.cast(
+            ctypes.c_void_p(self._base(instance.gpu_index)), pynvml.c_nvmlDevice_t
+        )
+        info.gpuInstance = ctypes.cast(
+            ctypes.c_void_p(self.gpu_instance_address(instance)), pynvml.c_nvmlGpuInstance_t
+        )
+        info.id = ci.compute_instance_id
+        info.profileId = _full_compute_profile(instance)
+        info.placement.start = 0
+        info.placement.size = instance.profile.slice_count
+        return _SUCCESS
+
+    # --- the state file --------------------------------------------------------------------------
+
+    def _write(self, path: Path, instances: dict[int, tuple[SimulatedGpuInstance, ...]]) -> None:
+        """Replace ``path`` with ``instances``, atomically and durably (lock held)."""
+        # Every GPU in MIG mode is written, those without instances too: none is a state.
+        state = {
+            "version": _STATE_VERSION,
+            "gpus": {
+                gpu.uuid: [
+                    {
+                        "gpu_instance_id": gi.id,
+                        "profile_id": gi.profile.profile_id,
+                        "start": gi.start,
+                        "compute_instances": [
+                            {
+                                "compute_instance_id": ci.compute_instance_id,
+                                "profile_id": _full_compute_profile(gi),
+                            }
+                            for ci in gi.compute_instances
+                        ],
+                    }
+                    for gi in instances[gpu.index]
+                ]
+                for gpu in self._gpus
+                if gpu.spec.mig_enabled
+            },
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            try:
+                write_all(fd, (json.dumps(state, indent=1) + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+
+    def _read(self, path: Path) -> dict[int, tuple[SimulatedGpuInstance, ...]]:
+        """The instances ``path`` records for this node's GPUs; SimulationSpecError if invalid."""
+        try:
+            state = json.loads(path.read_text())
+            if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+                raise ValueError(f"not a version {_STATE_VERSION} MIG state file")
+            recorded = state["gpus"]
+            if not isinstance(recorded, dict):
+                raise ValueError("'gpus' is not an object")
+            return {
+                gpu.index: self._read_gpu(gpu, recorded[gpu.uuid])
+                for gpu in self._gpus
+                if gpu.uuid in recorded
+            }
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SimulationSpecError(f"simulated MIG state {path}: {exc}") from exc
+
+    def _read_gpu(self, gpu: SimulatedGpu, entries: Any) -> tuple[SimulatedGpuInstance, ...]:
+        if entries and not gpu.spec.mig_enabled:
+            raise ValueError(f"GPU {gpu.index} has MIG instances but MIG mode is off")
+        found: list[SimulatedGpuInstance] = []
+        for entry in entries:
+            profile = self._library._profile_by_id(gpu, int(entry["profile_id"]))
+            start = int(entry["start"])
+            if profile is None:
+                raise ValueError(f"GPU {gpu.index}: no GPU-instance profile {entry['profile_id']}")
+            span = frozenset(range(start, start + profile.placement_size))
+            if start not in profile.placement_starts or any(span & i.memory_slices for i in found):
+                raise ValueError(f"GPU {gpu.index}: {profile.name} cannot be at slice {start}")
+            if int(entry["gpu_instance_id"]) != _gpu_instance_id(start, profile.placement_size):
+                raise ValueError(f"GPU {gpu.index}: wrong GPU-instance id in {entry}")
+            instance = SimulatedGpuInstance(
+                gpu_index=gpu.index, id=int(entry["gpu_instance_id"]), profile=profile, start=start
+            )
+            cis = entry["compute_instances"]
+            if len(cis) > 1 or any(
+                (int(c["compute_instance_id"]), int(c["profile_id"]))
+                != (0, _full_compute_profile(instance))
+                for c in cis
+            ):
+                raise ValueError(f"GPU {gpu.index}: unsupported compute instances in {entry}")
+            mig = SimulatedMig(
+                uuid=_mig_uuid(self._node_name, gpu.index, profile, start),
+                gpu_instance_id=instance.id,
+                compute_instance_id=0,
+                profile=profile,
+                start=start,
+            )
+            found.append(_replace(instance, compute_instances=(mig,) if cis else ()))
+        return tuple(found)
+
+
 @dataclass(frozen=True)
 class SimulatedNode:
     """What ``simulated_nvml`` yields: the GPUs it serves and the sysfs tree to read."""
@@ -1390,7 +1978,7 @@ class SimulatedNode:
 
 @contextmanager
 def simulated_nvml(
-    spec: str, *, node_name: str, inbox: Path | None = None
+    spec: str, *, node_name: str, inbox: Path | None = None, state_path: Path | None = None
 ) -> Iterator[SimulatedNode]:
     """Install simulated GPUs as pynvml's NVML library for the duration of the block.
 
@@ -1400,9 +1988,12 @@ def simulated_nvml(
     one after another or nested in one process (the installing and restoring are not for
     concurrent use; the library itself may be called from several threads). ``inbox``: a file
     other processes append faults to (gpus/injector.py); lines already in it are skipped.
+    ``state_path``: the file the node keeps its MIG instances in (see SimulatedMigInstances),
+    read here when it exists, so a second block on the same file sees the instances the first
+    created; None keeps them in memory, starting from the spec's layout.
     """
     gpus = build_node(parse_spec(spec), node_name=node_name)
-    library = SimulatedNvmlLibrary(gpus, inbox=inbox)
+    library = SimulatedNvmlLibrary(gpus, node_name=node_name, inbox=inbox, state_path=state_path)
     with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as tmp:
         sysfs_root = write_sysfs(Path(tmp), gpus)
         with pynvml.libLoadLock:
