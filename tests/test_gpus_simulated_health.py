@@ -170,12 +170,12 @@ def test_temperature_and_thresholds_answer_both_query_versions(node: SimulatedNo
 
 
 def test_a_hang_blocks_every_call_on_that_gpu_for_its_time(node: SimulatedNode) -> None:
-    node.library.health.inject(SimulatedFault(kind="hang", gpu=0, seconds=0.3))
+    node.library.health.inject(SimulatedFault(kind="hang", gpu=0, seconds=0.8))
     began = time.monotonic()
     pynvml.nvmlDeviceGetTemperature(handle(1), pynvml.NVML_TEMPERATURE_GPU)
-    assert time.monotonic() - began < 0.1  # other GPUs answer
+    assert time.monotonic() - began < 0.4  # other GPUs answer (bound loose for a busy machine)
     pynvml.nvmlDeviceGetTemperature(handle(0), pynvml.NVML_TEMPERATURE_GPU)
-    assert time.monotonic() - began >= 0.28
+    assert time.monotonic() - began >= 0.78
 
 
 def test_faults_appended_to_the_inbox_are_injected_by_the_node(tmp_path: Path) -> None:
