@@ -1,8 +1,10 @@
-"""File-writing primitives shared by the CDI spec directory and the checkpoint (pure OS calls)."""
+"""File-writing primitives shared by the CDI spec directory, the checkpoint, the CDI hook's
+installer and the simulated node's state (pure OS calls)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -20,3 +22,25 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Make ``path`` hold ``data``, atomically and durably: a temp file beside it (written,
+    given ``mode``, fsync'd) renamed over it, then the directory fsync'd. A reader sees the old
+    content or the new, never a part; on failure the temp file is removed and ``path`` is left
+    as it was. Creates the directory if needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, mode)  # the umask may have taken bits away
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

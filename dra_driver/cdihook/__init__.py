@@ -17,14 +17,11 @@ themselves, as NVIDIA's CUDA images do), or the absolute host path of NVIDIA's
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import secrets
 from pathlib import Path
 
 from dra_driver.errors import CdiError
-from dra_driver.fsutil import fsync_dir, write_all
+from dra_driver.fsutil import replace_file
 
 HOOK_NAME = "gpu-dra-cdi-hook"
 BUILTIN = "builtin"
@@ -47,22 +44,7 @@ def install(directory: Path, *, binary: Path = PACKAGED_BINARY) -> Path:
     try:
         if target.is_file() and target.read_bytes() == content:
             return target
-        directory.mkdir(parents=True, exist_ok=True)
-        temp = directory / f".{target.name}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o755)
-        try:
-            write_all(fd, content)
-            os.fchmod(fd, 0o755)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.rename(temp, target)
-        except OSError:
-            with contextlib.suppress(OSError):
-                temp.unlink()
-            raise
-        fsync_dir(directory)
+        replace_file(target, content, mode=0o755)
     except OSError as exc:
         raise CdiError(f"cannot install the CDI hook into {directory}: {exc}") from exc
     return target

@@ -43,7 +43,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import tempfile
 import threading
 import time
@@ -59,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import pynvml
 
 from dra_driver.errors import SimulationSpecError
-from dra_driver.fsutil import fsync_dir, write_all
+from dra_driver.fsutil import replace_file
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 
@@ -1900,19 +1899,7 @@ class SimulatedMigInstances:
                 if gpu.spec.mig_enabled
             },
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            try:
-                write_all(fd, (json.dumps(state, indent=1) + "\n").encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(path.parent)
+        replace_file(path, (json.dumps(state, indent=1) + "\n").encode())
 
     def _read(self, path: Path) -> dict[int, tuple[SimulatedGpuInstance, ...]]:
         """The instances ``path`` records for this node's GPUs; SimulationSpecError if invalid."""
