@@ -517,17 +517,18 @@ class KubeClient:
 
     def list_device_classes(self) -> list[JsonDict]:
         """Every DeviceClass of the cluster as served (v1beta1 classes have the v1 shape)."""
-        version = self.resource_api_version
+        return self._list_typed(self.resource_api_version, "deviceclasses", "DeviceClass")
+
+    def _list_typed(self, version: str, resource: str, kind: str) -> list[JsonDict]:
+        """Every ``resource`` of the cluster as ``version`` serves it, each with the
+        ``apiVersion`` and ``kind`` a list's items leave out."""
         data = self._request(
-            "GET",
-            f"/apis/{GROUP}/{version}/deviceclasses",
-            verb="list",
-            resource="deviceclasses",
+            "GET", f"/apis/{GROUP}/{version}/{resource}", verb="list", resource=resource
         )
         items: list[JsonDict] = list(data.get("items") or ())
         for item in items:
             item.setdefault("apiVersion", f"{GROUP}/{version}")
-            item.setdefault("kind", "DeviceClass")
+            item.setdefault("kind", kind)
         return items
 
     def list_resource_claims(self) -> list[JsonDict]:
@@ -566,16 +567,7 @@ class KubeClient:
             names = {str(r.get("name")) for r in resources.get("resources") or ()}
             if "devicetaintrules" not in names:
                 continue
-            data = self._request(
-                "GET",
-                f"/apis/{GROUP}/{version}/devicetaintrules",
-                verb="list",
-                resource="devicetaintrules",
-            )
-            items: list[JsonDict] = list(data.get("items") or ())
-            for item in items:
-                item.setdefault("apiVersion", f"{GROUP}/{version}")
-                item.setdefault("kind", "DeviceTaintRule")
+            items = self._list_typed(version, "devicetaintrules", "DeviceTaintRule")
             return sorted(items, key=lambda r: str(r.get("metadata", {}).get("name", "")))
         return None
 
