@@ -77,6 +77,8 @@ actual cost for the same expression.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -320,15 +322,22 @@ class _Estimator:
         return Shape(len(x)) if isinstance(x, str | bytes | list | dict) else Shape(1)
 
     def _with(self, name: str, shape: Shape, body: Any) -> Any:
-        saved = self.scope.get(name)
-        self.scope[name] = shape
-        try:
+        with self._bound({name: shape}):
             return body()
+
+    @contextmanager
+    def _bound(self, bindings: Mapping[str, Shape]) -> Iterator[None]:
+        """``bindings`` in scope (hiding outer variables of the same names) until the end."""
+        saved = {n: self.scope.get(n) for n in bindings}
+        self.scope.update(bindings)
+        try:
+            yield
         finally:
-            if saved is None:
-                self.scope.pop(name, None)
-            else:
-                self.scope[name] = saved
+            for n, old in saved.items():
+                if old is None:
+                    self.scope.pop(n, None)
+                else:
+                    self.scope[n] = old
 
     def cost(self, e: Expr) -> int:
         k = e.kind
@@ -408,16 +417,8 @@ class _Estimator:
             shapes = [rng.item or _UNKNOWN, rng.value or _UNKNOWN]
         else:
             shapes = [Shape(1), rng.item or _UNKNOWN] if len(names) == 2 else [rng.item or _UNKNOWN]
-        saved = {n: self.scope.get(n) for n in names}
-        self.scope.update(zip(names, shapes[: len(names)], strict=False))
-        try:
+        with self._bound(dict(zip(names, shapes[: len(names)], strict=False))):
             body = _add(*(self.cost(p) for p in e.parts))
-        finally:
-            for n, old in saved.items():
-                if old is None:
-                    self.scope.pop(n, None)
-                else:
-                    self.scope[n] = old
         per_item = _add(body, _MACRO_OVERHEAD)
         total = _add(range_cost, _mul(rng.size, per_item))
         if e.name == "sortBy":

@@ -476,19 +476,9 @@ class _Compiler:
         of, kf = obj.fn, key.fn
         outer = obj.type
         t = outer.params[0] if outer.name == "optional_type" and outer.params else outer
-        if t.name == "map":
-            if not _fits(t.params[0], key.type):
-                raise self.fail(
-                    tree.meta,
-                    f"found no matching overload for '_[_]' applied to '({t}, {key.type})'",
-                )
+        if t.name == "map" and _fits(t.params[0], key.type):
             etype = t.params[1]
-        elif t.name == "list":
-            if key.type.name not in ("int", "uint", "dyn"):
-                raise self.fail(
-                    tree.meta,
-                    f"found no matching overload for '_[_]' applied to '({t}, {key.type})'",
-                )
+        elif t.name == "list" and key.type.name in ("int", "uint", "dyn"):
             etype = t.params[0]
         elif t.name in ("dyn", "optional_type"):
             etype = DYN
