@@ -29,6 +29,7 @@ per-claim outcome, and independent claims of a batch run concurrently.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -187,9 +188,10 @@ class _Planned:
 
         return to_json(self.config)
 
-    @property
+    @functools.cached_property
     def interval(self) -> str | None:
-        """The time-slice interval this device's config asks for (full GPUs only), or None."""
+        """The time-slice interval this device's config asks for (full GPUs only), or None
+        (read from the config as the checkpoint records it, once per planned device)."""
         if self.config is None or self.target.type != "gpu":
             return None
         return timeslice.recorded_interval(self.config_json())
