@@ -234,6 +234,16 @@ FLAGS: tuple[Flag, ...] = (
         _seconds_or_off,
         10.0,
     ),
+    Flag(
+        "--consumable-shares",
+        "CONSUMABLE_SHARES",
+        "consumable_shares",
+        "publish GPUs and MIG devices for several claims at once (KEP-5075): disabled, "
+        "unlimited, memory, compute or a number of shares; not yet runnable: the agent refuses "
+        "any value but disabled until shares are enforced by MPS (docs/publishing.md)",
+        str,
+        "disabled",
+    ),
 )
 
 

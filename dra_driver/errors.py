@@ -23,7 +23,8 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   ├── DeviceConflict        a device is already prepared for another claim
     │   ├── ConfigDecodeError     an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
     │   │   └── ConfigNotSupported  a valid config asks for what the agent does not do (MPS)
-    │   └── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
+    │   ├── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
+    │   └── ShareEnforcementFailed  a share's MPS daemon could not be started (per claim)
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
     │   └── CheckpointCorrupt     truncated, garbage, wrong checksum or unknown version
@@ -182,3 +183,7 @@ class KubeInvalid(KubeError):
 
 class MetricsUnavailable(DraError):
     """An agent's metrics endpoint cannot be reached or does not answer Prometheus text."""
+
+
+class ShareEnforcementFailed(PrepareError):
+    """The shared MPS daemon behind a consumable share could not be started (per claim)."""
