@@ -159,7 +159,9 @@ def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
     )
     claim = allocated_claim(name="train", namespace="ml", devices=[("gpus/fast", "gpu-0"), "gpu-1"])
     shares = [new_uid(), new_uid()]
-    for result, share in zip(claim["status"]["allocation"]["devices"]["results"], shares, strict=True):
+    for result, share in zip(
+        claim["status"]["allocation"]["devices"]["results"], shares, strict=True
+    ):
         result["shareID"] = share
         result["consumedCapacity"] = {"memory": "0"}
     kubeapi.add_claim(claim)
