@@ -82,7 +82,7 @@ def parse_mode(text: str) -> SharesMode:
         count = int(value)
         if count < 2:
             raise ValueError(
-                f"{count} shares: use at least 2 (one share is the whole device: use disabled)"
+                f"{count}: use at least 2 shares (one share is the whole device: use disabled)"
             )
         if count > 2**31:
             raise ValueError(f"{count} shares is more than the API allows (int32)")
