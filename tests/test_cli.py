@@ -242,7 +242,8 @@ def test_the_agent_refuses_to_start_with_sharing_on_until_shares_are_enforced(
          "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
          "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
          "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0"],
-        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CONSUMABLE_SHARES": "memory"},
+        capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "CONSUMABLE_SHARES": "memory"},
         check=False, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1
