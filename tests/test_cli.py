@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -252,3 +253,21 @@ def test_the_agent_refuses_to_start_with_sharing_on_until_shares_are_enforced(
         in result.stderr
     )
     assert not (tmp_path / "plugins").exists()  # refused before anything was touched
+
+
+def test_gpu_dra_devices_shows_the_devices_shareable_as_consumable_shares_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        gpu_dra_main(["devices", "--simulate", "h100:1", "--consumable-shares", "4", "-o", "json"])
+        == 0
+    )
+    (obj,) = json.loads(capsys.readouterr().out)["items"]
+    (device,) = obj["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["shares"]["value"] == "4"
+    assert gpu_dra_main(["devices", "--simulate", "h100:1", "-o", "json"]) == 0
+    (obj,) = json.loads(capsys.readouterr().out)["items"]
+    assert "allowMultipleAllocations" not in obj["spec"]["devices"][0]
+    assert gpu_dra_main(["devices", "--simulate", "h100:1", "--consumable-shares", "x"]) == 2
+    assert "--consumable-shares (CONSUMABLE_SHARES): 'x'" in capsys.readouterr().err
