@@ -14,8 +14,12 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    refusing a device another claim holds, admin access aside, or an interval other than the one
    another claim on the GPU asks for), then set the GPU's time slice (timeslice.py); a failure
    rolls the claim back.
-6. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
-   ``PrepareCompleted`` (with the same checks); answer one Device per result.
+6. A consumable share (an allocation result with ``shareID``, shares.py) is checked against
+   what this node publishes; the first share of a device this process prepares records
+   ``PrepareStarted`` and has the ShareEnforcer start the device's shared MPS daemon.
+7. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; one CDI
+   device per share, with its MPS limits), record ``PrepareCompleted`` (with the same checks:
+   shares of a device must fit it together); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
 GPUs it asked one of back to Default (or to what another claim on it asks); an unknown claim
@@ -905,17 +909,26 @@ class Preparer:
         }
         done = 0
         for name in sorted(wanted - self._share_running):
-            try:
-                self._share_enforcer.acquire(
-                    gpu_uuids=frozenset({_uuid(targets[name])}), owner=shares.share_owner(name)
-                )
-            except ShareEnforcementFailed as exc:
-                log.error(
-                    "cannot acquire a device's shared MPS daemon; reconcile will retry",
-                    extra={"device": name, "error": str(exc)},
-                )
-                continue
+            # Under the lock, re-checked: an unprepare may have released it since the snapshot.
             with self._share_lock:
+                still = any(
+                    d.device == name and d.share_id is not None
+                    for record in self.checkpoint.snapshot().values()
+                    for d in record.devices
+                )
+                if not still or name in self._share_running:
+                    continue
+                try:
+                    self._share_enforcer.acquire(
+                        gpu_uuids=frozenset({_uuid(targets[name])}),
+                        owner=shares.share_owner(name),
+                    )
+                except ShareEnforcementFailed as exc:
+                    log.error(
+                        "cannot acquire a device's shared MPS daemon; reconcile will retry",
+                        extra={"device": name, "error": str(exc)},
+                    )
+                    continue
                 self._share_running.add(name)
             done += 1
         return done

@@ -13,10 +13,11 @@ from dra_driver.errors import ShareEnforcementFailed
 
 
 class RecordingEnforcer:
-    def __init__(self, *, fail_acquire: bool = False) -> None:
+    def __init__(self, *, fail_acquire: bool = False, fail_release: bool = False) -> None:
         self.calls: list[tuple[str, str, frozenset[str]]] = []  # (verb, owner, gpu uuids)
         self.running: dict[str, frozenset[str]] = {}  # owner -> gpu uuids
         self.fail_acquire = fail_acquire
+        self.fail_release = fail_release
         self._lock = threading.Lock()
 
     def acquire(self, *, gpu_uuids: frozenset[str], owner: str) -> None:
@@ -29,6 +30,8 @@ class RecordingEnforcer:
     def release(self, *, gpu_uuids: frozenset[str], owner: str) -> None:
         with self._lock:
             self.calls.append(("release", owner, gpu_uuids))
+            if self.fail_release:
+                raise ShareEnforcementFailed(f"MPS daemon {owner} did not stop")
             self.running.pop(owner, None)
 
     def verbs(self) -> list[tuple[str, str]]:

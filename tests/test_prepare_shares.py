@@ -331,3 +331,20 @@ def test_a_lost_checkpoint_is_rebuilt_with_the_share_ids_of_the_specs(env: Env) 
     # the kubelet's next prepare answers from scratch, with the same CDI device
     again = env.preparer.prepare(ClaimRef(namespace="default", name="a", uid=uid))
     assert again[0].cdi_device_ids == (f"{VENDOR}/claim={uid}-gpu-0-share-{share_of(claim)}",)
+
+
+def test_a_daemon_that_does_not_stop_never_fails_the_unprepare(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    enforcer = RecordingEnforcer(fail_release=True)
+    env = build_env(tmp_path, consumable_shares=parse_mode("memory"), share_enforcer=enforcer)
+    try:
+        claim = env.store.add(shared_claim("a", [("gpu-0", {"memory": "1Gi"})]))
+        env.preparer.prepare(env.ref(claim))
+        (outcome,) = env.preparer.unprepare_batch([env.ref(claim)]).values()
+        assert outcome.error == ""
+        assert env.checkpoint.get(claim["metadata"]["uid"]) is None
+        assert enforcer.verbs()[-1] == ("release", "shares-gpu-0")
+        assert "cannot release a device's shared MPS daemon" in caplog.text
+    finally:
+        env.preparer.close()
