@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from dra_driver import devices, log
 from dra_driver.config import Config
 from dra_driver.devicehealth import HealthPolicy
+from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk
 from dra_driver.errors import (
     CdiError,
     DiscoveryError,
@@ -150,7 +151,13 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
     with ExitStack() as stack:
         discovery = Discovery(config, stack)
         inventory = discovery.discover()
-        node_devices = devices.node_devices(inventory, driver_name=config.driver_name)
+        mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
+        node_devices = mig.node_devices(
+            inventory,
+            recorded=recorded_device_names_on_disk(config.checkpoint_path)
+            if config.mig_mode == "dynamic"
+            else frozenset(),
+        )
         logger.info(
             "discovered GPUs",
             extra={
@@ -281,6 +288,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                             publisher=publisher,
                             plugin=plugin,
                             monitor=monitor,
+                            mig=mig,
                         )
                     if telemetry is not None and applied.inventory is not state.inventory:
                         telemetry.set_inventory(applied.inventory)
@@ -353,6 +361,7 @@ def health_policy(config: Config) -> HealthPolicy:
     """The health decisions the ``--health-*`` flags ask for."""
     return HealthPolicy(
         driver_name=config.driver_name,
+        mig_mode=config.mig_mode,
         ignored_xids=config.health_ignored_xids,
         fatal_xids=config.health_fatal_xids,
         taint_effect=config.health_taint_effect,
@@ -399,6 +408,7 @@ def _rediscover(
     publisher: Publisher,
     plugin: KubeletPlugin,
     monitor: HealthMonitor | None = None,
+    mig: ManagedMig | None = None,
 ) -> _NodeState:
     """Re-run discovery; when anything about the GPUs changed, apply it everywhere.
 
@@ -409,13 +419,17 @@ def _rediscover(
     in the device model) the plugin goes back to the current inventory, so both keep agreeing.
     Every failure keeps the current state, and the next pass tries again. A known GPU that
     fails its queries (lost) is kept (:func:`keep_unanswering_gpus`). The health monitor then
-    watches the new GPUs.
+    watches the new GPUs. ``mig`` (the agent's, kept across passes) applies ``--mig-mode``.
     """
+    mig = mig or ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
     try:
         inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
-        fresh = _NodeState(
-            inventory, devices.node_devices(inventory, driver_name=config.driver_name)
+        recorded = (
+            plugin.preparer.recorded_device_names()
+            if mig.mig_mode == "dynamic" and plugin.preparer is not None
+            else frozenset()
         )
+        fresh = _NodeState(inventory, mig.node_devices(inventory, recorded=recorded))
     except (DiscoveryError, DraError) as exc:
         logger.error(
             "re-discovery failed; keeping the published devices", extra={"reason": str(exc)}
