@@ -68,9 +68,10 @@ class ManagedMig:
     """The devices to publish for each discovery pass under ``--mig-mode``. One per agent; called
     from one thread at a time (start, then the re-discovery loop)."""
 
-    def __init__(self, *, mig_mode: MigMode, driver_name: str) -> None:
+    def __init__(self, *, mig_mode: MigMode, driver_name: str, warn: bool = True) -> None:
         self.mig_mode = mig_mode
         self.driver_name = driver_name
+        self._warn = warn  # False: the caller reports left_static() itself
         self._kept: frozenset[str] = frozenset()
         self._left_static: dict[str, tuple[str, ...]] = {}
 
@@ -98,7 +99,7 @@ class ManagedMig:
             if g.mig_enabled and (foreign := unmanaged_mig_devices(g, managed_mig=managed))
         }
         for gpu, foreign in left_static.items():
-            if self._left_static.get(gpu) != foreign:
+            if self._warn and self._left_static.get(gpu) != foreign:
                 log.warning(
                     "MIG mode is dynamic, but this GPU has MIG devices the driver did not create: "
                     "it keeps offering them as static MIG devices and is not partitionable until "
