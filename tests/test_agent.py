@@ -30,6 +30,7 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.agent import _NodeState, _rediscover, keep_unanswering_gpus
 from dra_driver.config import Config
 from dra_driver.devices import NodeDevices, node_devices
+from dra_driver.dynamicmig import ManagedMig
 from dra_driver.errors import CdiError, DiscoveryError, DraError, PublishError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import simulated_inventory
@@ -361,6 +362,68 @@ def test_a_mig_device_re_created_under_its_name_reaches_prepare() -> None:
     # the published devices are the same; prepare's device nodes are not
     assert now.node_devices == before.node_devices
     assert calls == [("plugin", inventory)]
+
+
+class RecordedNames:
+    """Stands in for the plugin's preparer: the device names its checkpoint records now."""
+
+    def __init__(self) -> None:
+        self.names: frozenset[str] = frozenset()
+
+    def recorded_device_names(self) -> frozenset[str]:
+        return self.names
+
+
+class PluginWithCheckpoint(Recorder):
+    def __init__(self, calls: list[tuple[str, object]]) -> None:
+        super().__init__(calls, "plugin", None)
+        self.preparer = RecordedNames()
+
+
+def test_dynamic_mig_devices_the_driver_creates_and_destroys_write_no_slice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = Config(node_name="node1", mig_mode="dynamic")
+    mig = ManagedMig(mig_mode="dynamic", driver_name="gpu.nvidia.com")
+    empty = simulated_inventory("h100:1:mig", node_name="node1")
+    one = simulated_inventory("h100:1:mig=3g.40gb", node_name="node1")
+    two = simulated_inventory("h100:1:mig=3g.40gb+1g.10gb", node_name="node1")
+    current = _NodeState(empty, mig.node_devices(empty, recorded=frozenset()))
+    calls: list[tuple[str, object]] = []
+    plugin = PluginWithCheckpoint(calls)
+    publisher = Recorder(calls, "publisher", None)
+
+    def rediscover(found: Inventory, recorded: set[str]) -> _NodeState:
+        plugin.preparer.names = frozenset(recorded)
+        return _rediscover(
+            Rediscovered(found),  # type: ignore[arg-type]
+            config,
+            current,
+            publisher=publisher,  # type: ignore[arg-type]
+            plugin=plugin,  # type: ignore[arg-type]
+            mig=mig,
+        )
+
+    with caplog.at_level(logging.WARNING):
+        # a claim recorded, then its MIG device created
+        current = rediscover(one, {"gpu-0-mig-3g40gb-9-0"})
+        # a second one; the first claim's record is dropped before its MIG device is gone
+        current = rediscover(two, {"gpu-0-mig-1g10gb-19-4"})
+        # both MIG devices destroyed, both records gone
+        current = rediscover(empty, set())
+    assert calls == [("plugin", one), ("plugin", two), ("plugin", empty)]  # no slice written
+    assert current.node_devices.counter_sets[0].name == "gpu-0-counter-set"
+    assert "did not create" not in caplog.text
+
+    # a MIG device made behind the driver's back: the GPU goes static, once, and says why
+    with caplog.at_level(logging.WARNING):
+        current = rediscover(one, set())
+    assert calls[-1] == ("publisher", current.node_devices)
+    assert current.node_devices.counter_sets == ()
+    assert [d.name for d in current.node_devices.devices] == ["gpu-0-mig-3g40gb-9-0"]
+    (warning,) = [r for r in caplog.records if "did not create" in r.getMessage()]
+    assert warning.gpu == "gpu-0"  # type: ignore[attr-defined]
+    assert warning.mig_devices == ["gpu-0-mig-3g40gb-9-0"]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
