@@ -7,6 +7,8 @@ profiles and placement tables are what ``nvmlDeviceGetGpuInstancePossiblePlaceme
 
 from __future__ import annotations
 
+from typing import Any
+
 import kubernetes_validate
 import pytest
 
@@ -256,7 +258,7 @@ def test_the_taints_of_a_partitionable_gpu_reach_its_whole_device_and_every_plac
 # --- slices: limits and the API's schemas -------------------------------------------------------
 
 
-def objects(published: NodeDevices) -> list[dict[str, object]]:
+def objects(published: NodeDevices) -> list[dict[str, Any]]:
     pool = build_slices(published, driver_name=DRIVER, node_name=NODE)
     plan = plan_sync(pool, [], node_uid="node-uid")
     out = []
@@ -275,8 +277,7 @@ def test_eight_h100_in_dynamic_mode_fit_the_limits_and_pass_the_strict_schema(
     objs = objects(published)
 
     shapes = [
-        (len(o["spec"].get("devices", ())), len(o["spec"].get("sharedCounters", ())))  # type: ignore[union-attr,arg-type]
-        for o in objs
+        (len(o["spec"].get("devices", ())), len(o["spec"].get("sharedCounters", ()))) for o in objs
     ]
     assert shapes == [(0, 8), (64, 0), (64, 0), (64, 0), (16, 0)]
     assert sum(d for d, _ in shapes) == 8 * 26
@@ -290,22 +291,22 @@ def test_eight_h100_in_dynamic_mode_fit_the_limits_and_pass_the_strict_schema(
 def test_nine_gpus_need_a_second_counter_set_slice() -> None:
     published = dynamic(inventory("h100:9:mig"))
     objs = objects(published)
-    counter_slices = [o for o in objs if o["spec"].get("sharedCounters")]  # type: ignore[union-attr]
+    counter_slices = [o for o in objs if o["spec"].get("sharedCounters")]
 
-    assert [len(o["spec"]["sharedCounters"]) for o in counter_slices] == [  # type: ignore[index]
+    assert [len(o["spec"]["sharedCounters"]) for o in counter_slices] == [
         MAX_COUNTER_SETS_PER_SLICE,
         1,
     ]
     for obj in objs:
         spec = obj["spec"]
-        assert not (spec.get("devices") and spec.get("sharedCounters"))  # type: ignore[union-attr]
-        assert len(spec.get("devices", ())) <= MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS  # type: ignore[union-attr,arg-type]
+        assert not (spec.get("devices") and spec.get("sharedCounters"))
+        assert len(spec.get("devices", ())) <= MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS
         assert validate_slice(obj) == []
 
 
 def test_the_api_refuses_a_ninth_counter_set_in_one_slice() -> None:
     objs = objects(dynamic(inventory("h100:9:mig")))
-    first, second = (o for o in objs if o["spec"].get("sharedCounters"))  # type: ignore[union-attr]
-    first["spec"]["sharedCounters"].extend(second["spec"]["sharedCounters"])  # type: ignore[index]
+    first, second = (o for o in objs if o["spec"].get("sharedCounters"))
+    first["spec"]["sharedCounters"].extend(second["spec"]["sharedCounters"])
 
     assert validate_slice(first) != []
