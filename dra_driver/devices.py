@@ -400,9 +400,14 @@ def _capacity_json(capacities: Mapping[str, int]) -> dict[str, str]:
     }
 
 
-def _counters(capacities: Mapping[str, int], *, start: int, size: int) -> dict[str, str]:
-    counters = {_COUNTER_OF_CAPACITY[n]: v for n, v in _capacity_json(capacities).items()}
-    counters.update({memory_slice_counter(i): decimal(1) for i in range(start, start + size)})
+_ONE = decimal(1)
+
+
+def _counters(capacity: Mapping[str, str], *, start: int, size: int) -> dict[str, str]:
+    """The counters standing for ``capacity`` (canonical quantities) and memory slices
+    ``start`` .. ``start + size - 1``."""
+    counters = {_COUNTER_OF_CAPACITY[n]: v for n, v in capacity.items()}
+    counters.update({memory_slice_counter(i): _ONE for i in range(start, start + size)})
     return counters
 
 
@@ -427,14 +432,16 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
         for placement in profile.placements:
             slices = max(slices, placement.start + placement.size)
     cs_name = counter_set_name(gpu.minor)
-    every = _counters(largest, start=0, size=slices)
+    whole = _capacity_json(largest)
+    every = _counters(whole, start=0, size=slices)
+    common = _common_attributes(gpu)
     devices: list[Device] = []
     if gpu.architecture not in _MIG_TOGGLE_NEEDS_RESET:
         devices.append(
             Device(
                 name=gpu_device_name(gpu.minor),
-                attributes={"type": "gpu", "uuid": gpu.uuid, **_common_attributes(gpu)},
-                capacity=_capacity_json(largest),
+                attributes={"type": "gpu", "uuid": gpu.uuid, **common},
+                capacity=whole,
                 consumes_counters=(CounterConsumption(counter_set=cs_name, counters=every),),
             )
         )
@@ -442,8 +449,9 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
         ((profile, placement) for profile in gpu.mig_profiles for placement in profile.placements),
         key=lambda pp: (pp[0].memory_bytes, pp[0].slice_count, pp[0].profile_id, pp[1].start),
     )
+    capacity_of = {id(p): _capacity_json(_profile_capacities(p)) for p in gpu.mig_profiles}
     for profile, placement in placements:
-        capacities = _profile_capacities(profile)
+        capacity = capacity_of[id(profile)]
         devices.append(
             Device(
                 name=mig_device_name(
@@ -456,19 +464,19 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
                     "type": "mig",
                     "parentUUID": gpu.uuid,
                     "profile": profile.name,
-                    **_common_attributes(gpu),
+                    **common,
                 },
                 capacity={
-                    **_capacity_json(capacities),
+                    **capacity,
                     **{
-                        memory_slice_capacity(i): decimal(1)
+                        memory_slice_capacity(i): _ONE
                         for i in range(placement.start, placement.start + placement.size)
                     },
                 },
                 consumes_counters=(
                     CounterConsumption(
                         counter_set=cs_name,
-                        counters=_counters(capacities, start=placement.start, size=placement.size),
+                        counters=_counters(capacity, start=placement.start, size=placement.size),
                     ),
                 ),
             )
