@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dra_driver.checkpoint import read_state
+from dra_driver.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
 from dra_driver.devices import (
     MigMode,
     NodeDevices,
@@ -43,15 +43,20 @@ from dra_driver.gpus.info import Inventory
 log = logging.getLogger(__name__)
 
 
-def recorded_device_names_on_disk(checkpoint_path: Path) -> frozenset[str]:
+def recorded_device_names_on_disk(
+    checkpoint_path: Path, *, boot_id_path: Path = BOOT_ID_PATH
+) -> frozenset[str]:
     """Every device name the checkpoint at ``checkpoint_path`` records, read-only.
 
-    A missing checkpoint records nothing. A damaged one counts as recording nothing here: the
-    plugin sets it aside and reports it when it opens it, and the next discovery pass asks the
-    plugin (``Preparer.recorded_device_names``).
+    A missing checkpoint records nothing, and so does one from an earlier boot (the plugin
+    discards it; MIG devices that exist now were made since, by someone else). A damaged one
+    counts as recording nothing here: the plugin sets it aside and reports it when it opens it,
+    and the next discovery pass asks the plugin (``Preparer.recorded_device_names``).
     """
     try:
-        _, claims = read_state(checkpoint_path)
+        boot_id, claims = read_state(checkpoint_path)
+        if boot_id != read_boot_id(boot_id_path):
+            return frozenset()
     except FileNotFoundError:
         return frozenset()
     except (DraError, OSError, ValueError, KeyError) as exc:

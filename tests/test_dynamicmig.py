@@ -32,23 +32,27 @@ def record(uid: str, *devices: str) -> ClaimRecord:
 def test_names_recorded_in_the_checkpoint_are_read_without_opening_it(tmp_path: Path) -> None:
     (tmp_path / "boot_id").write_text("boot-1\n")
     path = tmp_path / "plugin" / "checkpoint.json"
-    assert recorded_device_names_on_disk(path) == frozenset()  # no checkpoint yet
+    assert recorded_device_names_on_disk(path, boot_id_path=tmp_path / "boot_id") == frozenset()
     checkpoint = Checkpoint(path, boot_id_path=tmp_path / "boot_id")
     checkpoint.open()
     for r in (record("a", "gpu-0-mig-3g40gb-9-0"), record("b", "gpu-1", "gpu-2-mig-7g80gb-0-0")):
         checkpoint.transact(lambda claims, r=r: claims.__setitem__(r.uid, r))  # type: ignore[misc]
+    boot = tmp_path / "boot_id"
     # the journal holds the records: a read-only read applies it, as the plugin would
-    assert recorded_device_names_on_disk(path) == {
+    assert recorded_device_names_on_disk(path, boot_id_path=boot) == {
         "gpu-0-mig-3g40gb-9-0",
         "gpu-1",
         "gpu-2-mig-7g80gb-0-0",
     }
     checkpoint.close()
-    assert recorded_device_names_on_disk(path) == {
+    assert recorded_device_names_on_disk(path, boot_id_path=boot) == {
         "gpu-0-mig-3g40gb-9-0",
         "gpu-1",
         "gpu-2-mig-7g80gb-0-0",
     }
+    # after a reboot no MIG device of the old records exists: one that does now is foreign
+    boot.write_text("boot-2\n")
+    assert recorded_device_names_on_disk(path, boot_id_path=boot) == frozenset()
 
 
 def test_a_damaged_checkpoint_counts_as_recording_nothing_and_is_left_alone(
@@ -56,8 +60,9 @@ def test_a_damaged_checkpoint_counts_as_recording_nothing_and_is_left_alone(
 ) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_text('{"version": 2, "checksum": "0", "data": {')
+    (tmp_path / "boot_id").write_text("boot-1\n")
     with caplog.at_level(logging.WARNING):
-        assert recorded_device_names_on_disk(path) == frozenset()
+        assert recorded_device_names_on_disk(path, boot_id_path=tmp_path / "boot_id") == frozenset()
     assert "cannot read the checkpoint" in caplog.text
     assert path.read_text() == '{"version": 2, "checksum": "0", "data": {'  # for the plugin
 
