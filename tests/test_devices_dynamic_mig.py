@@ -7,6 +7,7 @@ profiles and placement tables are what ``nvmlDeviceGetGpuInstancePossiblePlaceme
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import kubernetes_validate
@@ -25,7 +26,7 @@ from dra_driver.devices import (
     unmanaged_mig_devices,
     with_taints,
 )
-from dra_driver.errors import DeviceModelError
+from dra_driver.errors import DeviceModelError, PublishError
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.simulated import discover_simulated
 from dra_driver.localapi import validate_slice
@@ -311,3 +312,21 @@ def test_the_api_refuses_a_ninth_counter_set_in_one_slice() -> None:
     first["spec"]["sharedCounters"].extend(second["spec"]["sharedCounters"])
 
     assert validate_slice(first) != []
+
+
+def test_a_counter_set_with_more_than_32_counters_is_refused_before_it_is_sent() -> None:
+    published = dynamic(inventory("h100:1:mig"))
+    (counter_set,) = published.counter_sets
+    assert len(counter_set.counters) == 15  # 7 capacities and 8 memory slices
+    too_many = replace(
+        counter_set, counters={**counter_set.counters, **{f"extra-{i}": "1" for i in range(18)}}
+    )
+    with pytest.raises(PublishError, match="has 33 counters; the API allows 1 to 32"):
+        build_slices(
+            replace(published, counter_sets=(too_many,)), driver_name=DRIVER, node_name=NODE
+        )
+    (obj,) = (o for o in objects(published) if o["spec"].get("sharedCounters"))
+    obj["spec"]["sharedCounters"][0]["counters"].update(
+        {f"extra-{i}": {"value": "1"} for i in range(18)}
+    )
+    assert validate_slice(obj) != []  # the fake API server's own check agrees
