@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from dra_driver.devices import Taint, TaintEffect, gpu_device_name, mig_device_name
+from dra_driver.devices import MigMode, Taint, TaintEffect, gpu_device_name, mig_device_name
 from dra_driver.gpus.info import Inventory
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -81,7 +81,7 @@ class HealthPolicy(NamedTuple):
     xid_quiet_period_s: float = 300.0  # 0: a normal XID's taint stays until a GPU reset
     min_change_interval_s: float = 10.0  # 0: no rate limit
     # "dynamic": a GPU in MIG mode is watched under its own name too (gpu_targets)
-    mig_mode: str = "static"
+    mig_mode: MigMode = "static"
 
     def taint_key(self, kind: str) -> str:
         return f"{self.driver_name}/{kind}"
@@ -97,7 +97,7 @@ class GpuTarget(NamedTuple):
     migs: Mapping[tuple[int, int], str] = {}  # (GI id, CI id) -> name; never mutated
 
 
-def gpu_targets(inventory: Inventory, *, mig_mode: str = "static") -> tuple[GpuTarget, ...]:
+def gpu_targets(inventory: Inventory, *, mig_mode: MigMode = "static") -> tuple[GpuTarget, ...]:
     """The GPUs of ``inventory`` with the names devices.py publishes for them.
 
     With ``mig_mode="dynamic"`` a GPU in MIG mode also has its own name ``gpu-<minor>`` among

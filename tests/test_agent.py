@@ -80,6 +80,71 @@ def _scrape(port: int) -> tuple[str, str]:
 
 
 @as_a_pod
+def test_the_agent_in_dynamic_mig_mode_publishes_partitions_and_refuses_to_prepare_them(
+    tmp_path: Path,
+) -> None:
+    """MIG_MODE=dynamic as the chart's DaemonSet sets it: a GPU in MIG mode without MIG devices is
+    partitionable, one with a MIG device the driver did not create stays static (and the log says
+    so); a placement that does not exist is refused at prepare, that claim only."""
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        api.add_node("gpu-node-1")
+        argv = [
+            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
+            "--simulate", "h100:1:mig,h100:1:mig=1g.10gb",
+            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
+        ]  # fmt: skip
+        command, env = api.in_cluster_command(argv, workdir=tmp_path)
+        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        env["MIG_MODE"] = "dynamic"
+        agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
+        try:
+            deadline = time.monotonic() + 30
+            while (
+                len(api.slices(node_name="gpu-node-1")) < 2 or not dra.is_socket()
+            ) and time.monotonic() < deadline:
+                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+                time.sleep(0.05)
+            stored = api.slices(node_name="gpu-node-1")
+            sets = [cs["name"] for s in stored for cs in s["spec"].get("sharedCounters", ())]
+            names = [d["name"] for s in stored for d in s["spec"].get("devices", ())]
+            assert sets == ["gpu-0-counter-set"]
+            assert len(names) == 27 and names[0] == "gpu-0"
+            assert "gpu-0-mig-3g40gb-9-4" in names and names[-1] == "gpu-1-mig-1g10gb-19-0"
+            claims = [
+                api.add_claim(allocated_claim(name=n, node="gpu-node-1", devices=[d]))
+                for n, d in (("dyn", "gpu-0-mig-3g40gb-9-4"), ("static", names[-1]))
+            ]
+            with grpc.insecure_channel(f"unix://{dra}") as channel:
+                answer = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(
+                        claims=[
+                            v1.Claim(namespace="default", name=c["metadata"]["name"],
+                                     uid=c["metadata"]["uid"])
+                            for c in claims
+                        ]
+                    ),
+                    timeout=10,
+                )  # fmt: skip
+            refused = answer.claims[claims[0]["metadata"]["uid"]].error
+            assert (
+                "creating MIG devices on prepare (--mig-mode dynamic) is not supported" in refused
+            )
+            assert answer.claims[claims[1]["metadata"]["uid"]].error == ""
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            _, stderr = agent.communicate(timeout=20)
+        assert agent.returncode == 0, stderr
+        (warning,) = [line for line in stderr.splitlines() if "did not create" in line]
+        assert '"gpu": "gpu-1"' in warning and "gpu-1-mig-1g10gb-19-0" in warning
+    finally:
+        api.stop()
+
+
+@as_a_pod
 def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_path: Path) -> None:
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
