@@ -415,7 +415,8 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
     """The counter set and devices of a GPU in dynamic MIG mode (nvidia-compat.md "Dynamic MIG").
 
     Counters: per capacity the largest value any of its GPU-instance profiles has, and one
-    ``memory-slice-<i>`` per memory slice (as many as the largest placement covers). Devices: the
+    ``memory-slice-<i>`` per memory slice, up to the end of the furthest placement (NVIDIA's
+    driver takes the largest placement size; both are 8 on A100, H100 and H200). Devices: the
     whole GPU first (capacities and consumption = every counter; left out on Ampere), then every
     profile's every placement, smallest memory first, so that first fit picks the smallest
     partition that satisfies a selector. A placement device has no ``uuid`` (the MIG device
