@@ -585,10 +585,14 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
 
         try:
             deadline = time.monotonic() + 30
-            while not api.slices(node_name="gpu-node-1") and time.monotonic() < deadline:
+            registration = tmp_path / "registry" / "gpu.nvidia.com-reg.sock"
+            # the slices come first, the plugin's sockets a moment later
+            while (
+                not api.slices(node_name="gpu-node-1") or not registration.is_socket()
+            ) and time.monotonic() < deadline:
                 assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
                 time.sleep(0.05)
-            _register(tmp_path / "registry" / "gpu.nvidia.com-reg.sock")
+            _register(registration)
             inject("--lost")
             lost = [("gpu.nvidia.com/gpu-lost", "NoExecute"), ("gpu.nvidia.com/xid", "NoExecute")]
             while taints() != {"gpu-1": lost} and time.monotonic() < deadline:
