@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from dra_driver import devices, log, shares
 from dra_driver.config import Config
 from dra_driver.devicehealth import HealthPolicy
+from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk
 from dra_driver.errors import (
     CdiError,
     ConfigError,
@@ -152,7 +153,16 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
     with ExitStack() as stack:
         discovery = Discovery(config, stack)
         inventory = discovery.discover()
-        node_devices = published_devices(inventory, config)
+        mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
+        node_devices = published_devices(
+            mig.node_devices(
+                inventory,
+                recorded=recorded_device_names_on_disk(config.checkpoint_path)
+                if config.mig_mode == "dynamic"
+                else frozenset(),
+            ),
+            config,
+        )
         logger.info(
             "discovered GPUs",
             extra={
@@ -283,6 +293,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                             publisher=publisher,
                             plugin=plugin,
                             monitor=monitor,
+                            mig=mig,
                         )
                     if telemetry is not None and applied.inventory is not state.inventory:
                         telemetry.set_inventory(applied.inventory)
@@ -297,11 +308,10 @@ _M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
 MALLOC_ARENAS = 2
 
 
-def published_devices(inventory: Inventory, config: Config) -> devices.NodeDevices:
-    """The devices this node publishes: discovery's, shareable as --consumable-shares says."""
-    return shares.shareable(
-        devices.node_devices(inventory, driver_name=config.driver_name), config.shares_mode
-    )
+def published_devices(node_devices: devices.NodeDevices, config: Config) -> devices.NodeDevices:
+    """The devices this node publishes: discovery's (``ManagedMig.node_devices``), shareable as
+    --consumable-shares says."""
+    return shares.shareable(node_devices, config.shares_mode)
 
 
 def refuse_unenforced_shares(config: Config) -> None:
@@ -375,6 +385,7 @@ def health_policy(config: Config) -> HealthPolicy:
     """The health decisions the ``--health-*`` flags ask for."""
     return HealthPolicy(
         driver_name=config.driver_name,
+        mig_mode=config.mig_mode,
         ignored_xids=config.health_ignored_xids,
         fatal_xids=config.health_fatal_xids,
         taint_effect=config.health_taint_effect,
@@ -421,6 +432,7 @@ def _rediscover(
     publisher: Publisher,
     plugin: KubeletPlugin,
     monitor: HealthMonitor | None = None,
+    mig: ManagedMig | None = None,
 ) -> _NodeState:
     """Re-run discovery; when anything about the GPUs changed, apply it everywhere.
 
@@ -431,11 +443,19 @@ def _rediscover(
     in the device model) the plugin goes back to the current inventory, so both keep agreeing.
     Every failure keeps the current state, and the next pass tries again. A known GPU that
     fails its queries (lost) is kept (:func:`keep_unanswering_gpus`). The health monitor then
-    watches the new GPUs.
+    watches the new GPUs. ``mig`` (the agent's, kept across passes) applies ``--mig-mode``.
     """
+    mig = mig or ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
     try:
         inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
-        fresh = _NodeState(inventory, published_devices(inventory, config))
+        recorded = (
+            plugin.preparer.recorded_device_names()
+            if mig.mig_mode == "dynamic" and plugin.preparer is not None
+            else frozenset()
+        )
+        fresh = _NodeState(
+            inventory, published_devices(mig.node_devices(inventory, recorded=recorded), config)
+        )
     except (DiscoveryError, DraError) as exc:
         logger.error(
             "re-discovery failed; keeping the published devices", extra={"reason": str(exc)}

@@ -123,6 +123,16 @@ FLAGS: tuple[Flag, ...] = (
         "run on simulated GPUs instead of NVML, e.g. h100:8 or a100-80gb:2:mig=3g.40gb,l4:1",
     ),
     Flag(
+        "--mig-mode",
+        "MIG_MODE",
+        "mig_mode",
+        "static: a GPU in MIG mode offers the MIG devices that exist; dynamic: it offers every "
+        "MIG profile at every placement as partitionable devices (shared counters, KEP-4815), "
+        "unless it has MIG devices this driver did not create",
+        str,
+        "static",
+    ),
+    Flag(
         "--kubeconfig",
         "KUBECONFIG",
         "kubeconfig",
@@ -364,31 +374,57 @@ def devices_main(argv: Sequence[str]) -> int:
         help="publish the devices shareable (KEP-5075): disabled, unlimited, memory, compute or "
         "a number of shares",
     )
+    parser.add_argument(
+        "--mig-mode",
+        default=os.environ.get("MIG_MODE", "static"),
+        help="static or dynamic, as the agent's --mig-mode (MIG devices recorded in this "
+        "node's checkpoint count as the driver's own)",
+    )
+    parser.add_argument(
+        "--kubelet-plugins-directory-path",
+        default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH", str(DEFAULT_PLUGINS_DIR)),
+        help="where the agent keeps its checkpoint (read-only here)",
+    )
     parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     args = parser.parse_args(list(argv))
     from contextlib import ExitStack  # noqa: PLC0415
 
     from dra_driver import devicetable, slices  # noqa: PLC0415
     from dra_driver.agent import Discovery, published_devices  # noqa: PLC0415
+    from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk  # noqa: PLC0415
 
     try:
         config = Config(
             node_name=args.node_name,
             driver_name=args.driver_name,
             nvidia_driver_root=Path(args.nvidia_driver_root),
+            kubelet_plugins_directory_path=Path(args.kubelet_plugins_directory_path),
             simulate=args.simulate,
             consumable_shares=args.consumable_shares,
+            mig_mode=args.mig_mode,
         )
         with ExitStack() as stack:
             inventory = Discovery(config, stack).discover()
+        mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name, warn=False)
+        recorded = (
+            recorded_device_names_on_disk(config.checkpoint_path)
+            if config.mig_mode == "dynamic"
+            else frozenset()
+        )
         pool = slices.build_slices(
-            published_devices(inventory, config),
+            published_devices(mig.node_devices(inventory, recorded=recorded), config),
             driver_name=config.driver_name,
             node_name=config.node_name,
         )
     except DraError as exc:
         print(f"gpu-dra devices: {exc}", file=sys.stderr)
         return 2
+    for gpu, foreign in mig.left_static().items():
+        print(
+            f"gpu-dra devices: {gpu} stays static in dynamic MIG mode: MIG devices the driver "
+            f"did not create: {', '.join(foreign)}",
+            file=sys.stderr,
+        )
     objects = slices.to_api_objects(pool, node_uid="")
     for obj in objects:
         obj["metadata"]["name"] = str(obj["metadata"].get("generateName", "")).rstrip("-")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_driver.devicehealth import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
-from dra_driver.devices import TaintEffect
+from dra_driver.devices import MIG_MODES, MigMode, TaintEffect
 from dra_driver.errors import ConfigError
 from dra_driver.shares import SharesMode, parse_mode
 
@@ -63,6 +63,7 @@ class Config:
     # nvidia-cdi-hook compatible binary (cdihook/__init__.py).
     cdi_hook: str = DEFAULT_CDI_HOOK
     simulate: str | None = None
+    mig_mode: MigMode = "static"  # devices.py "MIG modes"
     kubeconfig: Path | None = None
     pod_uid: str | None = None
     pod_namespace: str = "default"
@@ -107,6 +108,10 @@ class Config:
             raise ConfigError(
                 "--cdi-hook (CDI_HOOK)",
                 f"{self.cdi_hook!r}: use builtin, none, or the absolute host path of a hook",
+            )
+        if self.mig_mode not in MIG_MODES:
+            raise ConfigError(
+                "--mig-mode (MIG_MODE)", f"{self.mig_mode!r}: use {' or '.join(MIG_MODES)}"
             )
         validate_dns_subdomain("--pod-namespace (POD_NAMESPACE)", self.pod_namespace, max_len=63)
         if self.pod_uid is not None and not _UUID.match(self.pod_uid):

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from dra_driver.devices import Taint, TaintEffect, gpu_device_name, mig_device_name
+from dra_driver.devices import MigMode, Taint, TaintEffect, gpu_device_name, mig_device_name
 from dra_driver.gpus.info import Inventory
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -80,6 +80,8 @@ class HealthPolicy(NamedTuple):
     fatal_taint_effect: TaintEffect = "NoSchedule"
     xid_quiet_period_s: float = 300.0  # 0: a normal XID's taint stays until a GPU reset
     min_change_interval_s: float = 10.0  # 0: no rate limit
+    # "dynamic": a GPU in MIG mode is watched under its own name too (gpu_targets)
+    mig_mode: MigMode = "static"
 
     def taint_key(self, kind: str) -> str:
         return f"{self.driver_name}/{kind}"
@@ -95,8 +97,13 @@ class GpuTarget(NamedTuple):
     migs: Mapping[tuple[int, int], str] = {}  # (GI id, CI id) -> name; never mutated
 
 
-def gpu_targets(inventory: Inventory) -> tuple[GpuTarget, ...]:
-    """The GPUs of ``inventory`` with the names devices.py publishes for them."""
+def gpu_targets(inventory: Inventory, *, mig_mode: MigMode = "static") -> tuple[GpuTarget, ...]:
+    """The GPUs of ``inventory`` with the names devices.py publishes for them.
+
+    With ``mig_mode="dynamic"`` a GPU in MIG mode also has its own name ``gpu-<minor>`` among
+    its devices: a partitionable GPU publishes its whole device, and ``devices.with_taints``
+    gives the whole device's taints to every placement, created or not. (On a GPU dynamic mode
+    leaves static that name is not published, and its taints go nowhere.)"""
     targets = []
     for gpu in inventory.gpus:
         migs = {
@@ -109,7 +116,12 @@ def gpu_targets(inventory: Inventory) -> tuple[GpuTarget, ...]:
             for m in gpu.mig_instances
         }
         name = gpu_device_name(gpu.minor)
-        devices = tuple(migs.values()) if gpu.mig_enabled else (name,)
+        if not gpu.mig_enabled:
+            devices: tuple[str, ...] = (name,)
+        elif mig_mode == "dynamic":
+            devices = (name, *migs.values())
+        else:
+            devices = tuple(migs.values())
         targets.append(GpuTarget(gpu.index, gpu.uuid, name, devices, migs))
     return tuple(targets)
 

@@ -3,6 +3,15 @@
 Input: ``gpus.info.GpuInfo`` values from discovery (NVML or simulated). Output: ``NodeDevices``,
 the devices and shared counter sets of this node's pool, already within the API's validation
 rules (nvidia-compat.md "Attributes", spec D.1). Nothing here does I/O.
+
+MIG modes (``--mig-mode``): in ``static`` mode a GPU in MIG mode offers the MIG devices that
+exist. In ``dynamic`` mode (partitionable devices, KEP-4815; nvidia-compat.md "Dynamic MIG") a GPU
+in MIG mode whose existing MIG devices were all created by this driver offers one counter set
+``gpu-<minor>-counter-set`` (its largest profile's capacities as counters plus one
+``memory-slice-<i>`` counter per memory slice), the whole GPU (consuming every counter; not on
+Ampere, where leaving MIG mode needs a GPU reset) and one device per GPU-instance profile and
+placement (consuming the profile's capacities and the memory slices the placement covers). A GPU
+with a MIG device the driver did not create keeps the static behaviour.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from dra_driver.errors import DeviceModelError
-from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
+from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance, MigProfile
 from dra_driver.quantity import QuantityError, binary, decimal, parse_quantity
 
 
@@ -98,13 +107,30 @@ class NodeDevices:
 
 def with_taints(node_devices: NodeDevices, taints: Mapping[str, tuple[Taint, ...]]) -> NodeDevices:
     """``node_devices`` with ``taints[name]`` added to each named device; names the pool does not
-    have are ignored. Returns ``node_devices`` itself when nothing is added."""
-    if not any(taints.get(d.name) for d in node_devices.devices):
+    have are ignored. Returns ``node_devices`` itself when nothing is added.
+
+    A device of a partitionable GPU (dynamic MIG: it consumes from ``gpu-<minor>-counter-set``)
+    that has no taints of its own in ``taints`` gets those of its GPU, ``taints["gpu-<minor>"]``:
+    a lost GPU taints its whole device and every placement, created or not.
+    """
+
+    def wanted(device: Device) -> tuple[Taint, ...]:
+        own = taints.get(device.name)
+        if own:
+            return own
+        for consumption in device.consumes_counters:
+            gpu, suffix, rest = consumption.counter_set.rpartition(COUNTER_SET_SUFFIX)
+            if suffix and not rest and taints.get(gpu):
+                return taints[gpu]
+        return ()
+
+    added = [wanted(d) for d in node_devices.devices]
+    if not any(added):
         return node_devices
     return NodeDevices(
         devices=tuple(
-            replace(d, taints=d.taints + taints[d.name]) if taints.get(d.name) else d
-            for d in node_devices.devices
+            replace(d, taints=d.taints + extra) if extra else d
+            for d, extra in zip(node_devices.devices, added, strict=True)
         ),
         counter_sets=node_devices.counter_sets,
     )
@@ -145,17 +171,41 @@ _MIG_NAME = re.compile(
 )
 _INT64 = (-(2**63), 2**63 - 1)
 
+MigMode = Literal["static", "dynamic"]
+MIG_MODES: tuple[MigMode, ...] = ("static", "dynamic")
+COUNTER_SET_SUFFIX = "-counter-set"
+# Leaving MIG mode needs a GPU reset on these architectures, so their whole GPU is not offered
+# while MIG mode is on (NVIDIA's driver: supportsMIGModeToggle).
+_MIG_TOGGLE_NEEDS_RESET = frozenset({"Ampere"})
 
-def node_devices(inventory: Inventory, *, driver_name: str) -> NodeDevices:
-    """The devices this node publishes for ``inventory``, in a stable order; pure.
 
-    A GPU in MIG mode is not published itself; its existing MIG devices are (static MIG).
-    Every device passes ``validate_device``; names are unique, or DeviceModelError is raised.
+def node_devices(
+    inventory: Inventory,
+    *,
+    driver_name: str,
+    mig_mode: MigMode = "static",
+    managed_mig: frozenset[str] = frozenset(),
+) -> NodeDevices:
+    """The devices (and counter sets) this node publishes for ``inventory``, in a stable order.
+
+    ``static``: a GPU in MIG mode is not published itself; its existing MIG devices are.
+    ``dynamic``: a GPU in MIG mode all of whose existing MIG devices are named in
+    ``managed_mig`` (the MIG devices this driver created) is published as partitionable (see the
+    module docstring); one with any other MIG device keeps the static behaviour
+    (:func:`unmanaged_mig_devices` names them). Pure. Every device passes ``validate_device``;
+    names are unique, or DeviceModelError is raised.
     """
     _validate_driver_name(driver_name)
+    if mig_mode not in MIG_MODES:
+        raise DeviceModelError(f"MIG mode {mig_mode!r} is not one of {', '.join(MIG_MODES)}")
     devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
-        if gpu.mig_enabled:
+        if mig_mode == "dynamic" and is_partitionable(gpu, managed_mig=managed_mig):
+            counter_set, partitions = partitionable_gpu(gpu)
+            counter_sets.append(counter_set)
+            devices.extend(partitions)
+        elif gpu.mig_enabled:
             instances = sorted(gpu.mig_instances, key=lambda m: (m.placement.start, m.uuid))
             devices.extend(_mig_device(gpu, mig) for mig in instances)
         else:
@@ -166,7 +216,38 @@ def node_devices(inventory: Inventory, *, driver_name: str) -> NodeDevices:
         if device.name in seen:
             raise DeviceModelError(f"device name {device.name!r} would be published twice")
         seen.add(device.name)
-    return NodeDevices(devices=tuple(devices))
+    return NodeDevices(devices=tuple(devices), counter_sets=tuple(counter_sets))
+
+
+def mig_instance_name(gpu: GpuInfo, mig: MigInstance) -> str:
+    """The device name of an existing MIG device (the same for static and dynamic MIG)."""
+    return mig_device_name(
+        parent_minor=gpu.minor,
+        profile=mig.profile.name,
+        profile_id=mig.profile.profile_id,
+        placement_start=mig.placement.start,
+    )
+
+
+def unmanaged_mig_devices(gpu: GpuInfo, *, managed_mig: frozenset[str]) -> tuple[str, ...]:
+    """Names of ``gpu``'s existing MIG devices that are not in ``managed_mig``, sorted."""
+    return tuple(
+        sorted(
+            name
+            for name in (mig_instance_name(gpu, m) for m in gpu.mig_instances)
+            if name not in managed_mig
+        )
+    )
+
+
+def is_partitionable(gpu: GpuInfo, *, managed_mig: frozenset[str]) -> bool:
+    """Whether dynamic MIG mode publishes ``gpu`` as partitionable: it is in MIG mode, reports
+    its GPU-instance profiles, and every MIG device on it is one this driver created."""
+    return (
+        gpu.mig_enabled
+        and bool(gpu.mig_profiles)
+        and not unmanaged_mig_devices(gpu, managed_mig=managed_mig)
+    )
 
 
 def gpu_device_name(minor: int) -> str:
@@ -206,6 +287,16 @@ def parse_mig_device_name(name: str) -> tuple[int, int, int, str]:
         )
     parent, slug, profile_id, start = match.groups()
     return int(parent), int(profile_id), int(start), slug
+
+
+def counter_set_name(minor: int) -> str:
+    """``gpu-<minor>-counter-set``: the shared counter set of a partitionable GPU."""
+    return f"{gpu_device_name(minor)}{COUNTER_SET_SUFFIX}"
+
+
+def memory_slice_counter(index: int) -> str:
+    """``memory-slice-<i>``: the counter (value 1) of one memory slice of a partitionable GPU."""
+    return f"memory-slice-{index}"
 
 
 def memory_slice_capacity(index: int) -> str:
@@ -293,6 +384,125 @@ def _mig_device(gpu: GpuInfo, mig: MigInstance) -> Device:
             },
         },
     )
+
+
+# --- dynamic MIG: partitionable GPUs (KEP-4815) ------------------------------------------------
+
+# MIG capacities and the counters that stand for them, named as NVIDIA's driver names them
+# (camelToDNSName of the capacity name).
+_COUNTER_OF_CAPACITY = {
+    "multiprocessors": "multiprocessors",
+    "copyEngines": "copy-engines",
+    "decoders": "decoders",
+    "encoders": "encoders",
+    "jpegEngines": "jpeg-engines",
+    "ofaEngines": "ofa-engines",
+    "memory": "memory",
+}
+
+
+def _profile_capacities(profile: MigProfile) -> dict[str, int]:
+    return {
+        "multiprocessors": profile.multiprocessors,
+        "copyEngines": profile.copy_engines,
+        "decoders": profile.decoders,
+        "encoders": profile.encoders,
+        "jpegEngines": profile.jpeg_engines,
+        "ofaEngines": profile.ofa_engines,
+        "memory": profile.memory_bytes,
+    }
+
+
+def _capacity_json(capacities: Mapping[str, int]) -> dict[str, str]:
+    return {
+        name: binary(value) if name == "memory" else decimal(value)
+        for name, value in capacities.items()
+    }
+
+
+_ONE = decimal(1)
+
+
+def _counters(capacity: Mapping[str, str], *, start: int, size: int) -> dict[str, str]:
+    """The counters standing for ``capacity`` (canonical quantities) and memory slices
+    ``start`` .. ``start + size - 1``."""
+    counters = {_COUNTER_OF_CAPACITY[n]: v for n, v in capacity.items()}
+    counters.update({memory_slice_counter(i): _ONE for i in range(start, start + size)})
+    return counters
+
+
+def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
+    """The counter set and devices of a GPU in dynamic MIG mode (nvidia-compat.md "Dynamic MIG").
+
+    Counters: per capacity the largest value any of its GPU-instance profiles has, and one
+    ``memory-slice-<i>`` per memory slice, up to the end of the furthest placement (NVIDIA's
+    driver takes the largest placement size; both are 8 on A100, H100 and H200). Devices: the
+    whole GPU first (capacities and consumption = every counter; left out on Ampere), then every
+    profile's every placement, smallest memory first, so that first fit picks the smallest
+    partition that satisfies a selector. A placement device has no ``uuid`` (the MIG device
+    does not exist until a claim gets it) and carries the static MIG device's ``memorySlice<i>``
+    capacities too, so placement selectors work in both modes.
+    """
+    if not gpu.mig_profiles:
+        raise DeviceModelError(f"GPU {gpu_device_name(gpu.minor)} reports no MIG profiles")
+    largest: dict[str, int] = {}
+    slices = 0
+    for profile in gpu.mig_profiles:
+        for name, value in _profile_capacities(profile).items():
+            largest[name] = max(largest.get(name, 0), value)
+        for placement in profile.placements:
+            slices = max(slices, placement.start + placement.size)
+    cs_name = counter_set_name(gpu.minor)
+    whole = _capacity_json(largest)
+    every = _counters(whole, start=0, size=slices)
+    common = _common_attributes(gpu)
+    devices: list[Device] = []
+    if gpu.architecture not in _MIG_TOGGLE_NEEDS_RESET:
+        devices.append(
+            Device(
+                name=gpu_device_name(gpu.minor),
+                attributes={"type": "gpu", "uuid": gpu.uuid, **common},
+                capacity=whole,
+                consumes_counters=(CounterConsumption(counter_set=cs_name, counters=every),),
+            )
+        )
+    placements = sorted(
+        ((profile, placement) for profile in gpu.mig_profiles for placement in profile.placements),
+        key=lambda pp: (pp[0].memory_bytes, pp[0].slice_count, pp[0].profile_id, pp[1].start),
+    )
+    capacity_of = {id(p): _capacity_json(_profile_capacities(p)) for p in gpu.mig_profiles}
+    for profile, placement in placements:
+        capacity = capacity_of[id(profile)]
+        devices.append(
+            Device(
+                name=mig_device_name(
+                    parent_minor=gpu.minor,
+                    profile=profile.name,
+                    profile_id=profile.profile_id,
+                    placement_start=placement.start,
+                ),
+                attributes={
+                    "type": "mig",
+                    "parentUUID": gpu.uuid,
+                    "profile": profile.name,
+                    **common,
+                },
+                capacity={
+                    **capacity,
+                    **{
+                        memory_slice_capacity(i): _ONE
+                        for i in range(placement.start, placement.start + placement.size)
+                    },
+                },
+                consumes_counters=(
+                    CounterConsumption(
+                        counter_set=cs_name,
+                        counters=_counters(capacity, start=placement.start, size=placement.size),
+                    ),
+                ),
+            )
+        )
+    return CounterSet(name=cs_name, counters=every), tuple(devices)
 
 
 # --- validation (spec D.1, k8s:pkg/apis/resource/validation/validation.go) --------------------

@@ -99,7 +99,7 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._gpus = inventory.gpus
-        self._targets = gpu_targets(inventory)
+        self._targets = gpu_targets(inventory, mig_mode=policy.mig_mode)
         self._book = HealthBook(policy, self._targets, now_s=time.monotonic())
         self._pending: Inventory | None = None
         self._pushed: dict[str, tuple[Taint, ...]] = {}
@@ -294,7 +294,7 @@ class HealthMonitor:
         for gpu in self._gpus:
             if gpu.uuid not in known:
                 self._watch.forget(gpu.uuid)
-        targets = gpu_targets(inventory)
+        targets = gpu_targets(inventory, mig_mode=self.policy.mig_mode)
         with self._lock:
             self._gpus, self._targets = inventory.gpus, targets
             self._book.set_targets(targets, now_s=time.monotonic())

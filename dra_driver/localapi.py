@@ -1035,6 +1035,14 @@ def validate_slice(obj: Mapping[str, Any]) -> list[str]:
     set_names = [c.get("name") for c in counters]
     if len(set(set_names)) != len(set_names):
         problems.append("spec.sharedCounters: Duplicate counter set name")
+    for i, counter_set in enumerate(counters):
+        n = len(counter_set.get("counters") or {})
+        if n == 0:
+            problems.append(f"spec.sharedCounters[{i}].counters: Required value")
+        elif n > 32:
+            problems.append(
+                f"spec.sharedCounters[{i}].counters: Too many: {n}: must have at most 32"
+            )
     return problems
 
 

@@ -595,6 +595,7 @@ class Preparer:
             if pool != self.node_name or target is None:
                 raise PrepareError(
                     f"{where} is allocated device {pool}/{device}, which this node does not have"
+                    + (_not_created(device) if pool == self.node_name else "")
                 )
             config = _effective(configs, request)
             if config is not None:  # the default config fits every device and asks for nothing
@@ -1045,6 +1046,14 @@ class Preparer:
             counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
         return counts
 
+    def recorded_device_names(self) -> frozenset[str]:
+        """Every device name in the checkpoint's claim records, in either phase. Read from the
+        checkpoint, so claims another instance recorded count too. In dynamic MIG mode these are
+        the MIG devices this driver created or is creating (dynamicmig.py)."""
+        return frozenset(
+            d.device for record in self.checkpoint.snapshot().values() for d in record.devices
+        )
+
     def claim_pods(self) -> dict[str, tuple[str, ...]]:
         """Claim uid -> the pods its ``status.reservedFor`` named when this process last read the
         claim (its prepare, or a reconcile pass: every prepared claim at start, then every
@@ -1256,6 +1265,20 @@ def _recorded_share(device: PreparedDevice) -> shares.Share | None:
     if device.share_id is None:
         return None
     return shares.Share(share_id=device.share_id, consumed=device.consumed_capacity)
+
+
+def _not_created(device: str) -> str:
+    """Why a device of our pool can be missing: dynamic MIG publishes devices that do not exist
+    yet, and this version does not create them (nor prepare a GPU in MIG mode whole)."""
+    if "-mig-" in device:
+        return (
+            ": no such MIG device exists, and creating MIG devices on prepare (--mig-mode "
+            "dynamic) is not supported by this version of the driver"
+        )
+    return (
+        " as a whole GPU (a GPU in MIG mode is prepared only through MIG devices that exist: "
+        "this version does not take a GPU out of MIG mode for --mig-mode dynamic)"
+    )
 
 
 def _owner(record: ClaimRecord) -> str:

@@ -95,10 +95,17 @@ def parse_mode(text: str) -> SharesMode:
 
 def shareable(node_devices: NodeDevices, mode: SharesMode) -> NodeDevices:
     """``node_devices`` with every GPU and MIG device made shareable as ``mode`` says (itself
-    when disabled). The result still has to pass ``devices.validate_device`` (slices.py does)."""
+    when disabled). The result still has to pass ``devices.validate_device`` (slices.py does).
+
+    Devices that consume shared counters (a partitionable GPU under ``--mig-mode dynamic``: its
+    whole device and its placements) stay allocated whole: a placement's MIG device is created
+    for the claim that gets it, so there is nothing for several claims to share yet."""
     if not mode.enabled:
         return node_devices
-    return replace(node_devices, devices=tuple(_share(d, mode) for d in node_devices.devices))
+    return replace(
+        node_devices,
+        devices=tuple(d if d.consumes_counters else _share(d, mode) for d in node_devices.devices),
+    )
 
 
 def _share(device: Device, mode: SharesMode) -> Device:

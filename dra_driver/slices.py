@@ -46,6 +46,7 @@ API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
 _INDEX_MIN_DIGITS = 5
 # names.SimpleNameGenerator keeps at most 63 - 5 characters of a generateName before it appends
 # its five random characters; matching must look at that same truncated prefix.
@@ -183,6 +184,11 @@ def validate_pool(node_devices: NodeDevices) -> None:
             problems.append(f"counter set name {cs.name!r} is not a DNS label")
         if cs.name in sets:
             problems.append(f"counter set {cs.name!r} is defined twice in the pool")
+        if not 1 <= len(cs.counters) <= MAX_COUNTERS_PER_SET:
+            problems.append(
+                f"counter set {cs.name!r} has {len(cs.counters)} counters; the API allows 1 to "
+                f"{MAX_COUNTERS_PER_SET}"
+            )
         sets[cs.name] = cs.counters
     seen: set[str] = set()
     for device in node_devices.devices:

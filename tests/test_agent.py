@@ -30,6 +30,7 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.agent import _NodeState, _rediscover, keep_unanswering_gpus
 from dra_driver.config import Config
 from dra_driver.devices import NodeDevices, node_devices
+from dra_driver.dynamicmig import ManagedMig
 from dra_driver.errors import CdiError, DiscoveryError, DraError, PublishError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import simulated_inventory
@@ -76,6 +77,71 @@ def _scrape(port: int) -> tuple[str, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
         assert answer.status == 200
         return answer.headers["Content-Type"], answer.read().decode()
+
+
+@as_a_pod
+def test_the_agent_in_dynamic_mig_mode_publishes_partitions_and_refuses_to_prepare_them(
+    tmp_path: Path,
+) -> None:
+    """MIG_MODE=dynamic as the chart's DaemonSet sets it: a GPU in MIG mode without MIG devices is
+    partitionable, one with a MIG device the driver did not create stays static (and the log says
+    so); a placement that does not exist is refused at prepare, that claim only."""
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        api.add_node("gpu-node-1")
+        argv = [
+            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
+            "--simulate", "h100:1:mig,h100:1:mig=1g.10gb",
+            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
+        ]  # fmt: skip
+        command, env = api.in_cluster_command(argv, workdir=tmp_path)
+        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        env["MIG_MODE"] = "dynamic"
+        agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
+        try:
+            deadline = time.monotonic() + 30
+            while (
+                len(api.slices(node_name="gpu-node-1")) < 2 or not dra.is_socket()
+            ) and time.monotonic() < deadline:
+                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+                time.sleep(0.05)
+            stored = api.slices(node_name="gpu-node-1")
+            sets = [cs["name"] for s in stored for cs in s["spec"].get("sharedCounters", ())]
+            names = [d["name"] for s in stored for d in s["spec"].get("devices", ())]
+            assert sets == ["gpu-0-counter-set"]
+            assert len(names) == 27 and names[0] == "gpu-0"
+            assert "gpu-0-mig-3g40gb-9-4" in names and names[-1] == "gpu-1-mig-1g10gb-19-0"
+            claims = [
+                api.add_claim(allocated_claim(name=n, node="gpu-node-1", devices=[d]))
+                for n, d in (("dyn", "gpu-0-mig-3g40gb-9-4"), ("static", names[-1]))
+            ]
+            with grpc.insecure_channel(f"unix://{dra}") as channel:
+                answer = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(
+                        claims=[
+                            v1.Claim(namespace="default", name=c["metadata"]["name"],
+                                     uid=c["metadata"]["uid"])
+                            for c in claims
+                        ]
+                    ),
+                    timeout=10,
+                )  # fmt: skip
+            refused = answer.claims[claims[0]["metadata"]["uid"]].error
+            assert (
+                "creating MIG devices on prepare (--mig-mode dynamic) is not supported" in refused
+            )
+            assert answer.claims[claims[1]["metadata"]["uid"]].error == ""
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            _, stderr = agent.communicate(timeout=20)
+        assert agent.returncode == 0, stderr
+        (warning,) = [line for line in stderr.splitlines() if "did not create" in line]
+        assert '"gpu": "gpu-1"' in warning and "gpu-1-mig-1g10gb-19-0" in warning
+    finally:
+        api.stop()
 
 
 @as_a_pod
@@ -363,6 +429,68 @@ def test_a_mig_device_re_created_under_its_name_reaches_prepare() -> None:
     assert calls == [("plugin", inventory)]
 
 
+class RecordedNames:
+    """Stands in for the plugin's preparer: the device names its checkpoint records now."""
+
+    def __init__(self) -> None:
+        self.names: frozenset[str] = frozenset()
+
+    def recorded_device_names(self) -> frozenset[str]:
+        return self.names
+
+
+class PluginWithCheckpoint(Recorder):
+    def __init__(self, calls: list[tuple[str, object]]) -> None:
+        super().__init__(calls, "plugin", None)
+        self.preparer = RecordedNames()
+
+
+def test_dynamic_mig_devices_the_driver_creates_and_destroys_write_no_slice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = Config(node_name="node1", mig_mode="dynamic")
+    mig = ManagedMig(mig_mode="dynamic", driver_name="gpu.nvidia.com")
+    empty = simulated_inventory("h100:1:mig", node_name="node1")
+    one = simulated_inventory("h100:1:mig=3g.40gb", node_name="node1")
+    two = simulated_inventory("h100:1:mig=3g.40gb+1g.10gb", node_name="node1")
+    current = _NodeState(empty, mig.node_devices(empty, recorded=frozenset()))
+    calls: list[tuple[str, object]] = []
+    plugin = PluginWithCheckpoint(calls)
+    publisher = Recorder(calls, "publisher", None)
+
+    def rediscover(found: Inventory, recorded: set[str]) -> _NodeState:
+        plugin.preparer.names = frozenset(recorded)
+        return _rediscover(
+            Rediscovered(found),  # type: ignore[arg-type]
+            config,
+            current,
+            publisher=publisher,  # type: ignore[arg-type]
+            plugin=plugin,  # type: ignore[arg-type]
+            mig=mig,
+        )
+
+    with caplog.at_level(logging.WARNING):
+        # a claim recorded, then its MIG device created
+        current = rediscover(one, {"gpu-0-mig-3g40gb-9-0"})
+        # a second one; the first claim's record is dropped before its MIG device is gone
+        current = rediscover(two, {"gpu-0-mig-1g10gb-19-4"})
+        # both MIG devices destroyed, both records gone
+        current = rediscover(empty, set())
+    assert calls == [("plugin", one), ("plugin", two), ("plugin", empty)]  # no slice written
+    assert current.node_devices.counter_sets[0].name == "gpu-0-counter-set"
+    assert "did not create" not in caplog.text
+
+    # a MIG device made behind the driver's back: the GPU goes static, once, and says why
+    with caplog.at_level(logging.WARNING):
+        current = rediscover(one, set())
+    assert calls[-1] == ("publisher", current.node_devices)
+    assert current.node_devices.counter_sets == ()
+    assert [d.name for d in current.node_devices.devices] == ["gpu-0-mig-3g40gb-9-0"]
+    (warning,) = [r for r in caplog.records if "did not create" in r.getMessage()]
+    assert warning.gpu == "gpu-0"  # type: ignore[attr-defined]
+    assert warning.mig_devices == ["gpu-0-mig-3g40gb-9-0"]  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("failing", "expected"),
     [
@@ -457,10 +585,14 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
 
         try:
             deadline = time.monotonic() + 30
-            while not api.slices(node_name="gpu-node-1") and time.monotonic() < deadline:
+            registration = tmp_path / "registry" / "gpu.nvidia.com-reg.sock"
+            # the slices come first, the plugin's sockets a moment later
+            while (
+                not api.slices(node_name="gpu-node-1") or not registration.is_socket()
+            ) and time.monotonic() < deadline:
                 assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
                 time.sleep(0.05)
-            _register(tmp_path / "registry" / "gpu.nvidia.com-reg.sock")
+            _register(registration)
             inject("--lost")
             lost = [("gpu.nvidia.com/gpu-lost", "NoExecute"), ("gpu.nvidia.com/xid", "NoExecute")]
             while taints() != {"gpu-1": lost} and time.monotonic() < deadline:

@@ -88,6 +88,8 @@ def test_every_flag_has_a_distinct_environment_twin() -> None:
             {"CONSUMABLE_SHARES": "1"},
             r"CONSUMABLE_SHARES\): '1': .*at least 2",
         ),
+        (["--node-name", "n1", "--mig-mode", "auto"], {}, r"--mig-mode \(MIG_MODE\): 'auto'"),
+        (["--node-name", "n1"], {"MIG_MODE": "Dynamic"}, r"--mig-mode \(MIG_MODE\): 'Dynamic'"),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_flag(
@@ -95,6 +97,17 @@ def test_invalid_values_are_rejected_naming_the_flag(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         build_config(argv, env)
+
+
+def test_mig_mode_is_static_unless_the_flag_or_its_twin_says_dynamic() -> None:
+    assert build_config(["--node-name", "n1"], {}).mig_mode == "static"
+    assert build_config(["--node-name", "n1"], {"MIG_MODE": "dynamic"}).mig_mode == "dynamic"
+    assert (
+        build_config(
+            ["--node-name", "n1", "--mig-mode", "static"], {"MIG_MODE": "dynamic"}
+        ).mig_mode
+        == "static"
+    )
 
 
 def test_the_console_script_reports_bad_configuration_with_exit_code_2() -> None:

@@ -17,7 +17,7 @@ from dra_driver.devicehealth import (
     gpu_targets,
     parse_xids,
 )
-from dra_driver.devices import Taint
+from dra_driver.devices import Taint, node_devices, with_taints
 from dra_driver.gpus.fakedriver import simulated_inventory
 
 GPU = GpuTarget(0, "GPU-0", "gpu-0", ("gpu-0",))
@@ -61,6 +61,33 @@ def test_targets_name_the_gpu_or_its_mig_devices_as_devices_py_publishes_them() 
     assert mig.name == "gpu-1"
     assert mig.devices == ("gpu-1-mig-3g20gb-9-0", "gpu-1-mig-2g10gb-14-4")
     assert dict(mig.migs) == {(2, 0): "gpu-1-mig-3g20gb-9-0", (5, 0): "gpu-1-mig-2g10gb-14-4"}
+
+
+def test_in_dynamic_mig_mode_a_gpu_in_mig_mode_is_watched_under_its_own_name_too() -> None:
+    inventory = simulated_inventory("h100:1,a100-40gb:1:mig=3g.20gb", node_name="n")
+    plain, mig = gpu_targets(inventory, mig_mode="dynamic")
+    assert plain.devices == ("gpu-0",)
+    assert mig.devices == ("gpu-1", "gpu-1-mig-3g20gb-9-0")
+
+
+def test_a_lost_partitionable_gpu_taints_its_whole_device_and_every_placement() -> None:
+    inventory = simulated_inventory("h100:1:mig=3g.40gb,h100:1:mig", node_name="n")
+    lost, healthy = inventory.gpus
+    managed = frozenset({"gpu-0-mig-3g40gb-9-0"})
+    published = node_devices(
+        inventory, driver_name="gpu.nvidia.com", mig_mode="dynamic", managed_mig=managed
+    )
+    b = HealthBook(POLICY, gpu_targets(inventory, mig_mode="dynamic"), now_s=0.0)
+    b.record(GpuChecked(gpu_uuid=lost.uuid, lost=True, lost_reason="GPU is lost"), now_s=1.0)
+    b.record(healthy_check(healthy.uuid), now_s=1.0)
+    b.settle(now_s=1.0)
+
+    tainted = with_taints(published, b.taints())
+
+    on_lost = [d for d in tainted.devices if d.name.startswith("gpu-0")]
+    assert len(on_lost) == 26  # the whole GPU and 25 placements, one of them created
+    assert all(d.taints and d.taints[0] == taint("gpu-lost") for d in on_lost)
+    assert all(not d.taints for d in tainted.devices if d.name.startswith("gpu-1"))
 
 
 def test_devices_are_unknown_until_their_gpu_was_checked() -> None:

@@ -21,7 +21,7 @@ from dra_driver import deviceconfig
 from dra_driver.scheduling import cel
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
-FILES = sorted(EXAMPLES.glob("*.yaml"))
+FILES = sorted(EXAMPLES.rglob("*.yaml"))  # dynamic-mig/: claims for --mig-mode dynamic
 KUBERNETES_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
 DRIVER = "gpu.nvidia.com"
 CLASSES = {"gpu.nvidia.com", "mig.nvidia.com"}

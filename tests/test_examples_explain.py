@@ -7,7 +7,8 @@ The line format is defined in docs/explain.md:
     # expect: unsatisfiable
 
 It is checked with ``gpu-dra explain`` against the demo node (``dra_driver.demo``), built by the
-real simulated-GPU pipeline.
+real simulated-GPU pipeline; the examples in ``dynamic-mig/`` against two H100s in MIG mode
+published with ``--mig-mode dynamic``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from dra_driver.demo import DEMO_NODE, DEMO_SIMULATE
 from dra_driver.scheduling.explain import main, simulated_slices
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
-FILES = sorted(EXAMPLES.glob("*.yaml"))
+FILES = sorted(EXAMPLES.rglob("*.yaml"))
+DYNAMIC_MIG = EXAMPLES / "dynamic-mig"
+DYNAMIC_MIG_NODE = ["--simulate", "h100:2:mig", "--mig-mode", "dynamic", "--node", "node1"]
 KEYS = ("devices", "count", "requests", "consumable-shares")
 
 
@@ -55,11 +58,12 @@ def test_example_gets_its_expected_outcome_on_the_demo_node(path: Path) -> None:
         if options.get("consumable-shares")
         else []
     )
-    rc = main(
-        [str(path), "--simulate", DEMO_SIMULATE, "--node", DEMO_NODE, "-o", "json", *shares],
-        stdout=out,
-        stderr=err,
+    node = (
+        DYNAMIC_MIG_NODE
+        if path.parent == DYNAMIC_MIG
+        else ["--simulate", DEMO_SIMULATE, "--node", DEMO_NODE]
     )
+    rc = main([str(path), *node, "-o", "json", *shares], stdout=out, stderr=err)
     assert rc in (0, 1), err.getvalue()
     result = json.loads(out.getvalue())
     assert result["satisfiable"] is satisfiable, json.dumps(result["nodes"], indent=1)[:4000]
@@ -201,3 +205,58 @@ def test_template_deployment_gives_each_replica_a_claim_with_a_gpu_of_its_own(
     ]
     devices = [r["device"] for r in results(result)]
     assert len(devices) == 3 == len(set(devices))
+
+
+# -- dynamic-mig/ -------------------------------------------------------------------------------
+
+
+def on_dynamic_mig_node(claim: Path, *extra: str) -> tuple[bool, dict[str, Any]]:
+    return explain(claim, "--simulate", "h100:2:mig", "--mig-mode", "dynamic", *extra)
+
+
+def test_dynamic_3g40gb_takes_the_other_placement_and_names_who_holds_a_slice(
+    tmp_path: Path,
+) -> None:
+    claim = DYNAMIC_MIG / "mig-3g40gb.yaml"
+    first = allocated_file(tmp_path, "first", ["gpu-0-mig-3g40gb-9-0"])
+    ok, result = on_dynamic_mig_node(claim, "--allocated", str(first))
+    assert ok and [r["device"] for r in results(result)] == ["gpu-0-mig-3g40gb-9-4"]
+
+    full = allocated_file(
+        tmp_path, "full", ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
+    )
+    ok, result = on_dynamic_mig_node(claim, "--allocated", str(full))
+    assert not ok
+    (request,) = result["nodes"][0]["requests"]
+    why = {d["device"]: d["reasons"] for d in request["devices"]}
+    assert why["gpu-0-mig-3g40gb-9-4"][0] == (
+        "3g.40gb at placement 4 needs memory-slice-4..7 of gpu-0-counter-set; "
+        "memory-slice-6 is used by gpu-0-mig-1g10gb-19-6 of claim default/full"
+    )
+    assert why["gpu-1-mig-3g40gb-9-4"][0].startswith(
+        "3g.40gb at placement 4 needs memory-slice-4..7 of gpu-1-counter-set; "
+        "memory-slice-4..7 are used by gpu-1 of claim default/full"
+    )
+
+
+def test_dynamic_any_20gib_gets_a_1g20gb_when_asked_for_19gib(tmp_path: Path) -> None:
+    text = (DYNAMIC_MIG / "mig-any-20gib.yaml").read_text()
+    assert "quantity('20Gi')" in text
+    smaller = tmp_path / "mig-any-19gib.yaml"
+    smaller.write_text(text.replace("quantity('20Gi')", "quantity('19Gi')"))
+    ok, result = on_dynamic_mig_node(smaller)
+    assert ok and [r["device"] for r in results(result)] == ["gpu-0-mig-1g20gb-15-0"]
+
+
+def test_dynamic_whole_gpu_takes_gpu_0_once_no_mig_device_holds_a_slice_of_it(
+    tmp_path: Path,
+) -> None:
+    docs = [
+        d
+        for d in yaml.safe_load_all((DYNAMIC_MIG / "whole-gpu-next-to-mig.yaml").read_text())
+        if d["kind"] == "ResourceClaim" and d["metadata"]["name"] == "dynamic-mig-whole-gpu"
+    ]
+    alone = tmp_path / "whole.yaml"
+    alone.write_text(yaml.safe_dump_all(docs))
+    ok, result = on_dynamic_mig_node(alone)
+    assert ok and [r["device"] for r in results(result)] == ["gpu-0"]

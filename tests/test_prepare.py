@@ -1032,3 +1032,50 @@ def test_the_stand_in_nvidia_smi_refuses_what_the_real_one_would(env: Env) -> No
     ]:
         done = subprocess.run([smi, *args], capture_output=True, text=True, check=False)
         assert (done.returncode, message in done.stderr) == (status, True), done.stderr
+
+
+# -- dynamic MIG: devices published before they exist --------------------------------------------
+
+
+def test_a_dynamic_mig_placement_that_does_not_exist_fails_only_its_claim_saying_why(
+    env: Env,
+) -> None:
+    placement = "gpu-4-mig-1g5gb-19-6"  # published in dynamic mode; no such MIG device exists
+    dynamic = env.store.add(allocated_claim(name="dyn", devices=[placement]))
+    whole = env.store.add(allocated_claim(name="whole", devices=["gpu-4"]))  # a GPU in MIG mode
+    plain = env.store.add(allocated_claim(name="plain", devices=["gpu-0"]))
+
+    outcomes = env.preparer.prepare_batch([env.ref(c) for c in (dynamic, whole, plain)])
+
+    failed = outcomes[dynamic["metadata"]["uid"]]
+    assert f"node1/{placement}, which this node does not have: no such MIG device" in failed.error
+    assert "creating MIG devices on prepare (--mig-mode dynamic) is not supported" in failed.error
+    assert not failed.devices
+    refused = outcomes[whole["metadata"]["uid"]]
+    assert "node1/gpu-4, which this node does not have as a whole GPU" in refused.error
+    assert [d.device for d in outcomes[plain["metadata"]["uid"]].devices] == ["gpu-0"]
+    assert env.checkpoint.get(dynamic["metadata"]["uid"]) is None
+    assert not env.specs.path_for(dynamic["metadata"]["uid"]).exists()
+
+
+def test_recorded_device_names_are_every_device_of_every_recorded_claim(env: Env) -> None:
+    assert env.preparer.recorded_device_names() == frozenset()
+    first = env.store.add(allocated_claim(name="c1", devices=["gpu-0", MIG_3G]))
+    env.preparer.prepare(env.ref(first))
+    started = ClaimRecord(
+        uid=new_uid(),
+        namespace="ns",
+        name="half-done",
+        phase=PREPARE_STARTED,
+        devices=(
+            PreparedDevice(
+                request_names=("mig",), pool="node1", device="gpu-4-mig-1g5gb-19-6",
+                cdi_device_ids=(),
+            ),
+        ),
+    )  # fmt: skip
+    env.checkpoint.transact(lambda claims: claims.__setitem__(started.uid, started))
+
+    assert env.preparer.recorded_device_names() == {"gpu-0", MIG_3G, "gpu-4-mig-1g5gb-19-6"}
+    env.preparer.unprepare(env.ref(first))
+    assert env.preparer.recorded_device_names() == {"gpu-4-mig-1g5gb-19-6"}

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devices import CounterConsumption, CounterSet, Device, NodeDevices, Taint
+from dra_driver.devices import (
+    CounterConsumption,
+    CounterSet,
+    Device,
+    NodeDevices,
+    Taint,
+    node_devices,
+)
+from dra_driver.gpus.simulated import discover_simulated
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
 from dra_driver.publisher import Backoff, Publisher
@@ -183,6 +191,28 @@ def test_a_node_with_nine_partitionable_gpus_gets_several_valid_slices(
     assert counts == [(0, 1), (0, 8), (52, 0), (64, 0), (64, 0)]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {5}
     assert len(device_names(kubeapi)) == 180
+
+
+def test_eight_h100_in_dynamic_mig_mode_are_published_and_a_restart_writes_nothing(
+    kubeapi: FakeKubeApi, start: Callable[..., Publisher]
+) -> None:
+    inventory = discover_simulated("h100:8:mig", node_name=NODE)
+    devices = node_devices(inventory, driver_name=DRIVER, mig_mode="dynamic")
+    first = start(devices)
+    assert first.wait_synced(5), first.status().last_error
+    assert len(device_names(kubeapi)) == 8 * 26
+    assert sorted(len(s["spec"].get("sharedCounters", ())) for s in kubeapi.slices()) == [
+        0,
+        0,
+        0,
+        0,
+        8,
+    ]
+    first.stop()
+    second = start(devices)
+    assert second.wait_synced(5)
+    time.sleep(0.3)
+    assert second.writes.total == 0
 
 
 def test_an_unreachable_api_server_is_retried_until_it_comes_up(

@@ -20,6 +20,7 @@ allocation: the scheduler only checks that its node can use it (spec D.3, ``stat
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -1633,25 +1634,91 @@ def _device_reasons(search: _Search, data: _ReqData, cand: _Candidate, node: Nod
             why.blame(holders)
         reasons.append(problem)
     if cand.device.consumes_counters and not pool.invalid:
-        avail = search.available_counters(pool)
-        for cs, counters in cand.device.consumes_counters:
-            for n, v in counters.items():
-                have = avail.get(cs, {}).get(n)
-                if have is None:
-                    reasons.append(f"consumes unknown counter {cs}/{n}")
-                elif v > have:
-                    users = _counter_holders(search, pool, cs, n)
-                    reasons.append(
-                        f"counter {cs}/{n}: needs {format_quantity(v)}, "
-                        f"{format_quantity(max(have, Fraction(0)))} left"
-                        + (
-                            f" (used by {', '.join(f'{d} of claim {c}' for d, c in users[:3])})"
-                            if users
-                            else ""
-                        )
-                    )
-                    why.blame(c for _, c in users)
+        reasons.extend(_counter_reasons(search, cand, why))
     return why
+
+
+_INDEXED_COUNTER = re.compile(r"^(.*-)(0|[1-9][0-9]*)$")
+_MI = 1024 * 1024
+
+
+def _show_counter(value: Fraction) -> str:
+    # Counters lose their quantity format when parsed; whole MiB read better in binary units.
+    if value.denominator == 1 and value >= _MI and value % _MI == 0:
+        return format_quantity(value, "BinarySI")
+    return format_quantity(value)
+
+
+def _span(prefix: str, indices: Sequence[int]) -> str:
+    """``memory-slice-4..7`` for consecutive indices, else each name."""
+    ordered = sorted(indices)
+    if len(ordered) > 1 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{prefix}{ordered[0]}..{ordered[-1]}"
+    return ", ".join(f"{prefix}{i}" for i in ordered)
+
+
+def _counter_reasons(search: _Search, cand: _Candidate, why: _Why) -> list[str]:
+    """Per counter set the device cannot take its counters from, one reason.
+
+    Indexed counters (``memory-slice-<i>``: which parts of a partitionable device a partition
+    covers) are shown as the span the device needs and, for each one taken, the allocated
+    devices (and claims) holding it: "3g.40gb at placement 4 needs memory-slice-4..7 of
+    gpu-0-counter-set; memory-slice-6 is used by gpu-0-mig-1g10gb-19-6 of claim ns/c". The
+    label comes from the device's ``profile`` attribute when it has one (MIG devices). Other
+    counters: "multiprocessors: needs 60, 56 left (used by ...)".
+    """
+    pool = cand.pool
+    avail = search.available_counters(pool)
+    out: list[str] = []
+    profile = next(
+        (v for k, v in cand.device.attributes.items() if k.rpartition("/")[2] == "profile"),
+        None,
+    )
+    for cs, counters in cand.device.consumes_counters:
+        have_set = avail.get(cs, {})
+        spans: dict[str, list[int]] = {}
+        taken: dict[str, dict[str, list[int]]] = {}  # prefix -> holders -> indices
+        plain: list[str] = []
+        for n, v in counters.items():
+            have = have_set.get(n)
+            if have is None:
+                out.append(f"consumes unknown counter {cs}/{n}")
+                continue
+            indexed = _INDEXED_COUNTER.match(n)
+            if indexed:
+                spans.setdefault(indexed[1], []).append(int(indexed[2]))
+            if v <= have:
+                continue
+            users = _counter_holders(search, pool, cs, n)
+            why.blame(c for _, c in users)
+            held = ", ".join(f"{d} of claim {c}" for d, c in users[:3])
+            if indexed:
+                by_holder = taken.setdefault(indexed[1], {})
+                by_holder.setdefault(held, []).append(int(indexed[2]))
+            else:
+                plain.append(
+                    f"{n}: needs {_show_counter(v)}, {_show_counter(max(have, Fraction(0)))} left"
+                    + (f" (used by {held})" if users else "")
+                )
+        parts = []
+        for prefix, by_holder in taken.items():
+            indices = spans[prefix]
+            lead = (
+                f"{profile} at placement {min(indices)} needs"
+                if isinstance(profile, str) and len(taken) == 1
+                else "needs"
+            )
+            notes = [
+                f"{_span(prefix, held_indices)} "
+                + ("is" if len(held_indices) == 1 else "are")
+                + (f" used by {held}" if held else " not available")
+                for held, held_indices in by_holder.items()
+            ]
+            parts.append(f"{lead} {_span(prefix, indices)} of {cs}; " + "; ".join(notes))
+        if plain:
+            parts.append(f"counters of {cs}: " + "; ".join(plain))
+        out.extend(parts)
+    return out
 
 
 def _selector_reasons(data: _ReqData, cand: _Candidate) -> list[str]:

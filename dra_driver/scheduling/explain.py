@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
@@ -35,6 +35,9 @@ from dra_driver.scheduling.allocator import (
     Slice,
 )
 from dra_driver.scheduling.environment import NEWEST_VERSION, SUPPORTED_VERSIONS
+
+if TYPE_CHECKING:
+    from dra_driver.devices import MigMode
 
 JSON = dict[str, Any]
 EXIT_SATISFIABLE, EXIT_UNSATISFIABLE, EXIT_INPUT_ERROR = 0, 1, 2
@@ -275,13 +278,18 @@ def simulated_slices(
     node_name: str,
     driver_name: str = DEFAULT_DRIVER_NAME,
     consumable_shares: str = "disabled",
+    mig_mode: MigMode = "static",
 ) -> list[JSON]:
-    """The ResourceSlices our driver would publish for simulated GPUs ``spec`` on ``node_name``,
+    """The ResourceSlices our driver would publish for simulated GPUs ``spec`` on ``node_name``
+    with ``--mig-mode mig_mode`` (the simulated MIG devices count as the driver's own),
     shareable as ``consumable_shares`` (a ``--consumable-shares`` value) says.
 
     Runs the real pipeline: simulated NVML -> nvml.discover -> devices -> shares -> slices.
     """
-    from dra_driver.devices import node_devices  # noqa: PLC0415 - only this path needs them
+    from dra_driver.devices import (  # noqa: PLC0415 - only this path needs them
+        mig_instance_name,
+        node_devices,
+    )
     from dra_driver.gpus.simulated import discover_simulated  # noqa: PLC0415
     from dra_driver.shares import parse_mode, shareable  # noqa: PLC0415
     from dra_driver.slices import build_slices, to_api_objects  # noqa: PLC0415
@@ -291,7 +299,17 @@ def simulated_slices(
     except ValueError as exc:
         raise ExplainError(f"--consumable-shares {consumable_shares!r}: {exc}") from None
     inventory = discover_simulated(spec, node_name=node_name)
-    devices = shareable(node_devices(inventory, driver_name=driver_name), mode)
+    devices = shareable(
+        node_devices(
+            inventory,
+            driver_name=driver_name,
+            mig_mode=mig_mode,
+            managed_mig=frozenset(
+                mig_instance_name(g, m) for g in inventory.gpus for m in g.mig_instances
+            ),
+        ),
+        mode,
+    )
     pool = build_slices(devices, driver_name=driver_name, node_name=node_name)
     objs = to_api_objects(pool, node_uid="simulated")
     for i, obj in enumerate(objs):
@@ -590,6 +608,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="DeviceTaintRules (kubectl get devicetaintrules -o yaml)",
     )
+    p.add_argument(
+        "--mig-mode",
+        choices=("static", "dynamic"),
+        default="static",
+        help="with --simulate: publish GPUs in MIG mode as the agent's --mig-mode does "
+        "(dynamic: every MIG profile at every placement; default %(default)s)",
+    )
     p.add_argument("--node", help="check only this node (with --simulate: the node's name)")
     p.add_argument(
         "--consumable-shares",
@@ -652,6 +677,11 @@ def _run(args: argparse.Namespace) -> ExplainResult:
             "--consumable-shares only applies to --simulate (slices from a file or the cluster "
             "say for themselves whether their devices are shared)"
         )
+    if args.mig_mode != "static" and not args.simulate:
+        raise ExplainError(
+            "--mig-mode applies to --simulate only: slices read from a file or the cluster "
+            "already say how their GPUs are published"
+        )
     if args.simulate:
         node = node or DEFAULT_SIMULATED_NODE
         slices = simulated_slices(
@@ -659,6 +689,7 @@ def _run(args: argparse.Namespace) -> ExplainResult:
             node_name=node,
             driver_name=args.driver,
             consumable_shares=args.consumable_shares,
+            mig_mode=args.mig_mode,
         )
     elif args.slices:
         slices = [

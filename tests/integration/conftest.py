@@ -123,12 +123,15 @@ def _dra_flags(minor: int) -> list[str]:
     by default, are turned on. DRADeviceTaints (device taints in slices: alpha 1.33-1.35, on by
     default from 1.36) is turned on where it is off, as clusters that use GPU health taints do;
     so is DRAConsumableCapacity (allowMultipleAllocations, requestPolicy: alpha 1.34-1.35, on by
-    default from 1.36), as clusters that share GPUs (--consumable-shares) do."""
+    default from 1.36), as clusters that share GPUs (--consumable-shares) do; so is
+    DRAPartitionableDevices on 1.35 (alpha there, beta and on from 1.36; dynamic MIG needs the
+    1.35 model of shared counters)."""
     if minor < 32:
         pytest.fail(f"kube-apiserver 1.{minor} predates resource.k8s.io/v1beta1 (needs 1.32+)")
     taints = ["DRADeviceTaints=true"] if 33 <= minor <= 35 else []
     if 34 <= minor <= 35:
         taints.append("DRAConsumableCapacity=true")
+    taints += ["DRAPartitionableDevices=true"] if minor == 35 else []
     if minor >= 34:
         gates = [f"--feature-gates={','.join(taints)}"] if taints else []
         return ["--runtime-config=resource.k8s.io/v1=true", *gates]

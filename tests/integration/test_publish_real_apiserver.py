@@ -185,3 +185,44 @@ def test_the_server_accepts_and_stores_shareable_devices_as_sent(
         for device in content.devices:
             assert by_name[device["name"]] == device
             assert by_name[device["name"]]["allowMultipleAllocations"] is True
+
+
+# -- dynamic MIG -----------------------------------------------------------------------------
+
+DYNAMIC_NODE = "h100-dynamic-node"
+
+
+def test_a_dynamic_mig_node_is_stored_as_sent_and_a_restart_writes_nothing(
+    real_apiserver: RealApiServer, publishers: list[tuple[Publisher, KubeClient]]
+) -> None:
+    if real_apiserver.minor < 35:
+        pytest.skip("shared counters in slices of their own are the 1.35+ model (spec D.1)")
+    real_apiserver.create_node(DYNAMIC_NODE)
+    with simulated_nvml("h100:8:mig", node_name=DYNAMIC_NODE) as node:
+        inventory = discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+    published = node_devices(inventory, driver_name=DRIVER, mig_mode="dynamic")
+
+    def publish() -> Publisher:
+        client = KubeClient.from_config(kubeconfig=real_apiserver.kubeconfig)
+        publisher = Publisher(
+            client,
+            driver_name=DRIVER,
+            node_name=DYNAMIC_NODE,
+            node_devices=published,
+            backoff=Backoff(initial_s=0.1, max_s=1.0),
+        )
+        publisher.start()
+        publishers.append((publisher, client))
+        assert publisher.wait_synced(15), publisher.status().last_error
+        return publisher
+
+    first = publish()
+    assert first.status().last_error is None
+    assert first.status().dropped_gates == ()  # counters and consumption stored as sent
+    stored = stored_slices(real_apiserver, DYNAMIC_NODE)
+    assert sorted(len(s["spec"].get("sharedCounters") or ()) for s in stored) == [0, 0, 0, 0, 8]
+    assert device_names(real_apiserver, DYNAMIC_NODE) == sorted(d.name for d in published.devices)
+    first.stop()
+    second = publish()
+    time.sleep(0.5)
+    assert second.writes.total == 0

@@ -1,0 +1,332 @@
+"""Dynamic MIG (--mig-mode dynamic): partitionable GPUs published as NVIDIA's driver publishes
+them (counter set names and layout, device names, consumption), and the GPUs that stay static.
+
+Inventories come from the simulated NVML library through the real discovery code, so the
+profiles and placement tables are what ``nvmlDeviceGetGpuInstancePossiblePlacements`` reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from dra_driver.devices import (
+    Device,
+    NodeDevices,
+    Taint,
+    counter_set_name,
+    is_partitionable,
+    mig_device_name,
+    mig_instance_name,
+    node_devices,
+    parse_mig_device_name,
+    unmanaged_mig_devices,
+    with_taints,
+)
+from dra_driver.errors import DeviceModelError, PublishError
+from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.simulated import discover_simulated
+from dra_driver.localapi import validate_slice
+from dra_driver.slices import (
+    MAX_COUNTER_SETS_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS,
+    build_slices,
+    convert_slice,
+    plan_sync,
+)
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node1"
+KUBERNETES_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
+# H100 80GB HBM3, largest profile 7g.80gb: what NVIDIA's driver puts in the counter set.
+H100_COUNTERS = {
+    "multiprocessors": "132",
+    "copy-engines": "8",
+    "decoders": "7",
+    "encoders": "0",
+    "jpeg-engines": "7",
+    "ofa-engines": "1",
+    "memory": "81152Mi",
+    **{f"memory-slice-{i}": "1" for i in range(8)},
+}
+
+
+def inventory(spec: str) -> Inventory:
+    return discover_simulated(spec, node_name=NODE)
+
+
+def dynamic(inv: Inventory, managed: frozenset[str] = frozenset()) -> NodeDevices:
+    return node_devices(inv, driver_name=DRIVER, mig_mode="dynamic", managed_mig=managed)
+
+
+def by_name(devices: NodeDevices) -> dict[str, Device]:
+    return {d.name: d for d in devices.devices}
+
+
+def every_instance(inv: Inventory) -> frozenset[str]:
+    return frozenset(mig_instance_name(g, m) for g in inv.gpus for m in g.mig_instances)
+
+
+# --- what a partitionable GPU publishes ------------------------------------------------------
+
+
+def test_a_gpu_in_mig_mode_gets_one_counter_set_with_nvidias_counters() -> None:
+    published = dynamic(inventory("h100:1:mig"))
+
+    (counter_set,) = published.counter_sets
+    assert counter_set.name == "gpu-0-counter-set" == counter_set_name(0)
+    assert dict(counter_set.counters) == H100_COUNTERS
+
+
+def test_every_profile_at_every_placement_is_a_device_next_to_the_whole_gpu() -> None:
+    inv = inventory("h100:1:mig")
+    (gpu,) = inv.gpus
+    expected = {
+        mig_device_name(
+            parent_minor=0, profile=p.name, profile_id=p.profile_id, placement_start=pl.start
+        )
+        for p in gpu.mig_profiles
+        for pl in p.placements
+    }
+
+    names = [d.name for d in dynamic(inv).devices]
+
+    assert names[0] == "gpu-0"
+    assert set(names[1:]) == expected
+    # 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements on an H100, NVML's placement tables
+    assert len(expected) == 25
+    assert {"gpu-0-mig-1g10gb-me-20-6", "gpu-0-mig-3g40gb-9-4", "gpu-0-mig-7g80gb-0-0"} <= expected
+    for name in names[1:]:
+        parent, _, start, _ = parse_mig_device_name(name)
+        assert (parent, start) == (0, int(name.rpartition("-")[2]))
+
+
+def test_placements_come_smallest_memory_first_so_first_fit_picks_the_smallest() -> None:
+    names = [d.name for d in dynamic(inventory("h100:1:mig")).devices]
+    order = [n for n in names if "-mig-" in n and n.endswith("-0")]
+    assert order == [
+        "gpu-0-mig-1g10gb-19-0",
+        "gpu-0-mig-1g10gb-me-20-0",
+        "gpu-0-mig-1g20gb-15-0",
+        "gpu-0-mig-2g20gb-14-0",
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-4g40gb-5-0",
+        "gpu-0-mig-7g80gb-0-0",
+    ]
+
+
+def test_the_whole_gpu_consumes_every_counter_and_keeps_its_gpu_attributes() -> None:
+    published = dynamic(inventory("h100:1:mig"))
+    whole = by_name(published)["gpu-0"]
+    (consumption,) = whole.consumes_counters
+
+    assert consumption.counter_set == "gpu-0-counter-set"
+    assert dict(consumption.counters) == dict(published.counter_sets[0].counters)
+    assert whole.attributes["type"] == "gpu"
+    assert str(whole.attributes["uuid"]).startswith("GPU-")
+    assert whole.capacity["memory"] == "81152Mi"
+    assert whole.capacity["multiprocessors"] == "132"
+
+
+def test_a_placement_consumes_its_profiles_capacities_and_the_memory_slices_it_covers() -> None:
+    device = by_name(dynamic(inventory("h100:1:mig")))["gpu-0-mig-3g40gb-9-4"]
+    (consumption,) = device.consumes_counters
+
+    assert dict(consumption.counters) == {
+        "multiprocessors": "60",
+        "copy-engines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpeg-engines": "3",
+        "ofa-engines": "0",
+        "memory": "40448Mi",
+        "memory-slice-4": "1",
+        "memory-slice-5": "1",
+        "memory-slice-6": "1",
+        "memory-slice-7": "1",
+    }
+    assert device.attributes["type"] == "mig"
+    assert device.attributes["profile"] == "3g.40gb"
+    assert "uuid" not in device.attributes  # the MIG device does not exist yet
+    assert str(device.attributes["parentUUID"]).startswith("GPU-")
+    assert {k for k in device.capacity if k.startswith("memorySlice")} == {
+        f"memorySlice{i}" for i in range(4, 8)
+    }
+
+
+def test_a_media_extension_placement_takes_the_gpus_only_ofa_engine() -> None:
+    published = by_name(dynamic(inventory("h100:1:mig")))
+    me = published["gpu-0-mig-1g10gb-me-20-3"]
+    plain = published["gpu-0-mig-1g10gb-19-3"]
+
+    assert me.consumes_counters[0].counters["ofa-engines"] == "1"
+    assert plain.consumes_counters[0].counters["ofa-engines"] == "0"
+    assert H100_COUNTERS["ofa-engines"] == "1"  # so two +me placements never fit together
+
+
+def test_ampere_offers_no_whole_gpu_while_in_mig_mode() -> None:
+    published = dynamic(inventory("a100-80gb:1:mig"))
+    names = [d.name for d in published.devices]
+
+    assert "gpu-0" not in names
+    assert published.counter_sets[0].counters["memory"] == "79Gi"  # 80896 MiB (7g.80gb)
+    assert "gpu-0-mig-7g80gb-0-0" in names
+
+
+def test_a_gpu_not_in_mig_mode_stays_a_plain_gpu_in_dynamic_mode() -> None:
+    published = dynamic(inventory("h100:1"))
+    (device,) = published.devices
+    assert published.counter_sets == ()
+    assert device.name == "gpu-0"
+    assert device.consumes_counters == ()
+    assert device.capacity == {"memory": "81559Mi"}
+
+
+def test_static_mode_publishes_existing_mig_devices_only() -> None:
+    inv = inventory("h100:1:mig=3g.40gb")
+    published = node_devices(inv, driver_name=DRIVER)
+    (device,) = published.devices
+    assert published.counter_sets == ()
+    assert device.name == "gpu-0-mig-3g40gb-9-0"
+    assert str(device.attributes["uuid"]).startswith("MIG-")
+
+
+def test_an_unknown_mig_mode_is_refused() -> None:
+    with pytest.raises(DeviceModelError, match="MIG mode 'auto'"):
+        node_devices(inventory("h100:1"), driver_name=DRIVER, mig_mode="auto")  # type: ignore[arg-type]
+
+
+# --- GPUs with MIG devices the driver did not create ------------------------------------------
+
+
+def test_a_gpu_with_a_mig_device_the_driver_did_not_create_stays_static() -> None:
+    inv = inventory("h100:1:mig=1g.10gb,h100:1:mig")
+    foreign = "gpu-0-mig-1g10gb-19-0"
+
+    published = dynamic(inv)
+
+    assert unmanaged_mig_devices(inv.gpus[0], managed_mig=frozenset()) == (foreign,)
+    assert not is_partitionable(inv.gpus[0], managed_mig=frozenset())
+    assert [cs.name for cs in published.counter_sets] == ["gpu-1-counter-set"]
+    static = by_name(published)[foreign]
+    assert str(static.attributes["uuid"]).startswith("MIG-")
+    assert static.consumes_counters == ()
+    assert not any(d.name.startswith("gpu-0-") and d.name != foreign for d in published.devices)
+
+
+def test_a_gpu_whose_mig_devices_the_driver_created_stays_partitionable() -> None:
+    inv = inventory("h100:1:mig=3g.40gb+1g.10gb")
+    managed = every_instance(inv)
+    assert managed == {"gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-4"}
+
+    published = dynamic(inv, managed)
+
+    assert [cs.name for cs in published.counter_sets] == ["gpu-0-counter-set"]
+    device = by_name(published)["gpu-0-mig-3g40gb-9-0"]
+    assert "uuid" not in device.attributes
+    assert device.consumes_counters
+
+
+def test_managed_mig_devices_appearing_and_disappearing_change_nothing_published() -> None:
+    empty = inventory("h100:2:mig")
+    busy = inventory("h100:1:mig=3g.40gb+1g.10gb+me,h100:1:mig=7g.80gb")
+
+    assert dynamic(empty) == dynamic(busy, every_instance(busy))
+
+
+# --- health taints ---------------------------------------------------------------------------
+
+
+def test_the_taints_of_a_partitionable_gpu_reach_its_whole_device_and_every_placement() -> None:
+    published = dynamic(inventory("h100:2:mig"))
+    lost = (Taint(key=f"{DRIVER}/gpu-lost", value="", effect="NoSchedule"),)
+    xid = (Taint(key=f"{DRIVER}/xid", value="43", effect="NoSchedule"),)
+
+    tainted = with_taints(published, {"gpu-0": lost, "gpu-0-mig-1g10gb-19-2": xid})
+
+    for device in tainted.devices:
+        if device.name == "gpu-0-mig-1g10gb-19-2":
+            assert device.taints == xid  # its own taints, which include the GPU's own
+        elif device.name.startswith("gpu-0"):
+            assert device.taints == lost, device.name
+        else:
+            assert device.taints == (), device.name
+
+
+# --- slices: limits and the API's schemas -------------------------------------------------------
+
+
+def objects(published: NodeDevices) -> list[dict[str, Any]]:
+    pool = build_slices(published, driver_name=DRIVER, node_name=NODE)
+    plan = plan_sync(pool, [], node_uid="node-uid")
+    out = []
+    for i, write in enumerate(plan.creates):
+        body = write.body
+        body["metadata"]["name"] = body["metadata"]["generateName"] + f"{i:05d}"
+        out.append(body)
+    return out
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_eight_h100_in_dynamic_mode_fit_the_limits_and_pass_the_strict_schema(
+    kubernetes_version: str,
+) -> None:
+    published = dynamic(inventory("h100:8:mig"))
+    objs = objects(published)
+
+    shapes = [
+        (len(o["spec"].get("devices", ())), len(o["spec"].get("sharedCounters", ()))) for o in objs
+    ]
+    assert shapes == [(0, 8), (64, 0), (64, 0), (64, 0), (16, 0)]
+    assert sum(d for d, _ in shapes) == 8 * 26
+    for obj in objs:
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+        assert validate_slice(obj) == []
+        for version in ("v1beta2", "v1beta1"):  # the publisher's fallbacks
+            older = convert_slice(obj, api_version=version)
+            kubernetes_validate.validate(older, kubernetes_version, strict=True)
+
+
+def test_nine_gpus_need_a_second_counter_set_slice() -> None:
+    published = dynamic(inventory("h100:9:mig"))
+    objs = objects(published)
+    counter_slices = [o for o in objs if o["spec"].get("sharedCounters")]
+
+    assert [len(o["spec"]["sharedCounters"]) for o in counter_slices] == [
+        MAX_COUNTER_SETS_PER_SLICE,
+        1,
+    ]
+    for obj in objs:
+        spec = obj["spec"]
+        assert not (spec.get("devices") and spec.get("sharedCounters"))
+        assert len(spec.get("devices", ())) <= MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS
+        assert validate_slice(obj) == []
+
+
+def test_the_api_refuses_a_ninth_counter_set_in_one_slice() -> None:
+    objs = objects(dynamic(inventory("h100:9:mig")))
+    first, second = (o for o in objs if o["spec"].get("sharedCounters"))
+    first["spec"]["sharedCounters"].extend(second["spec"]["sharedCounters"])
+
+    assert validate_slice(first) != []
+
+
+def test_a_counter_set_with_more_than_32_counters_is_refused_before_it_is_sent() -> None:
+    published = dynamic(inventory("h100:1:mig"))
+    (counter_set,) = published.counter_sets
+    assert len(counter_set.counters) == 15  # 7 capacities and 8 memory slices
+    too_many = replace(
+        counter_set, counters={**counter_set.counters, **{f"extra-{i}": "1" for i in range(18)}}
+    )
+    with pytest.raises(PublishError, match="has 33 counters; the API allows 1 to 32"):
+        build_slices(
+            replace(published, counter_sets=(too_many,)), driver_name=DRIVER, node_name=NODE
+        )
+    (obj,) = (o for o in objects(published) if o["spec"].get("sharedCounters"))
+    obj["spec"]["sharedCounters"][0]["counters"].update(
+        {f"extra-{i}": {"value": "1"} for i in range(18)}
+    )
+    assert validate_slice(obj) != []  # the fake API server's own check agrees
