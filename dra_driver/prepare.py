@@ -40,7 +40,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, timeslice
+from dra_driver import cdi, mps, timeslice
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -62,6 +62,7 @@ from dra_driver.errors import (
     DeviceConflict,
     DraError,
     KubeError,
+    MpsFailed,
     PrepareError,
     TimeSliceFailed,
 )
@@ -70,6 +71,7 @@ from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
 
 if TYPE_CHECKING:
     from dra_driver import deviceconfig
+    from dra_driver.mpsdaemon import MpsDaemons
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +198,13 @@ class _Planned:
             return None
         return timeslice.recorded_interval(self.config_json())
 
+    @functools.cached_property
+    def mps_config(self) -> dict[str, Any] | None:
+        """The mpsConfig this device's config asks for (``{}``: MPS without limits), or None."""
+        if self.config is None:
+            return None
+        return mps.recorded_config(self.config_json())
+
 
 # deviceconfig is imported where it is used (the ``noqa: PLC0415`` lines), so it is loaded with
 # the first claim that carries an opaque config of ours: building its pydantic models (and
@@ -218,6 +227,7 @@ _ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
     (ClaimFetchFailed, "api_error"),
     (DeviceConflict, "device_conflict"),
     (TimeSliceFailed, "timeslice"),
+    (MpsFailed, "mps"),
     (ConfigDecodeError, "config"),
     (PrepareError, "invalid_claim"),
     (CdiError, "cdi"),
@@ -272,6 +282,7 @@ class Preparer:
         claims: ClaimSource,
         max_parallel_claims: int = 16,
         timeslicer: timeslice.TimeSlicer | None = None,
+        mps_daemons: MpsDaemons | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -301,6 +312,10 @@ class Preparer:
         self._slices: dict[str, str] = {}
         self._slice_lock = threading.Lock()
         self._slice_marks = checkpoint.path.parent / "timeslice"
+        # MPS control daemons, one per claim that asks for MPS (None: such claims are refused).
+        # _mps_adopted: the daemons of prepared claims were adopted since this process started.
+        self._mps = mps_daemons
+        self._mps_adopted = False
 
     @property
     def targets(self) -> Mapping[str, DeviceTarget]:
@@ -412,12 +427,15 @@ class Preparer:
                 self._roll_back(record)
             claim = self._fetch(ref)
             planned = self._plan(ref, claim)
+            daemon = self._plan_mps(ref, planned)
             devices = tuple(self._answer(ref, p) for p in planned)
             if any(p.interval is not None for p in planned):
                 # Changes the node beyond the spec: PrepareStarted first (docs/plugin.md,
                 # "Durability"), naming the intervals (the devices' configs) so that a
                 # rollback knows which GPUs to restore.
                 self._set_time_slices(ref, planned, devices)
+            if daemon is not None:
+                self._start_mps(ref, planned, devices, daemon)
             # The spec goes to a temp file and is fsync'd (see _sync_spec: alone, in a helper
             # thread, overlapping the checkpoint's append and fdatasync). Without a time slice
             # the record is written once, as PrepareCompleted: the only change this prepare
@@ -427,7 +445,13 @@ class Preparer:
             # writes it again); the kubelet hears of success only after both are durable.
             capabilities = frozenset().union(*(p.capabilities for p in planned))
             pending = self.specs.begin(
-                ref.uid, self._encode_spec(ref.uid, [p.target for p in planned], capabilities)
+                ref.uid,
+                self._encode_spec(
+                    ref.uid,
+                    [p.target for p in planned],
+                    capabilities,
+                    daemon[0] if daemon is not None else None,
+                ),
             )
             try:
                 synced = self._sync_spec(pending)
@@ -483,6 +507,90 @@ class Preparer:
             self._roll_back_quietly(ref.uid)
             raise
 
+    def _plan_mps(
+        self, ref: ClaimRef, planned: Sequence[_Planned]
+    ) -> tuple[mps.MpsDaemon, mps.Limits] | None:
+        """The MPS daemon the claim's devices that ask for MPS share, with its limits (None:
+        none asks). Refused: MPS on an agent without daemons, with admin access, or limits
+        that do not fit the devices (ConfigDecodeError naming the field)."""
+        shared = [p for p in planned if p.mps_config is not None]
+        if not shared:
+            return None
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        if self._mps is None:
+            raise ConfigNotSupported(
+                f"{where}: sharing (strategy MPS) is not available: this agent was started "
+                "without --mps-image (MPS_IMAGE), so it cannot run MPS control daemons"
+            )
+        for p in shared:
+            if p.admin_access:
+                raise ConfigNotSupported(
+                    f"{where}: request {p.request} (device {p.target.name}) has admin access; "
+                    "sharing (strategy MPS) changes the GPU for its other users and is refused "
+                    "with admin access"
+                )
+        try:
+            return self._mps_daemon(ref.uid, [(p.target, p.mps_config or {}) for p in shared])
+        except mps.MpsConfigError as exc:
+            raise ConfigDecodeError(f"{where}: {exc}") from exc
+
+    def _mps_daemon(
+        self, uid: str, shared: Sequence[tuple[DeviceTarget, Mapping[str, Any]]]
+    ) -> tuple[mps.MpsDaemon, mps.Limits]:
+        """The daemon serving ``shared`` (devices with their mpsConfig) for claim ``uid``."""
+        assert self._mps is not None
+        if len({repr(sorted(c.items())) for _, c in shared}) > 1:
+            raise mps.MpsConfigError(
+                "its devices share one MPS control daemon: every device of the claim that asks "
+                "for MPS needs the same mpsConfig"
+            )
+        unique = {t.name: t for t, _ in shared}
+        devices = tuple(
+            mps.MpsDevice(uuid=t.mig.uuid, memory_bytes=t.mig.memory_bytes, exclusive_gpu=None)
+            if t.mig is not None
+            else mps.MpsDevice(
+                uuid=t.gpu.uuid, memory_bytes=t.gpu.memory_bytes, exclusive_gpu=t.gpu.uuid
+            )
+            for t in unique.values()
+        )
+        daemon = mps.MpsDaemon(owner=uid, devices=devices, base=self._mps.base)
+        return daemon, mps.limits(shared[0][1], devices)
+
+    def _start_mps(
+        self,
+        ref: ClaimRef,
+        planned: Sequence[_Planned],
+        devices: tuple[PreparedDevice, ...],
+        daemon: tuple[mps.MpsDaemon, mps.Limits],
+    ) -> None:
+        """Record the claim ``PrepareStarted`` (durably: a crash from here on leaves a record
+        whose rollback stops the daemon), then start its MPS daemon; a failure rolls the claim
+        back (daemon, Deployment, tmpfs, directories, compute mode) and raises MpsFailed."""
+        assert self._mps is not None
+        self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
+        try:
+            self._mps.start(*daemon)
+        except BaseException:
+            self._roll_back_quietly(ref.uid)
+            raise
+
+    def _stop_mps(self, record: ClaimRecord) -> None:
+        """Stop the claim's MPS daemon, if it asked for one or something of one exists (a
+        claim rebuilt from its spec has no config); failures are logged, and reconcile removes
+        what is left (it belongs to no recorded claim)."""
+        if self._mps is None:
+            return
+        asked = any(mps.recorded_config(d.config) is not None for d in record.devices)
+        if not asked and not mps.daemon_root(self._mps.base, record.uid).exists():
+            return
+        try:
+            self._mps.stop(record.uid)
+        except MpsFailed as exc:
+            log.error(
+                "cannot stop an MPS control daemon; reconcile will retry",
+                extra={"claim_uid": record.uid, "error": str(exc)},
+            )
+
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
         flight, so the spec's sync and the checkpoint's overlap instead of adding up (the rest
@@ -519,8 +627,9 @@ class Preparer:
         if record is not None:
             # After the record: a crash before this leaves a GPU marked as maybe not Default
             # and no claim asking for it, which reconcile sets back. A failure never fails
-            # the unprepare (logged; reconcile retries).
+            # the unprepare (logged; reconcile retries). The same holds for an MPS daemon.
             self._restore_time_slices(record)
+            self._stop_mps(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
     # -- steps -------------------------------------------------------------------------------
@@ -660,6 +769,9 @@ class Preparer:
         device cannot both have it."""
         wanted = {p.target.name for p in planned if not p.admin_access}
         intervals = {p.target.name: p.interval for p in planned if p.interval is not None}
+        sharing = {
+            p.target.name: _strategy(p.config_json()) for p in planned if p.config is not None
+        }
 
         def op(claims: Claims) -> None:
             for other in claims.values():
@@ -669,6 +781,15 @@ class Preparer:
                     if held.device in wanted and not held.admin_access:
                         raise DeviceConflict(
                             f"device {held.device} is already prepared for claim {_owner(other)}",
+                            holders=(other.uid,),
+                        )
+                    mine = sharing.get(held.device)
+                    other_strategy = _strategy(held.config) if mine else None
+                    if other_strategy and "MPS" in (mine, other_strategy):
+                        raise DeviceConflict(
+                            f"device {held.device} is prepared for claim {_owner(other)} with "
+                            f"sharing strategy {other_strategy}; this claim asks for {mine} (a "
+                            "GPU shared by MPS runs one control daemon and no time slicing)",
                             holders=(other.uid,),
                         )
                     want = intervals.get(held.device)
@@ -688,16 +809,25 @@ class Preparer:
         return op
 
     def _write_spec(
-        self, claim_uid: str, targets: Iterable[DeviceTarget], capabilities: frozenset[str]
+        self,
+        claim_uid: str,
+        targets: Iterable[DeviceTarget],
+        capabilities: frozenset[str],
+        daemon: mps.MpsDaemon | None = None,
     ) -> None:
         """Write the claim's spec (atomically; see cdi.CdiSpecDir for what is synced)."""
-        self.specs.write(claim_uid, self._encode_spec(claim_uid, targets, capabilities))
+        self.specs.write(claim_uid, self._encode_spec(claim_uid, targets, capabilities, daemon))
 
     def _encode_spec(
-        self, claim_uid: str, targets: Iterable[DeviceTarget], capabilities: frozenset[str]
+        self,
+        claim_uid: str,
+        targets: Iterable[DeviceTarget],
+        capabilities: frozenset[str],
+        daemon: mps.MpsDaemon | None = None,
     ) -> bytes:
         """The claim's spec: its devices' nodes, and the driver files of ``capabilities``
-        (the union of what its devices' configs ask for)."""
+        (the union of what its devices' configs ask for); the devices ``daemon`` serves also
+        get what makes a container its client (mps.client_env, mps.client_mounts)."""
         # The current version's nodes of each name: after a swap since the claim was planned
         # (a MIG device re-created under the same name) these are the device's nodes now. A
         # name that is gone by then gets its planned target's nodes.
@@ -708,6 +838,15 @@ class Preparer:
             or cdi.ClaimDevice(name=name, nodes=t.nodes(current.files))
             for name, t in sorted(unique.items())
         ]
+        if daemon is not None:
+            served = {d.uuid for d in daemon.devices}
+            env, mounts = mps.client_env(daemon), mps.client_mounts(daemon)
+            devices = [
+                replace(d, env=d.env + env, mounts=d.mounts + mounts)
+                if _target_uuid(unique[d.name]) in served
+                else d
+                for d in devices
+            ]
         return self._spec_encoder.encode(claim_uid, devices, capabilities)
 
     def _roll_back(self, record: ClaimRecord) -> None:
@@ -716,6 +855,7 @@ class Preparer:
         self.specs.remove(record.uid)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
         self._restore_time_slices(record)
+        self._stop_mps(record)
 
     # -- time slices -------------------------------------------------------------------------
 
@@ -881,7 +1021,11 @@ class Preparer:
                     # has no nodes to give; a spec needs at least one device.
                     have = [targets[d.device] for d in record.devices if d.device in targets]
                     if have:
-                        self._write_spec(uid, have, _recorded_capabilities(record))
+                        daemon = self._recorded_daemon(record)
+                        self._write_spec(
+                            uid, have, _recorded_capabilities(record),
+                            daemon[0] if daemon is not None else None,
+                        )  # fmt: skip
                         done["specs_rewritten"] += 1
                 reason = self._stale_reason(record) if record.namespace else None
                 if reason is not None:
@@ -896,11 +1040,84 @@ class Preparer:
         # ask (at start every GPU a claim asks a non-default interval of, or marked; then
         # only those whose last change failed).
         done["time_slices_set"] = self._sync_slices(None, strict=False)
+        done["mps_daemons_adopted"], done["mps_daemons_removed"] = self._sync_mps()
         live = self.checkpoint.snapshot()  # claims another instance unprepared
         for uid in list(self._pods):
             if uid not in live:
                 self._pods.pop(uid, None)
         return done
+
+    def _recorded_daemon(self, record: ClaimRecord) -> tuple[mps.MpsDaemon, mps.Limits] | None:
+        """The MPS daemon a recorded claim asked for (None: none, or its devices are gone)."""
+        if self._mps is None:
+            return None
+        targets = self._current.targets
+        shared = []
+        for device in record.devices:
+            config = mps.recorded_config(device.config)
+            if config is None:
+                continue
+            target = targets.get(device.device)
+            if target is None:
+                return None
+            shared.append((target, config))
+        if not shared:
+            return None
+        try:
+            return self._mps_daemon(record.uid, shared)
+        except (mps.MpsConfigError, ValueError) as exc:
+            log.error("a prepared claim's MPS config no longer fits its devices",
+                      extra={"claim_uid": record.uid, "error": str(exc)})  # fmt: skip
+            return None
+
+    def _sync_mps(self) -> tuple[int, int]:
+        """Make the node's MPS daemons those of the recorded claims: a daemon (Deployment,
+        directories, tmpfs, compute mode) of no recorded claim is stopped and removed; the
+        daemons of ``PrepareCompleted`` claims are adopted (their Deployment kept, the daemon
+        asked to answer and told its limits again) at the first pass, and started again when
+        their Deployment is gone later. Returns (adopted or started, removed)."""
+        if self._mps is None:
+            return 0, 0
+        present = self._mps.owners()  # before the snapshot: a prepare records its claim first
+        records = self.checkpoint.snapshot()
+        removed = 0
+        for owner in sorted(present - set(records)):
+            with self.locks.try_hold(owner) as held:
+                if not held or self.checkpoint.get(owner) is not None:
+                    continue
+                log.info("removing an MPS control daemon of no prepared claim",
+                         extra={"claim_uid": owner})  # fmt: skip
+                try:
+                    self._mps.stop(owner)
+                    removed += 1
+                except MpsFailed as exc:
+                    log.error("cannot remove an orphaned MPS control daemon; will retry",
+                              extra={"claim_uid": owner, "error": str(exc)})  # fmt: skip
+        try:
+            deployed = self._mps.deployed()
+        except KubeError as exc:
+            log.warning("cannot list MPS control daemons; will retry", extra={"error": str(exc)})
+            return 0, removed
+        started = 0
+        for uid, record in records.items():
+            if record.phase != PREPARE_COMPLETED or (self._mps_adopted and uid in deployed):
+                continue
+            daemon = self._recorded_daemon(record)
+            if daemon is None:
+                continue
+            with self.locks.try_hold(uid) as held:
+                if not held or self.checkpoint.get(uid) != record:
+                    continue
+                try:
+                    self._mps.start(*daemon)
+                    started += 1
+                except MpsFailed as exc:
+                    log.error(
+                        "cannot adopt or restart a prepared claim's MPS control daemon; will retry",
+                        extra={"claim_uid": uid, "error": str(exc)},
+                    )
+        self._mps_adopted = True
+        return started, removed
 
     def _clear_stale(self, holders: Iterable[str]) -> bool:
         """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
@@ -1023,6 +1240,16 @@ class Preparer:
 def _owner(record: ClaimRecord) -> str:
     """How an error names a claim that holds a device."""
     return f"{record.namespace}/{record.name} ({record.uid})" if record.namespace else record.uid
+
+
+def _strategy(config: Mapping[str, Any] | None) -> str | None:
+    """The sharing strategy a recorded effective config asks for (None: exclusive)."""
+    sharing = (config or {}).get("sharing")
+    return str(sharing.get("strategy")) if isinstance(sharing, Mapping) else None
+
+
+def _target_uuid(target: DeviceTarget) -> str:
+    return target.mig.uuid if target.mig is not None else target.gpu.uuid
 
 
 def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
