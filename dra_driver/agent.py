@@ -208,6 +208,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             config=config,
             inventory=inventory,
             claims=kube,
+            deployments=kube,
             report_event=report_event,
             metrics=driver_metrics,
             health=monitor.states,

@@ -166,6 +166,22 @@ FLAGS: tuple[Flag, ...] = (
         10.0,
     ),
     Flag(
+        "--mps-image",
+        "MPS_IMAGE",
+        "mps_image",
+        "image of the MPS control daemon Deployments (the agent's own; the chart sets it); "
+        "unset: claims asking for MPS sharing are refused",
+    ),
+    Flag(
+        "--mps-start-timeout",
+        "MPS_START_TIMEOUT",
+        "mps_start_timeout_s",
+        "seconds a prepare waits for a new MPS control daemon to answer before it fails the "
+        "claim and removes the daemon",
+        float,
+        30.0,
+    ),
+    Flag(
         "--rediscover-interval",
         "REDISCOVER_INTERVAL",
         "rediscover_interval_s",

@@ -80,6 +80,10 @@ class Config:
     health_check_interval_s: float = 10.0
     health_xid_quiet_period_s: float = 300.0
     health_min_change_interval_s: float = 10.0
+    # MPS (mpsdaemon.py): the image the control daemons' Deployments run (None: MPS is refused)
+    # and how long a prepare waits for a new daemon to answer.
+    mps_image: str | None = None
+    mps_start_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
@@ -125,6 +129,11 @@ class Config:
                 "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
             )
         self._validate_health()
+        if not 0 < self.mps_start_timeout_s <= 600:
+            raise ConfigError(
+                "--mps-start-timeout (MPS_START_TIMEOUT)",
+                f"{self.mps_start_timeout_s:g} s: use more than 0 and at most 600 s",
+            )
 
     def _validate_health(self) -> None:
         for flag, effect in (
@@ -183,6 +192,11 @@ class Config:
     def simulated_faults_path(self) -> Path:
         """With ``--simulate``: the file ``gpu-dra simulate-event`` appends faults to."""
         return simulated_faults_path(self.plugin_data_dir)
+
+    @property
+    def mps_dir(self) -> Path:
+        """Where MPS control daemons keep their directories (a host path, same in the pod)."""
+        return self.plugin_data_dir / "mps"
 
     @property
     def cdi_vendor(self) -> str:

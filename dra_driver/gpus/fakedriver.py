@@ -142,12 +142,10 @@ logdir = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")
 path = os.path.join(pipe, "control")
 def record(line):
     with open(os.path.join(here, "nvidia-cuda-mps-control.log"), "a") as out:
-        out.write("%s %s
-" % (pipe, line))
+        out.write("%s %s\n" % (pipe, line))
 def log(line):
     with open(os.path.join(logdir, "control.log"), "a") as out:
-        out.write("[%s Control %d] %s
-" % (time.strftime("%Y-%m-%d %H:%M:%S"), os.getpid(), line))
+        out.write("[%s Control %d] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), os.getpid(), line))
 def client():
     bad = False
     for line in sys.stdin.read().splitlines():
@@ -157,11 +155,9 @@ def client():
         try:
             conn.connect(path)
         except OSError:
-            sys.stderr.write("Cannot find MPS control daemon process
-")
+            sys.stderr.write("Cannot find MPS control daemon process\n")
             sys.exit(1)
-        conn.sendall(line.strip().encode() + b"
-")
+        conn.sendall(line.strip().encode() + b"\n")
         reply = b""
         while True:
             chunk = conn.recv(4096)
@@ -171,9 +167,7 @@ def client():
         conn.close()
         text = reply.decode()
         if text:
-            sys.stdout.write(text if text.endswith("
-") else text + "
-")
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
         bad = bad or text.startswith(("Invalid", "Unrecognized"))
     sys.exit(1 if bad else 0)
 def serve():
@@ -216,8 +210,7 @@ def serve():
     while True:
         conn, _ = server.accept()
         data = b""
-        while not data.endswith(b"
-"):
+        while not data.endswith(b"\n"):
             chunk = conn.recv(4096)
             if not chunk:
                 break
@@ -269,8 +262,7 @@ elif args == ["-d"]:
         serve()
     sys.exit(0)
 else:
-    sys.stderr.write("Unknown option %s (this stand-in knows -f, -d and none)
-" % " ".join(args))
+    sys.stderr.write("Unknown option %s (this stand-in knows -f, -d and none)\n" % " ".join(args))
     sys.exit(1)
 """
 
