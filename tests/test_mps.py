@@ -210,7 +210,10 @@ def test_limits_apply_the_default_then_per_device_keys_by_uuid_or_index() -> Non
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"defaultActiveThreadPercentage": 0}, "defaultActiveThreadPercentage: 0 is outside 1..100"),
+        (
+            {"defaultActiveThreadPercentage": 0},
+            "defaultActiveThreadPercentage: 0 is outside 1..100",
+        ),
         ({"defaultActiveThreadPercentage": 101}, "101 is outside 1..100"),
         (
             {"defaultPinnedDeviceMemoryLimit": "41Gi"},
@@ -417,7 +420,9 @@ def test_mps_and_time_slicing_of_one_gpu_by_two_claims_is_refused(env: Env) -> N
     assert "device gpu-0 is prepared for claim default/mps" in str(info.value)
     assert "with sharing strategy MPS; this claim asks for TimeSlicing" in str(info.value)
     # and MPS with admin access is refused outright
-    watcher = env.store.add(allocated_claim(name="watch", devices=["gpu-1"], configs=[mps_config()]))
+    watcher = env.store.add(
+        allocated_claim(name="watch", devices=["gpu-1"], configs=[mps_config()])
+    )
     watcher["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
     with pytest.raises(ConfigNotSupported, match="refused with admin access"):
         env.preparer.prepare(env.ref(watcher))
@@ -436,7 +441,9 @@ def test_an_agent_without_an_mps_image_refuses_mps_naming_the_flag(env: Env) -> 
 
 
 def test_a_restarted_agent_adopts_the_running_daemon_instead_of_starting_another(env: Env) -> None:
-    claim = env.store.add(allocated_claim(name="c", configs=[mps_config(defaultActiveThreadPercentage=40)]))
+    claim = env.store.add(
+        allocated_claim(name="c", configs=[mps_config(defaultActiveThreadPercentage=40)])
+    )
     uid = claim["metadata"]["uid"]
     env.preparer.prepare(env.ref(claim))
     pid = env.kubelet.running()[(NAMESPACE, f"mps-{uid}")]
@@ -450,7 +457,10 @@ def test_a_restarted_agent_adopts_the_running_daemon_instead_of_starting_another
     assert env.kubelet.starts[(NAMESPACE, f"mps-{uid}")] == 1
     assert [r.verb for r in env.api.writes() if r.resource == "deployments"] == ["create"]
     # asked to answer and told its limits again
-    assert env.daemon_calls(uid)[-2:] == ["get_server_list", "set_default_active_thread_percentage 40"]
+    assert env.daemon_calls(uid)[-2:] == [
+        "get_server_list",
+        "set_default_active_thread_percentage 40",
+    ]
     # a second pass leaves a daemon with a Deployment alone
     calls = len(env.daemon_calls(uid))
     assert restarted.reconcile()["mps_daemons_adopted"] == 0
