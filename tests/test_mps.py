@@ -555,7 +555,7 @@ def test_a_refused_limit_fails_the_claim_and_leaves_nothing(env: Env) -> None:
         base=env.mps_base,
     )
     assert env.preparer._mps is not None
-    with pytest.raises(MpsFailed, match="refused its limits .*Invalid value -1M"):
+    with pytest.raises(MpsFailed, match=r"refused its limits .*Invalid value -1M"):
         env.preparer._mps.start(daemon, bad)
     env.preparer._mps.stop(uid)
     env.assert_nothing_left()
