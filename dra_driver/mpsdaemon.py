@@ -47,6 +47,7 @@ _POLL_S: Final = 0.01
 _MAX_POLL_S: Final = 0.1
 _LOG_TAIL_CHARS: Final = 600
 _MOUNTINFO: Final = Path("/proc/self/mountinfo")
+_MAX_SOCKET_PATH: Final = 107  # sun_path holds 108 bytes, the last a NUL
 
 
 class DeploymentApi(Protocol):
@@ -130,6 +131,12 @@ class MpsDaemons:
         names the failed step. The caller stops the daemon after a failure."""
         control = self._control_binary()
         what = f"MPS control daemon {daemon.deployment_name}"
+        socket = daemon.pipe_dir / mps.CONTROL_SOCKET
+        if len(os.fsencode(socket)) > _MAX_SOCKET_PATH:
+            raise MpsFailed(
+                f"{what}: its control socket {socket} would be longer than a Unix socket path "
+                f"may be ({_MAX_SOCKET_PATH} bytes); use a shorter --kubelet-plugins-directory-path"
+            )
         try:
             daemon.root.mkdir(parents=True, exist_ok=True)
             fsync_dir(self.base)
