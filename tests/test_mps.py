@@ -10,6 +10,7 @@ the shm tmpfs is a real mount (root). Claims come from an in-memory ClaimSource.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 
 from dra_driver import cdi, mps
 from dra_driver.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimLocks
+from dra_driver.demo import DEMO_SIMULATE
 from dra_driver.errors import ConfigDecodeError, ConfigNotSupported, DeviceConflict, MpsFailed
 from dra_driver.gpus.fakedriver import (
     MPS_CONTROL_FAIL,
@@ -44,8 +46,8 @@ from tests.claimdata import ClaimStore, allocated_claim, opaque
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
 
 VENDOR = "k8s.gpu.nvidia.com"
-SPEC = "h100:4,a100-40gb:1:mig=3g.20gb+2g.10gb"
-MIG_3G = "gpu-4-mig-3g20gb-9-0"
+SPEC = DEMO_SIMULATE  # the examples' node: tests/test_examples.py prepares them here
+MIG_3G = "gpu-4-mig-3g40gb-9-4"
 NAMESPACE = "gpu-dra"
 API = "resource.nvidia.com/v1beta1"
 
@@ -161,6 +163,14 @@ class Env:
 
 @pytest.fixture
 def env() -> Iterator[Env]:
+    with mps_node() as e:
+        yield e
+
+
+@contextlib.contextmanager
+def mps_node() -> Iterator[Env]:
+    """A node with MPS daemons that run: fake driver root, local API server, stand-in kubelet,
+    and a Preparer (``Env.restart`` makes another, as a restarted agent)."""
     # a short path: a Unix socket's path has at most 107 bytes
     with tempfile.TemporaryDirectory(prefix="mps-", dir="/tmp") as d:
         tmp = Path(d)
