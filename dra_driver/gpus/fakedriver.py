@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import stat
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ MPS_CONTROL_FAIL = "nvidia-cuda-mps-control.fail"
 # The stand-in nvidia-smi; exit statuses as the real one documents them (2: an invalid argument,
 # 6: no such GPU).
 NVIDIA_SMI = r"""#!/usr/bin/env python3
-import json, os, re, sys, time
+import fcntl, json, os, re, sys, time
 here = os.environ.get("FAKE_NVIDIA_SMI_DIR") or os.path.dirname(os.path.abspath(__file__))
 args = sys.argv[1:]
 with open(os.path.join(here, "nvidia-smi.log"), "a") as log:
@@ -97,12 +98,15 @@ def known(uuid):
         sys.stderr.write("No devices were found matching %s\n" % uuid)
         sys.exit(6)
 def save(name, uuid, value):
+    # runs for different GPUs may overlap: one at a time changes the state file
     path = os.path.join(here, name)
-    state = json.load(open(path)) if os.path.exists(path) else {}
-    state[uuid] = value
-    with open(path + ".tmp", "w") as out:
-        json.dump(state, out, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    with open(os.path.join(here, "nvidia-smi.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.load(open(path)) if os.path.exists(path) else {}
+        state[uuid] = value
+        with open(path + ".tmp", "w") as out:
+            json.dump(state, out, sort_keys=True)
+        os.replace(path + ".tmp", path)
 MODES = {"0": "DEFAULT", "DEFAULT": "DEFAULT", "2": "PROHIBITED", "PROHIBITED": "PROHIBITED",
          "3": "EXCLUSIVE_PROCESS", "EXCLUSIVE_PROCESS": "EXCLUSIVE_PROCESS"}
 if len(args) == 4 and args[0] == "-i" and args[2] == "-c":
@@ -267,6 +271,12 @@ else:
 """
 
 
+# The stand-ins run with this interpreter, without site packages (-S: they need only the standard
+# library): started through a shim on PATH (pyenv's is a shell script) each run would cost ~0.1 s.
+_ENV_PYTHON = "#!/usr/bin/env python3\n"
+_SHEBANG = f"#!{os.path.realpath(sys.executable)} -S\n"
+
+
 @dataclass(frozen=True)
 class FakeDriver:
     root: Path  # the driver root (NVIDIA_DRIVER_ROOT)
@@ -371,7 +381,8 @@ def make_fake_driver(
     bindir.mkdir(parents=True)
     for tool in TOOLS:
         scripts = {"nvidia-smi": NVIDIA_SMI, "nvidia-cuda-mps-control": MPS_CONTROL}
-        (bindir / tool).write_text(scripts.get(tool, f"#!/bin/sh\necho {tool}\n"))
+        script = scripts.get(tool, f"#!/bin/sh\necho {tool}\n")
+        (bindir / tool).write_text(script.replace(_ENV_PYTHON, _SHEBANG, 1))
         (bindir / tool).chmod(0o755)
     uuids = list(gpu_uuids)
     if uuids:
