@@ -79,6 +79,9 @@ class Discovery:
                     config.simulate,
                     node_name=config.node_name,
                     inbox=config.simulated_faults_path,
+                    # where a simulated driver root's stand-in nvidia-smi keeps compute modes
+                    compute_modes=config.driver_root_in_container
+                    / "usr/bin/nvidia-smi.compute-mode.json",
                 )
             )
             self._sysfs_root = node.sysfs_root

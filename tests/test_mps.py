@@ -569,3 +569,30 @@ def test_a_refused_limit_fails_the_claim_and_leaves_nothing(env: Env) -> None:
         env.preparer._mps.start(daemon, bad)
     env.preparer._mps.stop(uid)
     env.assert_nothing_left()
+
+
+def test_the_simulated_nvml_reports_the_compute_mode_the_stand_in_nvidia_smi_set(env: Env) -> None:
+    import pynvml  # noqa: PLC0415
+
+    from dra_driver.gpus.fakedriver import NVIDIA_SMI_COMPUTE_MODES  # noqa: PLC0415
+    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+
+    claim = env.store.add(allocated_claim(name="c", devices=["gpu-2"], configs=[mps_config()]))
+    modes = env.fake.nvidia_smi_dir / NVIDIA_SMI_COMPUTE_MODES
+    with simulated_nvml(SPEC, node_name="node1", compute_modes=modes):
+        pynvml.nvmlInit()
+        try:
+            by_uuid = {}
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                by_uuid[pynvml.nvmlDeviceGetUUID(handle)] = handle
+            handle = by_uuid[env.uuid("gpu-2")]
+            assert pynvml.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT
+            env.preparer.prepare(env.ref(claim))
+            assert (
+                pynvml.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+            )
+            env.preparer.unprepare(env.ref(claim))
+            assert pynvml.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT
+        finally:
+            pynvml.nvmlShutdown()
