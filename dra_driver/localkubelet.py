@@ -10,7 +10,9 @@ volume's ``mountPath`` is rewritten to the same place under the volume's host pa
 process shares the host's file system; the deployed-form test runs the agent in podsim's mount
 namespaces, but its daemons here too). A process that exits is started again (restartPolicy
 Always) after a short pause; a Deployment deleted, or changed to another object (another UID),
-has its process group sent SIGTERM, then SIGKILL.
+has its process group sent SIGTERM, then SIGKILL. ``enter`` runs the command through a prefix
+(the deployed-form test: ``nsenter --mount=...`` into podsim's node namespace, where the host
+paths are the node's) and ``extra_env`` adds variables the stand-ins need there.
 
 Like localapi.py, this module does not import the driver.
 """
@@ -24,7 +26,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,10 +83,20 @@ def pod_command(deployment: Mapping[str, Any]) -> tuple[list[str], dict[str, str
 class DeploymentKubelet:
     """Runs the pods of the Deployments pinned to ``node_name``. ``start()``, ``stop()``."""
 
-    def __init__(self, api: FakeKubeApi, *, node_name: str, log_dir: Path) -> None:
+    def __init__(
+        self,
+        api: FakeKubeApi,
+        *,
+        node_name: str,
+        log_dir: Path,
+        enter: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.api = api
         self.node_name = node_name
         self.log_dir = log_dir
+        self.enter = list(enter)
+        self.extra_env = dict(extra_env or {})
         self.starts: Counter[tuple[str, str]] = Counter()  # (namespace, name) -> processes run
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._lock = threading.Lock()
@@ -139,7 +151,9 @@ class DeploymentKubelet:
                 pod = self._pods.get(key)
                 if pod is None:
                     argv, env = pod_command(obj)
-                    pod = self._pods[key] = _Pod(obj["metadata"]["uid"], argv, env)
+                    pod = self._pods[key] = _Pod(
+                        obj["metadata"]["uid"], [*self.enter, *argv], {**env, **self.extra_env}
+                    )
                 if pod.process is not None and pod.process.poll() is not None:
                     if not pod.exited_at:
                         pod.exited_at = time.monotonic()

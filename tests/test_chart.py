@@ -189,6 +189,8 @@ def test_defaults_render_the_agent_its_identity_classes_and_policy() -> None:
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",  # MPS daemons' Deployments, in the release namespace
+            "RoleBinding",
             "DaemonSet",
             "DeviceClass",
             "DeviceClass",
