@@ -134,7 +134,7 @@ FLAGS: tuple[Flag, ...] = (
         "--pod-namespace",
         "POD_NAMESPACE",
         "pod_namespace",
-        "this pod's namespace: where Events about the node are recorded",
+        "this pod's namespace: where Events about the node are recorded and MPS daemons run",
         str,
         "default",
     ),
