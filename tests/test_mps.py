@@ -280,6 +280,13 @@ def test_deployment_runs_the_driver_roots_control_daemon_pinned_to_the_node() ->
     }
     assert mps.deployment_owner(body, "gpu.nvidia.com") == "abc"
     assert mps.adoptable(body, body)
+    # a daemon an older agent started (another image) is adopted after an upgrade
+    upgraded = mps.deployment(
+        daemon, namespace="ns", node_name="n1", driver_name="gpu.nvidia.com", image="img:2",
+        host_driver_root=Path("/run/nvidia/driver"),
+        control=Path("usr/bin/nvidia-cuda-mps-control"),  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert mps.adoptable(body, upgraded)
     other = mps.MpsDaemon(owner="abc", devices=(GPU,), base=Path("/plugins/d/mps"))
     assert not mps.adoptable(
         mps.deployment(other, namespace="ns", node_name="n1", driver_name="gpu.nvidia.com",
