@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -258,7 +258,7 @@ def test_deployment_runs_the_driver_roots_control_daemon_pinned_to_the_node() ->
         driver_name="gpu.nvidia.com",
         image="img:1",
         host_driver_root=Path("/run/nvidia/driver"),
-        control=Path("usr/bin/nvidia-cuda-mps-control"),  # type: ignore[arg-type]
+        control=PurePosixPath("usr/bin/nvidia-cuda-mps-control"),
     )
     pod = body["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -284,14 +284,14 @@ def test_deployment_runs_the_driver_roots_control_daemon_pinned_to_the_node() ->
     upgraded = mps.deployment(
         daemon, namespace="ns", node_name="n1", driver_name="gpu.nvidia.com", image="img:2",
         host_driver_root=Path("/run/nvidia/driver"),
-        control=Path("usr/bin/nvidia-cuda-mps-control"),  # type: ignore[arg-type]
+        control=PurePosixPath("usr/bin/nvidia-cuda-mps-control"),
     )  # fmt: skip
     assert mps.adoptable(body, upgraded)
     other = mps.MpsDaemon(owner="abc", devices=(GPU,), base=Path("/plugins/d/mps"))
     assert not mps.adoptable(
         mps.deployment(other, namespace="ns", node_name="n1", driver_name="gpu.nvidia.com",
                        image="img:2", host_driver_root=Path("/run/nvidia/driver"),
-                       control=Path("usr/bin/nvidia-cuda-mps-control")),  # type: ignore[arg-type]
+                       control=PurePosixPath("usr/bin/nvidia-cuda-mps-control")),
         body,
     )  # fmt: skip
 
@@ -557,7 +557,7 @@ def test_a_refused_limit_fails_the_claim_and_leaves_nothing(env: Env) -> None:
         namespace=NAMESPACE,
         body=mps.deployment(stale, namespace=NAMESPACE, node_name="elsewhere",
                             driver_name="gpu.nvidia.com", image="x", host_driver_root=env.fake.root,
-                            control=Path("usr/bin/nvidia-cuda-mps-control")),  # type: ignore[arg-type]
+                            control=PurePosixPath("usr/bin/nvidia-cuda-mps-control")),
     )  # fmt: skip
     env.preparer.prepare(env.ref(claim))
     served = env.api.objects("deployments")[0]["spec"]["template"]["spec"]
