@@ -9,18 +9,24 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
 3. GET the ResourceClaim; refuse it when the UID differs, it is not allocated, or it is allocated
    to another node. Keep only results of our driver; every device must be one we have.
 4. Decode our opaque configs (class configs, then claim configs; later wins) strictly; refuse a
-   config this driver cannot carry out (MPS; time slicing of a MIG device) rather than ignore it.
+   config this driver cannot carry out (time slicing of a MIG device; MPS without daemons, with
+   admin access, or limits that do not fit the devices) rather than ignore it.
 5. When a full GPU's config asks for a time-slice interval: record ``PrepareStarted`` (durably,
    refusing a device another claim holds, admin access aside, or an interval other than the one
    another claim on the GPU asks for), then set the GPU's time slice (timeslice.py); a failure
    rolls the claim back.
-6. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
-   ``PrepareCompleted`` (with the same checks); answer one Device per result.
+6. When devices ask for MPS: record ``PrepareStarted`` (durably), then start the claim's MPS
+   control daemon (mps.py, mpsdaemon.py: compute mode, directories, tmpfs, Deployment, answer,
+   limits); a failure rolls the claim back, daemon included.
+7. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; MPS
+   devices also get the daemon's client env and mounts), record ``PrepareCompleted`` (with the
+   same checks); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
-GPUs it asked one of back to Default (or to what another claim on it asks); an unknown claim
-succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind,
-time slices included.
+GPUs it asked one of back to Default (or to what another claim on it asks) and stops its MPS
+daemon; an unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged
+checkpoint left behind, time slices and MPS daemons included (it adopts the daemons of prepared
+claims at start and removes those of no claim).
 
 Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
 per-claim outcome, and independent claims of a batch run concurrently.
