@@ -23,8 +23,9 @@ path):
 
 The Deployment (one replica, pinned to the node by ``nodeName``, labelled with the owner) runs the
 driver root's ``nvidia-cuda-mps-control -f`` in the agent's image with the host's driver root
-mounted at ``/driver-root`` and the three directories at ``/mps/...``: a process outside the
-agent's container, so it outlives an agent restart or upgrade.
+mounted at ``/driver-root``, the pipe and log directories at ``/mps/pipe`` and ``/mps/log`` and
+the shm tmpfs at ``/dev/shm``: a process outside the agent's container, so it outlives an agent
+restart or upgrade.
 """
 
 from __future__ import annotations
