@@ -603,3 +603,38 @@ def test_the_simulated_nvml_reports_the_compute_mode_the_stand_in_nvidia_smi_set
             assert pynvml.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT
         finally:
             pynvml.nvmlShutdown()
+
+
+def test_one_daemon_per_claim_serves_only_the_devices_that_ask_for_mps(env: Env) -> None:
+    def mps_for(request: str, percentage: int) -> dict[str, Any]:
+        config = mps_config(defaultActiveThreadPercentage=percentage)
+        config["requests"] = [request]
+        return config
+
+    devices = [("a", "gpu-0"), ("b", "gpu-1"), ("plain", "gpu-2")]
+    # the devices of one claim share one daemon: different mpsConfigs are refused
+    differ = env.store.add(
+        allocated_claim(
+            name="differ", devices=devices, configs=[mps_for("a", 50), mps_for("b", 60)]
+        )
+    )
+    with pytest.raises(ConfigDecodeError, match="needs the same mpsConfig"):
+        env.preparer.prepare(env.ref(differ))
+    assert env.deployments() == []
+    same = env.store.add(
+        allocated_claim(name="same", devices=devices, configs=[mps_for("a", 50), mps_for("b", 50)])
+    )
+    uid = same["metadata"]["uid"]
+    env.preparer.prepare(env.ref(same))
+    assert env.deployments() == [f"mps-{uid}"]
+    assert env.daemon_calls(uid)[0] == f"start {env.uuid('gpu-0')},{env.uuid('gpu-1')}"
+    assert set(env.fake.compute_modes()) == {env.uuid("gpu-0"), env.uuid("gpu-1")}
+    spec = json.loads(env.preparer.specs.path_for(uid).read_bytes())
+    clients = {
+        d["name"].removeprefix(f"{uid}-"): "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+        in d["containerEdits"].get("env", [])
+        for d in spec["devices"]
+    }
+    assert clients == {"gpu-0": True, "gpu-1": True, "gpu-2": False}
+    env.preparer.unprepare(env.ref(same))
+    env.assert_nothing_left()
