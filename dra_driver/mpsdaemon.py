@@ -30,16 +30,17 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from dra_driver import cdi, mps
-from dra_driver.errors import KubeError, MpsFailed
+from dra_driver.errors import KubeConflict, KubeError, KubeUnavailable, MpsFailed
 from dra_driver.fsutil import fsync_dir, replace_file
 from dra_driver.timeslice import NvidiaSmi
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 START_TIMEOUT_S: Final = 30.0
 CONTROL_TIMEOUT_S: Final = 10.0
@@ -188,7 +189,9 @@ class MpsDaemons:
         )
         name = daemon.deployment_name
         try:
-            existing = self.api.get_deployment(namespace=self.namespace, name=name)
+            existing = _once_more(
+                lambda: self.api.get_deployment(namespace=self.namespace, name=name)
+            )
             if existing is not None:
                 if mps.adoptable(existing, body):
                     log.info("adopted an MPS control daemon", extra={"deployment": name})
@@ -197,8 +200,13 @@ class MpsDaemons:
                     "replacing an MPS control daemon Deployment that serves other devices",
                     extra={"deployment": name},
                 )
-                self.api.delete_deployment(namespace=self.namespace, name=name)
-            self.api.create_deployment(namespace=self.namespace, body=body)
+                _once_more(lambda: self.api.delete_deployment(namespace=self.namespace, name=name))
+            try:
+                _once_more(lambda: self.api.create_deployment(namespace=self.namespace, body=body))
+            except KubeConflict:  # a first try that got through before its answer was lost
+                found = self.api.get_deployment(namespace=self.namespace, name=name)
+                if found is None or not mps.adoptable(found, body):
+                    raise
         except KubeError as exc:
             raise MpsFailed(
                 f"MPS control daemon Deployment {self.namespace}/{name}: {exc}"
@@ -295,7 +303,7 @@ class MpsDaemons:
                 log.warning("an MPS control daemon did not take quit", extra={"deployment": name,
                             "error": said})  # fmt: skip
         try:
-            self.api.delete_deployment(namespace=self.namespace, name=name)
+            _once_more(lambda: self.api.delete_deployment(namespace=self.namespace, name=name))
         except KubeError as exc:
             failed.append(f"delete Deployment {self.namespace}/{name}: {exc}")
         if _mounted(shm):
@@ -352,9 +360,11 @@ class MpsDaemons:
 
     def deployed(self) -> set[str]:
         """Owners of the Deployments of this node's daemons (KubeError when it cannot ask)."""
-        items = self.api.list_deployments(
-            namespace=self.namespace,
-            label_selector=mps.selector(self.driver_name, self.node_name),
+        items = _once_more(
+            lambda: self.api.list_deployments(
+                namespace=self.namespace,
+                label_selector=mps.selector(self.driver_name, self.node_name),
+            )
         )
         owners = (mps.deployment_owner(d, self.driver_name) for d in items)
         return {o for o in owners if o is not None}
@@ -368,6 +378,17 @@ class MpsDaemons:
         except KubeError as exc:
             log.warning("cannot list MPS control daemon Deployments", extra={"error": str(exc)})
         return found
+
+
+def _once_more(call: Callable[[], T]) -> T:
+    """``call()``, tried a second time when the API server could not be reached (a kept-alive
+    connection the server had closed fails that way): the client itself never retries
+    (kube.py), and a prepare should not fail on one dropped connection."""
+    try:
+        return call()
+    except KubeUnavailable as exc:
+        log.info("retrying an API call once", extra={"error": str(exc)})
+        return call()
 
 
 def _read_gpus(path: Path) -> list[str]:

@@ -638,3 +638,18 @@ def test_one_daemon_per_claim_serves_only_the_devices_that_ask_for_mps(env: Env)
     assert clients == {"gpu-0": True, "gpu-1": True, "gpu-2": False}
     env.preparer.unprepare(env.ref(same))
     env.assert_nothing_left()
+
+
+def test_one_failed_api_call_is_tried_once_more_and_two_fail_the_claim_cleanly(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="c", configs=[mps_config()]))
+    for verb in ("get", "create"):
+        env.api.fail(verb, "deployments", 503, times=1)
+    env.preparer.prepare(env.ref(claim))
+    assert env.deployments() == [f"mps-{claim['metadata']['uid']}"]
+    env.preparer.unprepare(env.ref(claim))
+    env.assert_nothing_left()
+    env.api.fail("create", "deployments", 503, times=2)
+    with pytest.raises(MpsFailed, match="injected 503"):
+        env.preparer.prepare(env.ref(claim))
+    env.assert_nothing_left()
+    assert env.preparer.checkpoint.get(claim["metadata"]["uid"]) is None
