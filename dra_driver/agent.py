@@ -81,6 +81,9 @@ class Discovery:
                     config.simulate,
                     node_name=config.node_name,
                     inbox=config.simulated_faults_path,
+                    # where a simulated driver root's stand-in nvidia-smi keeps compute modes
+                    compute_modes=config.driver_root_in_container
+                    / "usr/bin/nvidia-smi.compute-mode.json",
                 )
             )
             self._sysfs_root = node.sysfs_root
@@ -220,6 +223,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             config=config,
             inventory=inventory,
             claims=kube,
+            deployments=kube,
             report_event=report_event,
             metrics=driver_metrics,
             health=monitor.states,
@@ -315,15 +319,15 @@ def published_devices(node_devices: devices.NodeDevices, config: Config) -> devi
 
 
 def refuse_unenforced_shares(config: Config) -> None:
-    """Refuse ``--consumable-shares`` other than disabled: publishing shares is built, but the
-    MPS daemon that enforces them is not connected yet, and an agent must not hand out memory
-    and compute limits nothing enforces (docs/publishing.md "Consumable shares")."""
-    if config.shares_mode.enabled:
+    """Refuse ``--consumable-shares`` other than disabled without MPS (``--mps-image``): each
+    share's memory and compute limits are enforced by its device's shared MPS daemon, and an
+    agent must not hand out limits nothing enforces (docs/publishing.md "Consumable shares")."""
+    if config.shares_mode.enabled and config.mps_image is None:
         raise ConfigError(
             "--consumable-shares (CONSUMABLE_SHARES)",
             f"{config.consumable_shares!r}: sharing a device needs the MPS daemon that enforces "
-            "each share's memory and compute limits, and this agent does not run it yet; use "
-            "disabled",
+            "each share's memory and compute limits, and MPS is off (no --mps-image / "
+            "MPS_IMAGE; the chart sets it with mps.enabled); use disabled or turn MPS on",
         )
 
 

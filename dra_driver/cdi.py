@@ -142,6 +142,8 @@ _SONAMES = {
 _DEV_LINKS = {"libcuda": "libcuda.so", "libnvidia-opticalflow": "libnvidia-opticalflow.so"}
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+# Read-write bind mounts a device of a claim gives its container (an MPS daemon's directories).
+RW_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "rbind")
 NO_SECOND_INJECTION_ENV = "NVIDIA_VISIBLE_DEVICES=void"
 HOOK_STAGE = "createContainer"
 
@@ -303,6 +305,8 @@ class ClaimDevice:
     name: str  # the DRA device name, e.g. gpu-0
     nodes: tuple[DeviceNode, ...]
     env: tuple[str, ...] = ()
+    # (host path, container path) of read-write bind mounts (an MPS daemon's pipe and shm)
+    mounts: tuple[tuple[str, str], ...] = ()
 
 
 def gpu_nodes(files: DriverFiles, *, minor: int) -> tuple[DeviceNode, ...]:
@@ -380,6 +384,11 @@ class ClaimSpecEncoder:
             if dev.env:
                 edits["env"] = list(dev.env)
             edits["deviceNodes"] = [_node_json(n) for n in dev.nodes]
+            if dev.mounts:
+                edits["mounts"] = [
+                    {"hostPath": host, "containerPath": path, "options": list(RW_MOUNT_OPTIONS)}
+                    for host, path in dev.mounts
+                ]
             spec_devices.append(
                 {
                     "name": cdi_device_name(claim_uid=claim_uid, device_name=dev.name),

@@ -144,7 +144,7 @@ FLAGS: tuple[Flag, ...] = (
         "--pod-namespace",
         "POD_NAMESPACE",
         "pod_namespace",
-        "this pod's namespace: where Events about the node are recorded",
+        "this pod's namespace: where Events about the node are recorded and MPS daemons run",
         str,
         "default",
     ),
@@ -174,6 +174,22 @@ FLAGS: tuple[Flag, ...] = (
         "temperature, power, clocks, ECC; served on /metrics with --metrics-port); 0 disables",
         float,
         10.0,
+    ),
+    Flag(
+        "--mps-image",
+        "MPS_IMAGE",
+        "mps_image",
+        "image of the MPS control daemon Deployments (the agent's own; the chart sets it); "
+        "unset: claims asking for MPS sharing are refused",
+    ),
+    Flag(
+        "--mps-start-timeout",
+        "MPS_START_TIMEOUT",
+        "mps_start_timeout_s",
+        "seconds a prepare waits for a new MPS control daemon to answer before it fails the "
+        "claim and removes the daemon",
+        float,
+        30.0,
     ),
     Flag(
         "--rediscover-interval",

@@ -83,8 +83,13 @@ class Config:
     health_xid_quiet_period_s: float = 300.0
     health_min_change_interval_s: float = 10.0
     # Consumable shares (KEP-5075, shares.py): disabled, unlimited, memory, compute or a number
-    # of shares. Valid here; agent.py refuses to run with sharing on until shares are enforced.
+    # of shares. Valid here; agent.py refuses them without MPS (mps_image): MPS enforces
+    # each share's limits.
     consumable_shares: str = "disabled"
+    # MPS (mpsdaemon.py): the image the control daemons' Deployments run (None: MPS is refused)
+    # and how long a prepare waits for a new daemon to answer.
+    mps_image: str | None = None
+    mps_start_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
@@ -140,6 +145,11 @@ class Config:
             raise ConfigError(
                 "--consumable-shares (CONSUMABLE_SHARES)", f"{self.consumable_shares!r}: {exc}"
             ) from None
+        if not 0 < self.mps_start_timeout_s <= 600:
+            raise ConfigError(
+                "--mps-start-timeout (MPS_START_TIMEOUT)",
+                f"{self.mps_start_timeout_s:g} s: use more than 0 and at most 600 s",
+            )
 
     @property
     def shares_mode(self) -> SharesMode:
@@ -203,6 +213,11 @@ class Config:
     def simulated_faults_path(self) -> Path:
         """With ``--simulate``: the file ``gpu-dra simulate-event`` appends faults to."""
         return simulated_faults_path(self.plugin_data_dir)
+
+    @property
+    def mps_dir(self) -> Path:
+        """Where MPS control daemons keep their directories (a host path, same in the pod)."""
+        return self.plugin_data_dir / "mps"
 
     @property
     def cdi_vendor(self) -> str:

@@ -9,8 +9,9 @@ never silently ignored, and a GpuConfig on a MIG device (or the reverse) is refu
 
 Decoding is complete, so a mistake anywhere in a config is reported precisely; carrying a config
 out is a separate question (``check_supported``): a config that asks for what the agent does not
-do (``sharing`` with MPS; time slicing of a MIG device, where it has no effect) is refused for
-that claim, never accepted and ignored. Time slicing of a full GPU is carried out by prepare.py.
+do (time slicing of a MIG device, where it has no effect) is refused for that claim, never
+accepted and ignored. Time slicing of a full GPU and MPS (full GPU or MIG device) are carried
+out by prepare.py.
 
 ``driverCapabilities`` is an extension of ours (NVIDIA's driver does not know the field): the
 NVIDIA container runtime's ``NVIDIA_DRIVER_CAPABILITIES`` names, which select the driver
@@ -83,7 +84,7 @@ QuantityText = Annotated[str, BeforeValidator(_quantity)]
 
 
 class MpsConfig(_Strict):
-    defaultActiveThreadPercentage: Annotated[int, Field(ge=0, le=100)] | None = None  # noqa: N815
+    defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None  # noqa: N815
     defaultPinnedDeviceMemoryLimit: QuantityText | None = None  # noqa: N815
     defaultPerDevicePinnedMemoryLimit: dict[str, QuantityText] | None = None  # noqa: N815
 
@@ -196,19 +197,15 @@ def check_fits(config: DeviceConfig, *, device_type: DeviceType, device_name: st
 def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> None:
     """Refuse a valid config that asks for what this agent does not carry out.
 
-    Time slicing of a full GPU is carried out (prepare.py, timeslice.py). Refused: MPS (on a GPU
-    or a MIG device: accepting it would hand out the device exclusively while the claim
-    believes it is shared) and time slicing of a MIG device, which has no effect there.
+    Time slicing of a full GPU (prepare.py, timeslice.py) and MPS on a GPU or a MIG device
+    (prepare.py, mps.py, mpsdaemon.py: whether the agent can run daemons, and whether the limits
+    fit the devices, is checked there) are carried out. Refused: time slicing of a MIG device,
+    which has no effect there.
     """
     sharing = config.sharing
-    if sharing is None:
+    if sharing is None or sharing.strategy == "MPS":
         return
     where = f"the config of request {request} (device {device_name})"
-    if sharing.strategy == "MPS":
-        raise ConfigNotSupported(
-            f"{where}: sharing (strategy MPS) is not supported by this driver yet; remove "
-            "`sharing` to get exclusive access"
-        )
     if isinstance(config, MigDeviceConfig):
         raise ConfigNotSupported(
             f"{where}: sharing (strategy TimeSlicing) has no effect on a MIG device; remove "

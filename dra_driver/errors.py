@@ -22,8 +22,9 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   ├── ClaimFetchFailed      the ResourceClaim could not be read from the API
     │   ├── DeviceConflict        a device is already prepared for another claim
     │   ├── ConfigDecodeError     an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
-    │   │   └── ConfigNotSupported  a valid config asks for what the agent does not do (MPS)
+    │   │   └── ConfigNotSupported  a valid config asks for what the agent does not do
     │   ├── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
+    │   ├── MpsFailed             a claim's MPS control daemon could not be started or stopped
     │   └── ShareEnforcementFailed  a share's MPS daemon could not be started (per claim)
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
@@ -143,14 +144,20 @@ class ConfigDecodeError(PrepareError):
 
 
 class ConfigNotSupported(ConfigDecodeError):
-    """A valid opaque configuration asks for what the agent does not carry out (MPS; time
-    slicing of a MIG device, where it has no effect);
+    """A valid opaque configuration asks for what the agent does not carry out (time slicing of
+    a MIG device, where it has no effect; MPS on an agent started without ``--mps-image``);
     refused for that claim rather than accepted and ignored. Same ``error_type`` (``config``)."""
 
 
 class TimeSliceFailed(PrepareError):
     """``nvidia-smi compute-policy --set-timeslice`` failed, timed out or could not be run for a
     GPU a claim asked a time-slice interval of (timeslice.py); the claim is rolled back."""
+
+
+class MpsFailed(PrepareError):
+    """A claim's MPS control daemon (mpsdaemon.py) could not be started (compute mode, its
+    directories or tmpfs, its Deployment, no answer in time, a limit refused) or stopped; a
+    failed start is rolled back."""
 
 
 class CdiError(DraError):

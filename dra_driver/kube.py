@@ -133,9 +133,20 @@ API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
         ("delete", GROUP, "resourceslices"),
     }
 )
-"""Every (verb, API group, resource) the node agent requests; "" is the core group. The chart's
-ClusterRole grants exactly these. Discovery (``GET /apis/resource.k8s.io``) is a non-resource URL
-every authenticated user may read."""
+"""Every (verb, API group, resource) the node agent requests across the cluster; "" is the core
+group. The chart's ClusterRole grants exactly these. Discovery (``GET /apis/resource.k8s.io``)
+is a non-resource URL every authenticated user may read."""
+
+MPS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("get", "apps", "deployments"),
+        ("list", "apps", "deployments"),
+        ("create", "apps", "deployments"),
+        ("delete", "apps", "deployments"),
+    }
+)
+"""What the node agent requests in its own namespace only: the Deployments that run MPS control
+daemons (mpsdaemon.py). The chart's Role grants exactly these."""
 
 EXPLAIN_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
     {
@@ -657,6 +668,62 @@ class KubeClient:
         )
         return event
 
+    # --- MPS control daemon Deployments (mpsdaemon.py) --------------------------------------------
+
+    def get_deployment(self, *, namespace: str, name: str) -> JsonDict | None:
+        """The apps/v1 Deployment, or None when it does not exist."""
+        try:
+            found: JsonDict = self._request(
+                "GET",
+                f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+                verb="get",
+                resource="deployments",
+                namespace=namespace,
+                name=name,
+            )
+        except KubeNotFound:
+            return None
+        return found
+
+    def list_deployments(self, *, namespace: str, label_selector: str) -> list[JsonDict]:
+        data = self._request(
+            "GET",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments",
+            query={"labelSelector": label_selector},
+            verb="list",
+            resource="deployments",
+            namespace=namespace,
+        )
+        return list(data.get("items") or ())
+
+    def create_deployment(self, *, namespace: str, body: Mapping[str, Any]) -> JsonDict:
+        created: JsonDict = self._request(
+            "POST",
+            f"/apis/apps/v1/namespaces/{namespace}/deployments",
+            body=body,
+            verb="create",
+            resource="deployments",
+            namespace=namespace,
+            name=str(body.get("metadata", {}).get("name", "")),
+        )
+        return created
+
+    def delete_deployment(self, *, namespace: str, name: str) -> bool:
+        """Delete the Deployment and its pods (in the background); False when it was gone."""
+        try:
+            self._request(
+                "DELETE",
+                f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+                body={"propagationPolicy": "Background"},
+                verb="delete",
+                resource="deployments",
+                namespace=namespace,
+                name=name,
+            )
+        except KubeNotFound:
+            return False
+        return True
+
     # --- transport -------------------------------------------------------------------------------
 
     def _get(self, path: str, *, resource: str, namespace: str, name: str) -> Any:
@@ -780,6 +847,8 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def _qualified(resource: str) -> str:
+    if resource == "deployments":
+        return "deployments.apps"
     return resource if resource in ("nodes", "events", "pods", GROUP) else f"{resource}.{GROUP}"
 
 

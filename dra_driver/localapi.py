@@ -6,8 +6,9 @@ It implements just what the driver uses, with the semantics the driver relies on
   served resource.k8s.io versions are configurable (``versions=("v1beta1",)`` mimics 1.32);
 * ResourceSlices (cluster-scoped; v1, v1beta2 and v1beta1, whose devices are wrapped in ``basic``),
   ResourceClaims (namespaced; v1beta1 requests flat instead of under ``exactly``), DeviceClasses,
-  Nodes, Events, Pods (as given; ``gpu-dra status`` lists the agent's); DeviceTaintRules only in
-  the versions given as ``device_taint_rule_versions``
+  Nodes, Events, Pods (as given; ``gpu-dra status`` lists the agent's), apps/v1 Deployments
+  (stored as given; localkubelet.py runs the pods of those pinned to a node); DeviceTaintRules
+  only in the versions given as ``device_taint_rule_versions``
   (none by default, as on a cluster whose DRADeviceTaintRules gate is off; ``("v1alpha3",)``
   mimics 1.33-1.35 with the gate on);
 * list with ``fieldSelector`` (``spec.driver``, ``spec.nodeName``, ``spec.pool.name``,
@@ -61,9 +62,11 @@ _KINDS = {
     "events": ("Event", True),
     "pods": ("Pod", True),
     "devicetaintrules": ("DeviceTaintRule", False),
+    "deployments": ("Deployment", True),
 }
 _SLICE_FIELDS = ("spec.driver", "spec.nodeName", "spec.pool.name", "metadata.name")
 _CORE = ("nodes", "events", "pods")  # served under /api/v1
+_APPS = ("deployments",)  # served under /apis/apps/v1
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real generator's alphabet
 JsonDict = dict[str, Any]
 
@@ -79,6 +82,8 @@ class Request(NamedTuple):
 
 def group_of(resource: str) -> str:
     """The API group of a resource this server knows ("" is the core group)."""
+    if resource in _APPS:
+        return "apps"
     return "" if resource in _CORE else GROUP
 
 
@@ -382,6 +387,13 @@ class FakeKubeApi:
                 self._remove(key)
         return len(keys)
 
+    def wait_for_change(self, after: int, timeout_s: float) -> int:
+        """Wait until an object changes after resourceVersion ``after`` (at most ``timeout_s``);
+        the current resourceVersion (for localkubelet.py, which follows Deployments)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._state.rv > after, timeout_s)
+            return self._state.rv
+
     def writes(self) -> list[Request]:
         """Logged create/update/patch/delete requests."""
         return [r for r in self.requests if r.verb in ("create", "update", "patch", "delete")]
@@ -590,6 +602,14 @@ class _Handler(BaseHTTPRequestHandler):
         not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
         if parts[:2] == ["api", "v1"]:
             version, rest = "v1", parts[2:]
+        elif parts[:3] == ["apis", "apps", "v1"]:
+            version, rest = "v1", parts[3:]
+            if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in _APPS:
+                namespace = rest[1]
+                if len(rest) > 4:
+                    raise not_found
+                return _Route(rest[2], version, namespace, rest[3] if len(rest) == 4 else "")
+            raise not_found
         elif (
             parts[:2] == ["apis", GROUP] and len(parts) > 2 and parts[2] in self.api.served_versions
         ):
@@ -606,7 +626,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise not_found
         if (version == "v1" and resource not in _CORE) and parts[0] == "api":
             raise not_found
-        if parts[0] == "apis" and resource in _CORE:
+        if parts[0] == "apis" and resource in _CORE + _APPS:
             raise not_found
         namespaced = _KINDS[resource][1]
         # A namespaced resource may be listed across namespaces, but not read by name without one.
@@ -855,6 +875,8 @@ def _verb(method: str, route: _Route, query: Mapping[str, str]) -> str:
 
 
 def _api_version(route: _Route) -> str:
+    if route.resource in _APPS:
+        return "apps/v1"
     return "v1" if route.resource in _CORE else f"{GROUP}/{route.version}"
 
 
@@ -953,7 +975,7 @@ def _out(route: _Route, obj: Mapping[str, Any], *, with_type: bool) -> JsonDict:
     out: JsonDict = json.loads(json.dumps(obj))  # a deep copy (of JSON data: 5x deepcopy)
     if with_type:
         out = {"kind": _KINDS[route.resource][0], "apiVersion": _api_version(route), **out}
-    if route.version != "v1beta1" or route.resource in _CORE:
+    if route.version != "v1beta1" or route.resource in _CORE + _APPS:
         return out
     spec = out.get("spec") or {}
     if route.resource == "resourceslices" and spec.get("devices"):

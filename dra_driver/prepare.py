@@ -9,22 +9,29 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
 3. GET the ResourceClaim; refuse it when the UID differs, it is not allocated, or it is allocated
    to another node. Keep only results of our driver; every device must be one we have.
 4. Decode our opaque configs (class configs, then claim configs; later wins) strictly; refuse a
-   config this driver cannot carry out (MPS; time slicing of a MIG device) rather than ignore it.
+   config this driver cannot carry out (time slicing of a MIG device; MPS without daemons, with
+   admin access, or limits that do not fit the devices) rather than ignore it.
 5. When a full GPU's config asks for a time-slice interval: record ``PrepareStarted`` (durably,
    refusing a device another claim holds, admin access aside, or an interval other than the one
    another claim on the GPU asks for), then set the GPU's time slice (timeslice.py); a failure
    rolls the claim back.
-6. A consumable share (an allocation result with ``shareID``, shares.py) is checked against
+6. When devices ask for MPS: record ``PrepareStarted`` (durably), then start the claim's MPS
+   control daemon (mps.py, mpsdaemon.py: compute mode, directories, tmpfs, Deployment, answer,
+   limits); a failure rolls the claim back, daemon included.
+7. A consumable share (an allocation result with ``shareID``, shares.py) is checked against
    what this node publishes; the first share of a device this process prepares records
-   ``PrepareStarted`` and has the ShareEnforcer start the device's shared MPS daemon.
-7. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; one CDI
-   device per share, with its MPS limits), record ``PrepareCompleted`` (with the same checks:
-   shares of a device must fit it together); answer one Device per result.
+   ``PrepareStarted`` and has the ShareEnforcer (mpsshares.py) start the device's shared MPS
+   daemon.
+8. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; MPS
+   devices also get the daemon's client env and mounts; one CDI device per share, with its MPS
+   limits), record ``PrepareCompleted`` (with the same checks: shares of a device must fit it
+   together); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
-GPUs it asked one of back to Default (or to what another claim on it asks); an unknown claim
-succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind,
-time slices included.
+GPUs it asked one of back to Default (or to what another claim on it asks) and stops its MPS
+daemon; an unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged
+checkpoint left behind, time slices and MPS daemons included (it adopts the daemons of prepared
+claims at start and removes those of no claim).
 
 Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
 per-claim outcome, and independent claims of a batch run concurrently.
@@ -44,7 +51,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, shares, timeslice
+from dra_driver import cdi, mps, shares, timeslice
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -66,6 +73,7 @@ from dra_driver.errors import (
     DeviceConflict,
     DraError,
     KubeError,
+    MpsFailed,
     PrepareError,
     ShareEnforcementFailed,
     TimeSliceFailed,
@@ -75,6 +83,7 @@ from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
 
 if TYPE_CHECKING:
     from dra_driver import deviceconfig
+    from dra_driver.mpsdaemon import MpsDaemons
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +218,13 @@ class _Planned:
             return None
         return timeslice.recorded_interval(self.config_json())
 
+    @functools.cached_property
+    def mps_config(self) -> dict[str, Any] | None:
+        """The mpsConfig this device's config asks for (``{}``: MPS without limits), or None."""
+        if self.config is None:
+            return None
+        return mps.recorded_config(self.config_json())
+
 
 # deviceconfig is imported where it is used (the ``noqa: PLC0415`` lines), so it is loaded with
 # the first claim that carries an opaque config of ours: building its pydantic models (and
@@ -232,6 +248,7 @@ _ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
     (DeviceConflict, "device_conflict"),
     (TimeSliceFailed, "timeslice"),
     (ShareEnforcementFailed, "share"),
+    (MpsFailed, "mps"),
     (ConfigDecodeError, "config"),
     (PrepareError, "invalid_claim"),
     (CdiError, "cdi"),
@@ -288,6 +305,7 @@ class Preparer:
         timeslicer: timeslice.TimeSlicer | None = None,
         consumable_shares: shares.SharesMode = shares.DISABLED,
         share_enforcer: shares.ShareEnforcer | None = None,
+        mps_daemons: MpsDaemons | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -317,12 +335,20 @@ class Preparer:
         self._slices: dict[str, str] = {}
         self._slice_lock = threading.Lock()
         self._slice_marks = checkpoint.path.parent / "timeslice"
+        # MPS control daemons, one per claim that asks for MPS (None: such claims are refused).
+        # _mps_adopted: the daemons of prepared claims were adopted since this process started.
+        self._mps = mps_daemons
+        self._mps_adopted = False
         # Consumable shares (shares.py): the devices this node publishes as shareable, and the
         # enforcer that runs a device's shared MPS daemon (None: shares are refused). Under
         # _share_lock: the devices whose daemon this process acquired, and the shared devices
         # of each claim being prepared now (a daemon is released only when no recorded claim
         # and no prepare in flight has a share of its device).
         self._shares_mode = consumable_shares
+        if share_enforcer is None and mps_daemons is not None:
+            from dra_driver.mpsshares import MpsShareEnforcer  # noqa: PLC0415 - MPS only
+
+            share_enforcer = MpsShareEnforcer(mps_daemons, self._mps_device_by_uuid)
         self._share_enforcer = share_enforcer
         self._share_lock = threading.Lock()
         self._share_running: set[str] = set()
@@ -441,12 +467,15 @@ class Preparer:
                 self._roll_back(record)
             claim = self._fetch(ref)
             planned = self._plan(ref, claim)
+            daemon = self._plan_mps(ref, planned)
             devices = tuple(self._answer(ref, p) for p in planned)
             if any(p.interval is not None for p in planned):
                 # Changes the node beyond the spec: PrepareStarted first (docs/plugin.md,
                 # "Durability"), naming the intervals (the devices' configs) so that a
                 # rollback knows which GPUs to restore.
                 self._set_time_slices(ref, planned, devices)
+            if daemon is not None:
+                self._start_mps(ref, planned, devices, daemon)
             if any(p.share is not None for p in planned):
                 self._start_shares(ref, planned, devices)
             # The spec goes to a temp file and is fsync'd (see _sync_spec: alone, in a helper
@@ -459,7 +488,12 @@ class Preparer:
             capabilities = frozenset().union(*(p.capabilities for p in planned))
             pending = self.specs.begin(
                 ref.uid,
-                self._encode_spec(ref.uid, [(p.target, p.share) for p in planned], capabilities),
+                self._encode_spec(
+                    ref.uid,
+                    [(p.target, p.share) for p in planned],
+                    capabilities,
+                    daemon[0] if daemon is not None else None,
+                ),
             )
             try:
                 synced = self._sync_spec(pending)
@@ -515,6 +549,92 @@ class Preparer:
             self._roll_back_quietly(ref.uid)
             raise
 
+    def _plan_mps(
+        self, ref: ClaimRef, planned: Sequence[_Planned]
+    ) -> tuple[mps.MpsDaemon, mps.Limits] | None:
+        """The MPS daemon the claim's devices that ask for MPS share, with its limits (None:
+        none asks). Refused: MPS on an agent without daemons, with admin access, or limits
+        that do not fit the devices (ConfigDecodeError naming the field); a sharing config
+        on a consumable share (it runs under its device's shared MPS daemon already)."""
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        for p in planned:
+            strategy = _strategy(p.config_json()) if p.share is not None else None
+            if strategy is not None:
+                raise ConfigNotSupported(
+                    f"{where}: request {p.request} (device {p.target.name}) is a consumable "
+                    f"share, which runs under the device's shared MPS daemon with the share's "
+                    f"own limits; a sharing config (strategy {strategy}) does not apply to it"
+                )
+        shared = [p for p in planned if p.mps_config is not None]
+        if not shared:
+            return None
+        if self._mps is None:
+            raise ConfigNotSupported(
+                f"{where}: sharing (strategy MPS) is not available: this agent was started "
+                "without --mps-image (MPS_IMAGE), so it cannot run MPS control daemons"
+            )
+        for p in shared:
+            if p.admin_access:
+                raise ConfigNotSupported(
+                    f"{where}: request {p.request} (device {p.target.name}) has admin access; "
+                    "sharing (strategy MPS) changes the GPU for its other users and is refused "
+                    "with admin access"
+                )
+        try:
+            return self._mps_daemon(ref.uid, [(p.target, p.mps_config or {}) for p in shared])
+        except mps.MpsConfigError as exc:
+            raise ConfigDecodeError(f"{where}: {exc}") from exc
+
+    def _mps_daemon(
+        self, uid: str, shared: Sequence[tuple[DeviceTarget, Mapping[str, Any]]]
+    ) -> tuple[mps.MpsDaemon, mps.Limits]:
+        """The daemon serving ``shared`` (devices with their mpsConfig) for claim ``uid``."""
+        assert self._mps is not None
+        if len({repr(sorted(c.items())) for _, c in shared}) > 1:
+            raise mps.MpsConfigError(
+                "its devices share one MPS control daemon: every device of the claim that asks "
+                "for MPS needs the same mpsConfig"
+            )
+        unique = {t.name: t for t, _ in shared}
+        devices = tuple(_mps_device(t) for t in unique.values())
+        daemon = mps.MpsDaemon(owner=uid, devices=devices, base=self._mps.base)
+        return daemon, mps.limits(shared[0][1], devices)
+
+    def _start_mps(
+        self,
+        ref: ClaimRef,
+        planned: Sequence[_Planned],
+        devices: tuple[PreparedDevice, ...],
+        daemon: tuple[mps.MpsDaemon, mps.Limits],
+    ) -> None:
+        """Record the claim ``PrepareStarted`` (durably: a crash from here on leaves a record
+        whose rollback stops the daemon), then start its MPS daemon; a failure rolls the claim
+        back (daemon, Deployment, tmpfs, directories, compute mode) and raises MpsFailed."""
+        assert self._mps is not None
+        self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
+        try:
+            self._mps.start(*daemon)
+        except BaseException:
+            self._roll_back_quietly(ref.uid)
+            raise
+
+    def _stop_mps(self, record: ClaimRecord) -> None:
+        """Stop the claim's MPS daemon, if it asked for one or something of one exists (a
+        claim rebuilt from its spec has no config); failures are logged, and reconcile removes
+        what is left (it belongs to no recorded claim)."""
+        if self._mps is None:
+            return
+        asked = any(mps.recorded_config(d.config) is not None for d in record.devices)
+        if not asked and not mps.daemon_root(self._mps.base, record.uid).exists():
+            return
+        try:
+            self._mps.stop(record.uid)
+        except MpsFailed as exc:
+            log.error(
+                "cannot stop an MPS control daemon; reconcile will retry",
+                extra={"claim_uid": record.uid, "error": str(exc)},
+            )
+
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
         flight, so the spec's sync and the checkpoint's overlap instead of adding up (the rest
@@ -551,9 +671,10 @@ class Preparer:
         if record is not None:
             # After the record: a crash before this leaves a GPU marked as maybe not Default
             # and no claim asking for it, which reconcile sets back. A failure never fails
-            # the unprepare (logged; reconcile retries).
+            # the unprepare (logged; reconcile retries). The same holds for an MPS daemon.
             self._restore_time_slices(record)
             self._release_shares(record)
+            self._stop_mps(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
     # -- steps -------------------------------------------------------------------------------
@@ -654,6 +775,37 @@ class Preparer:
             )
         return share
 
+    def _mps_device_by_uuid(self, uuid: str) -> mps.MpsDevice | None:
+        """The device of the current targets with ``uuid`` (the share enforcer's lookup)."""
+        for target in self._current.targets.values():
+            if _uuid(target) == uuid:
+                return _mps_device(target)
+        return None
+
+    def _share_daemon(self, target: DeviceTarget) -> mps.MpsDaemon | None:
+        """The shared MPS daemon of ``target``'s shares (None without MPS daemons: then no
+        share is prepared, _share refuses it)."""
+        if self._mps is None:
+            return None
+        return mps.MpsDaemon(
+            owner=shares.share_owner(target.name),
+            devices=(_mps_device(target),),
+            base=self._mps.base,
+        )
+
+    def _share_owners(self) -> set[str]:
+        """Owners of the shared MPS daemons that must stay: devices a recorded claim, a
+        prepare in flight or this process's acquisitions have a share of."""
+        with self._share_lock:
+            names = set(self._share_running).union(*self._share_claims.values())
+        names.update(
+            d.device
+            for record in self.checkpoint.snapshot().values()
+            for d in record.devices
+            if d.share_id is not None
+        )
+        return {shares.share_owner(name) for name in names}
+
     def _share_capacity(self, target: DeviceTarget) -> dict[str, str]:
         memory = target.gpu.memory_bytes if target.mig is None else target.mig.profile.memory_bytes
         return shares.device_capacity(self._shares_mode, memory_bytes=memory)
@@ -741,6 +893,9 @@ class Preparer:
             if p.share is not None and not p.admin_access:
                 shared.setdefault(p.target.name, []).append(p.share.consumed)
                 share_targets[p.target.name] = p.target
+        sharing = {
+            p.target.name: _strategy(p.config_json()) for p in planned if p.config is not None
+        }
 
         def op(claims: Claims) -> None:
             consumed = {name: list(mine) for name, mine in shared.items()}
@@ -760,6 +915,15 @@ class Preparer:
                     if held.device in shared and not held.admin_access:
                         consumed[held.device].append(held.consumed_capacity)
                         sharers[held.device].append(other.uid)
+                    mine = sharing.get(held.device)
+                    other_strategy = _strategy(held.config) if mine else None
+                    if other_strategy and "MPS" in (mine, other_strategy):
+                        raise DeviceConflict(
+                            f"device {held.device} is prepared for claim {_owner(other)} with "
+                            f"sharing strategy {other_strategy}; this claim asks for {mine} (a "
+                            "GPU shared by MPS runs one control daemon and no time slicing)",
+                            holders=(other.uid,),
+                        )
                     want = intervals.get(held.device)
                     theirs = timeslice.recorded_interval(held.config) if want else None
                     if theirs is not None and theirs != want:
@@ -786,17 +950,27 @@ class Preparer:
         return op
 
     def _write_spec(
-        self, claim_uid: str, targets: Iterable[_SpecTarget], capabilities: frozenset[str]
+        self,
+        claim_uid: str,
+        targets: Iterable[_SpecTarget],
+        capabilities: frozenset[str],
+        daemon: mps.MpsDaemon | None = None,
     ) -> None:
         """Write the claim's spec (atomically; see cdi.CdiSpecDir for what is synced)."""
-        self.specs.write(claim_uid, self._encode_spec(claim_uid, targets, capabilities))
+        self.specs.write(claim_uid, self._encode_spec(claim_uid, targets, capabilities, daemon))
 
     def _encode_spec(
-        self, claim_uid: str, targets: Iterable[_SpecTarget], capabilities: frozenset[str]
+        self,
+        claim_uid: str,
+        targets: Iterable[_SpecTarget],
+        capabilities: frozenset[str],
+        daemon: mps.MpsDaemon | None = None,
     ) -> bytes:
         """The claim's spec: its devices' nodes (one CDI device per share of a device, with
-        the share's environment), and the driver files of ``capabilities`` (the union of what
-        its devices' configs ask for)."""
+        the share's limits and what makes a container a client of the device's shared MPS
+        daemon), and the driver files of ``capabilities`` (the union of what its devices'
+        configs ask for); the devices ``daemon`` serves also get what makes a container its
+        client (mps.client_env, mps.client_mounts)."""
         # The current version's nodes of each name: after a swap since the claim was planned
         # (a MIG device re-created under the same name) these are the device's nodes now. A
         # name that is gone by then gets its planned target's nodes.
@@ -808,16 +982,26 @@ class Preparer:
             )
             for t, share in targets
         }
+        served = {d.uuid for d in daemon.devices} if daemon is not None else set()
         devices = []
         for name, (t, share) in sorted(unique.items()):
             device = current.spec_devices.get(t.name) or cdi.ClaimDevice(
                 name=t.name, nodes=t.nodes(current.files)
             )
             if share is not None:
+                client = self._share_daemon(t)
                 device = cdi.ClaimDevice(
                     name=name,
                     nodes=device.nodes,
-                    env=shares.share_env(device_uuid=_uuid(t), consumed=share.consumed),
+                    env=shares.share_env(device_uuid=_uuid(t), consumed=share.consumed)
+                    + (mps.client_env(client) if client is not None else ()),
+                    mounts=mps.client_mounts(client) if client is not None else (),
+                )
+            elif daemon is not None and _uuid(t) in served:
+                device = replace(
+                    device,
+                    env=device.env + mps.client_env(daemon),
+                    mounts=device.mounts + mps.client_mounts(daemon),
                 )
             devices.append(device)
         return self._spec_encoder.encode(claim_uid, devices, capabilities)
@@ -828,6 +1012,7 @@ class Preparer:
         self.specs.remove(record.uid)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
         self._restore_time_slices(record)
+        self._stop_mps(record)
         self._release_shares(record)
 
     # -- consumable shares -------------------------------------------------------------------
@@ -1110,7 +1295,11 @@ class Preparer:
                         if d.device in targets
                     ]
                     if have:
-                        self._write_spec(uid, have, _recorded_capabilities(record))
+                        daemon = self._recorded_daemon(record)
+                        self._write_spec(
+                            uid, have, _recorded_capabilities(record),
+                            daemon[0] if daemon is not None else None,
+                        )  # fmt: skip
                         done["specs_rewritten"] += 1
                 reason = self._stale_reason(record) if record.namespace else None
                 if reason is not None:
@@ -1125,12 +1314,87 @@ class Preparer:
         # ask (at start every GPU a claim asks a non-default interval of, or marked; then
         # only those whose last change failed).
         done["time_slices_set"] = self._sync_slices(None, strict=False)
+        done["mps_daemons_adopted"], done["mps_daemons_removed"] = self._sync_mps()
         done["share_daemons_acquired"] = self._sync_shares()
         live = self.checkpoint.snapshot()  # claims another instance unprepared
         for uid in list(self._pods):
             if uid not in live:
                 self._pods.pop(uid, None)
         return done
+
+    def _recorded_daemon(self, record: ClaimRecord) -> tuple[mps.MpsDaemon, mps.Limits] | None:
+        """The MPS daemon a recorded claim asked for (None: none, or its devices are gone)."""
+        if self._mps is None:
+            return None
+        targets = self._current.targets
+        shared = []
+        for device in record.devices:
+            config = mps.recorded_config(device.config)
+            if config is None:
+                continue
+            target = targets.get(device.device)
+            if target is None:
+                return None
+            shared.append((target, config))
+        if not shared:
+            return None
+        try:
+            return self._mps_daemon(record.uid, shared)
+        except (mps.MpsConfigError, ValueError) as exc:
+            log.error("a prepared claim's MPS config no longer fits its devices",
+                      extra={"claim_uid": record.uid, "error": str(exc)})  # fmt: skip
+            return None
+
+    def _sync_mps(self) -> tuple[int, int]:
+        """Make the node's MPS daemons those of the recorded claims: a daemon (Deployment,
+        directories, tmpfs, compute mode) of no recorded claim is stopped and removed; the
+        daemons of ``PrepareCompleted`` claims are adopted (their Deployment kept, the daemon
+        asked to answer and told its limits again) at the first pass, and started again when
+        their Deployment is gone later. Returns (adopted or started, removed)."""
+        if self._mps is None:
+            return 0, 0
+        present = self._mps.owners()  # before the snapshot: a prepare records its claim first
+        records = self.checkpoint.snapshot()
+        removed = 0
+        # Shared daemons of consumable shares belong to devices, not claims: _sync_shares and
+        # _release_shares keep and remove them.
+        for owner in sorted(present - set(records) - self._share_owners()):
+            with self.locks.try_hold(owner) as held:
+                if not held or self.checkpoint.get(owner) is not None:
+                    continue
+                log.info("removing an MPS control daemon of no prepared claim",
+                         extra={"claim_uid": owner})  # fmt: skip
+                try:
+                    self._mps.stop(owner)
+                    removed += 1
+                except MpsFailed as exc:
+                    log.error("cannot remove an orphaned MPS control daemon; will retry",
+                              extra={"claim_uid": owner, "error": str(exc)})  # fmt: skip
+        try:
+            deployed = self._mps.deployed()
+        except KubeError as exc:
+            log.warning("cannot list MPS control daemons; will retry", extra={"error": str(exc)})
+            return 0, removed
+        started = 0
+        for uid, record in records.items():
+            if record.phase != PREPARE_COMPLETED or (self._mps_adopted and uid in deployed):
+                continue
+            daemon = self._recorded_daemon(record)
+            if daemon is None:
+                continue
+            with self.locks.try_hold(uid) as held:
+                if not held or self.checkpoint.get(uid) != record:
+                    continue
+                try:
+                    self._mps.start(*daemon)
+                    started += 1
+                except MpsFailed as exc:
+                    log.error(
+                        "cannot adopt or restart a prepared claim's MPS control daemon; will retry",
+                        extra={"claim_uid": uid, "error": str(exc)},
+                    )
+        self._mps_adopted = True
+        return started, removed
 
     def _clear_stale(self, holders: Iterable[str]) -> bool:
         """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
@@ -1260,6 +1524,18 @@ def _uuid(target: DeviceTarget) -> str:
     return target.gpu.uuid if target.mig is None else target.mig.uuid
 
 
+def _mps_device(target: DeviceTarget) -> mps.MpsDevice:
+    """The device as an MPS daemon serves it (a full GPU's compute mode is the daemon's to set;
+    a MIG device's is its GPU's, which other MIG devices share)."""
+    if target.mig is not None:
+        return mps.MpsDevice(
+            uuid=target.mig.uuid, memory_bytes=target.mig.memory_bytes, exclusive_gpu=None
+        )
+    return mps.MpsDevice(
+        uuid=target.gpu.uuid, memory_bytes=target.gpu.memory_bytes, exclusive_gpu=target.gpu.uuid
+    )
+
+
 def _recorded_share(device: PreparedDevice) -> shares.Share | None:
     """The share a recorded device holds (None: held whole)."""
     if device.share_id is None:
@@ -1284,6 +1560,12 @@ def _not_created(device: str) -> str:
 def _owner(record: ClaimRecord) -> str:
     """How an error names a claim that holds a device."""
     return f"{record.namespace}/{record.name} ({record.uid})" if record.namespace else record.uid
+
+
+def _strategy(config: Mapping[str, Any] | None) -> str | None:
+    """The sharing strategy a recorded effective config asks for (None: exclusive)."""
+    sharing = (config or {}).get("sharing")
+    return str(sharing.get("strategy")) if isinstance(sharing, Mapping) else None
 
 
 def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:

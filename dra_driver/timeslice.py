@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from dra_driver import cdi
-from dra_driver.errors import TimeSliceFailed
+from dra_driver.errors import PrepareError, TimeSliceFailed
 
 # nvidia-smi compute-policy --set-timeslice takes the interval's number.
 INTERVALS: Final = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
@@ -97,19 +97,26 @@ class NvidiaSmi:
         return self._libdir
 
     def set(self, gpu_uuid: str, interval: str) -> None:
+        argv = command(nvidia_smi=Path("nvidia-smi"), gpu_uuid=gpu_uuid, interval=interval)
+        self.run(argv[1:], what=f"time slice {interval} of GPU {gpu_uuid}")
+
+    def run(
+        self, args: list[str], *, what: str, error: type[PrepareError] = TimeSliceFailed
+    ) -> None:
+        """Run nvidia-smi with ``args`` (``what`` says what for, in an error); a failure, a
+        timeout or a missing nvidia-smi is ``error`` naming what nvidia-smi said."""
         tool = cdi.find_driver_tool(self.driver_root, "nvidia-smi")
         if tool is None:
-            raise TimeSliceFailed(
-                f"cannot set the time slice of GPU {gpu_uuid}: nvidia-smi is not under the "
-                f"driver root {self.driver_root}"
+            raise error(
+                f"cannot set the {what}: nvidia-smi is not under the driver root {self.driver_root}"
             )
-        argv = command(nvidia_smi=tool, gpu_uuid=gpu_uuid, interval=interval)
+        argv = [str(tool), *args]
         env = dict(os.environ)
         nvml = cdi.find_driver_library(self.driver_root, NVML_SONAME)
         if nvml is not None:
             libdir = str(self._nvml_dir(nvml))
             env["LD_LIBRARY_PATH"] = ":".join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
-        what = f"{' '.join(argv[1:])} (time slice {interval} of GPU {gpu_uuid})"
+        what = f"{' '.join(args)} ({what})"
         try:
             done = subprocess.run(  # argv is ours: no shell
                 argv,
@@ -120,14 +127,12 @@ class NvidiaSmi:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise TimeSliceFailed(
-                f"nvidia-smi {what} did not finish within {self.timeout_s:g} s"
-            ) from exc
+            raise error(f"nvidia-smi {what} did not finish within {self.timeout_s:g} s") from exc
         except OSError as exc:
-            raise TimeSliceFailed(f"cannot run {tool} for {what}: {exc}") from exc
+            raise error(f"cannot run {tool} for {what}: {exc}") from exc
         if done.returncode != 0:
             said = (done.stderr or done.stdout).decode(errors="replace").strip()
-            raise TimeSliceFailed(
+            raise error(
                 f"nvidia-smi {what} failed with exit status {done.returncode}: "
                 f"{said[:_MAX_OUTPUT_CHARS] or '(no output)'}"
             )

@@ -32,9 +32,14 @@ def child(settings: dict[str, str]) -> None:
             kubelet_registrar_directory_path=Path(settings["registry"]),
             kubelet_plugins_directory_path=Path(settings["plugins"]),
             cdi_root=Path(settings["cdi"]),
+            # MPS daemons (tests/test_mps_faults.py): Deployments in this namespace
+            mps_image=settings.get("mps_image"),
+            mps_start_timeout_s=float(settings.get("mps_start_timeout", 30)),
+            pod_namespace=settings.get("namespace", "default"),
         ),
         inventory=INVENTORY,
         claims=kube,
+        deployments=kube,
         proc_root=Path(settings["proc_root"]),
         boot_id_path=Path(settings["boot_id"]),
     )

@@ -19,7 +19,9 @@ The plan (JSON) says everything; nothing here knows the chart:
 * ``pod.image``: host directories that make up the agent's image (bound without submounts, so the
   node's overlays are not in the image);
 * ``pod.volumes``: ``{host_path, mount_path, read_only, create, propagation}`` from the
-  DaemonSet's hostPath volumes and volumeMounts; ``pod.empty_dirs``: emptyDir mount paths;
+  DaemonSet's hostPath volumes and volumeMounts (``HostToContainer``: the pod's copy is a slave;
+  ``Bidirectional``: the node's host path is a shared mount the pod's copy is a peer of);
+  ``pod.empty_dirs``: emptyDir mount paths;
 * ``pod.files``: ``{path: source}`` copied into the Pod (the ServiceAccount token files);
 * ``pod.argv`` and ``pod.env``: the container's command and environment.
 """
@@ -51,10 +53,19 @@ def node(plan: dict[str, Any], plan_path: str) -> int:
     for source, target in plan["node"]["binds"]:
         Path(target).mkdir(parents=True, exist_ok=True)
         _mount("--bind", source, target)
+    # A Bidirectional volume's host path is a shared mount: the pod's bind of it joins its peer
+    # group, so what the pod mounts below it appears on the node (every other mount is private,
+    # so the pod's namespace keeps the node's propagation unchanged).
+    for volume in plan["pod"]["volumes"]:
+        if volume["propagation"] == "Bidirectional":
+            Path(volume["host_path"]).mkdir(parents=True, exist_ok=True)
+            _mount("--bind", volume["host_path"], volume["host_path"])
+            _mount("--make-shared", volume["host_path"])
     Path(plan["node"]["ready"]).write_text(str(os.getpid()))
     pod = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "slave", sys.executable, __file__, "pod", plan_path]
-    )
+        ["unshare", "--mount", "--propagation", "unchanged", sys.executable, __file__, "pod",
+         plan_path]
+    )  # fmt: skip
 
     def forward(signum: int, frame: object) -> None:
         pod.send_signal(signum)

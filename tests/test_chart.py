@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from dra_driver import cli
+from dra_driver.errors import DraError
 from dra_driver.scheduling import cel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,6 +190,8 @@ def test_defaults_render_the_agent_its_identity_classes_and_policy() -> None:
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",  # MPS daemons' Deployments, in the release namespace
+            "RoleBinding",
             "DaemonSet",
             "DeviceClass",
             "DeviceClass",
@@ -1231,13 +1234,20 @@ def test_the_schema_refuses_consumable_shares_the_agent_would_refuse(value: str)
     assert "consumableShares" in render_error("--set", f"consumableShares={value}")
 
 
-def test_the_deployed_agent_refuses_consumable_shares_until_they_are_enforced(
+def test_the_deployed_agent_refuses_consumable_shares_without_mps_to_enforce_them(
     tmp_path: Path,
 ) -> None:
-    """The DaemonSet's command with the environment the chart renders for consumableShares: the
-    agent exits at once with the flag's name and why (docs/publishing.md)."""
+    """The DaemonSet's command with the environment the chart renders for consumableShares with
+    MPS off: the agent exits at once with the flag's name and why (docs/publishing.md)."""
     container = agent_container(
-        render("--set", "consumableShares=memory", "--set", "simulate=h100:1")
+        render(
+            "--set",
+            "consumableShares=memory",
+            "--set",
+            "simulate=h100:1",
+            "--set",
+            "mps.enabled=false",
+        )
     )
     environ = {e["name"]: str(e["value"]) for e in container["env"] if "value" in e}
     environ |= {
@@ -1255,3 +1265,80 @@ def test_the_deployed_agent_refuses_consumable_shares_until_they_are_enforced(
     assert "--consumable-shares (CONSUMABLE_SHARES): 'memory'" in result.stderr
     assert "MPS daemon" in result.stderr
     assert not (tmp_path / "plugins").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# MPS: the daemons' Deployments (dra_driver/mpsdaemon.py)
+
+
+def test_mps_role_grants_exactly_the_deployment_calls_kube_py_declares_in_the_namespace() -> None:
+    from dra_driver import kube  # noqa: PLC0415
+
+    objects = render()
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert granted(role) == {(g, r, v) for v, g, r in kube.MPS_PERMISSIONS}
+    binding = one(objects, "RoleBinding")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
+    }  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{RELEASE}-kubelet-plugin", "namespace": NAMESPACE}
+    ]
+    # the ClusterRole gains nothing: deployments are granted in the release namespace only
+    assert not any(r == "deployments" for _, r, _ in granted(one(objects, "ClusterRole")))
+
+
+def test_mps_passes_the_agents_image_and_shares_the_plugin_directory_with_the_host() -> None:
+    objects = render("--set", "image.tag=1.2.3", "--set", "mps.startTimeoutSeconds=12")
+    container = agent_container(objects)
+    env = env_of(container)
+    assert env["MPS_IMAGE"]["value"] == container["image"]
+    assert env["MPS_IMAGE"]["value"].endswith(":1.2.3")
+    config = cli.build_config(
+        [], {e["name"]: e["value"] for e in container["env"] if "value" in e} | {"NODE_NAME": "n"}
+    )
+    assert config.mps_image == container["image"] and config.mps_start_timeout_s == 12
+    plugin_dir = "/var/lib/kubelet/plugins/gpu.nvidia.com"
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == plugin_dir)
+    assert mount["mountPropagation"] == "Bidirectional"
+    assert container["securityContext"]["privileged"] is True  # Bidirectional needs it
+    # switched off: no image (MPS claims are refused naming --mps-image), no Role, no propagation
+    off = render("--set", "mps.enabled=false")
+    assert "MPS_IMAGE" not in env_of(agent_container(off))
+    assert of_kind(off, "Role") == []
+    mount = next(m for m in agent_container(off)["volumeMounts"] if m["mountPath"] == plugin_dir)
+    assert "mountPropagation" not in mount
+
+
+def test_every_call_mps_makes_against_an_api_server_is_granted_by_the_role(
+    kubeapi: Any, tmp_path: Path
+) -> None:
+    from dra_driver import mps  # noqa: PLC0415
+    from dra_driver.gpus.fakedriver import make_fake_driver  # noqa: PLC0415
+    from dra_driver.kube import KubeClient  # noqa: PLC0415
+    from dra_driver.mpsdaemon import MpsDaemons  # noqa: PLC0415
+
+    fake = make_fake_driver(tmp_path)
+    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    daemons = MpsDaemons(
+        api=client, namespace=NAMESPACE, node_name="node1", driver_name="gpu.nvidia.com",
+        image="img", base=tmp_path / "mps", driver_root=fake.root, host_driver_root=fake.root,
+        start_timeout_s=0.2,
+    )  # fmt: skip
+    daemon = mps.MpsDaemon(
+        owner="o1", devices=(mps.MpsDevice("MIG-x", 2**30, None),), base=tmp_path / "mps"
+    )
+    # no kubelet runs the Deployment here: the start times out, and the stop removes it
+    with pytest.raises(DraError, match="did not answer within"):
+        daemons.start(daemon, mps.Limits())
+    assert daemons.deployed() == {"o1"}
+    daemons.stop("o1")
+    client.close()
+    used = {
+        (group, resource, verb)
+        for verb, group, resource in kubeapi.permissions_used()
+        if resource == "deployments"
+    }
+    assert used == granted(one(render(), "Role"))

@@ -529,3 +529,112 @@ def test_a_container_prepared_by_the_deployed_agent_loads_the_driver(
         if node is not None:
             node.stop()
         api.stop()
+
+
+def test_the_deployed_agent_runs_an_mps_daemon_its_containers_are_clients_of(
+    work: Path, builds: Builds
+) -> None:
+    """MPS as the chart deploys it: the agent (in-cluster API access, MPS_IMAGE from the chart,
+    nvidia-smi from its read-only /driver-root) creates the daemon's Deployment; the stand-in
+    kubelet runs it in the node's mount namespace; the tmpfs the agent mounts in its pod reaches
+    the node through the plugin directory's Bidirectional mount, where podman's container and
+    the daemon see it; unprepare removes all of it."""
+    from dra_driver.gpus.fakedriver import read_compute_modes, read_mps_control_calls  # noqa: PLC0415
+    from dra_driver.localkubelet import DeploymentKubelet  # noqa: PLC0415
+
+    api = FakeKubeApi(tls_dir=work / "tls", token="agent-token").start()
+    node = None
+    kubelet = None
+    try:
+        api.add_node(NODE)
+        config = opaque(
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+             "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}}}
+        )  # fmt: skip
+        claim = api.add_claim(
+            allocated_claim(name="mps", node=NODE, devices=["gpu-1"], configs=[config])
+        )
+        uid = claim["metadata"]["uid"]
+        node, deployed = start_node(work, layout="host-multiarch", builds=builds, api=api)
+        assert deployed["env"]["MPS_IMAGE"] == deployed["container"]["image"]
+        plugin_dir = f"{deployed['env']['KUBELET_PLUGINS_DIRECTORY_PATH']}/gpu.nvidia.com"
+        enter = ["nsenter", f"--mount=/proc/{node.pid}/ns/mnt", "--"]
+        kubelet = DeploymentKubelet(
+            api, node_name=NODE, log_dir=work / "pods", enter=enter,
+            # where the stand-ins keep what they were told (the node's /usr/bin is read-only)
+            extra_env={"FAKE_NVIDIA_SMI_DIR": plugin_dir},
+        ).start()  # fmt: skip
+        dra_socket = register(node)
+        state_dir = node.outside(plugin_dir)
+        shm = f"{plugin_dir}/mps/{uid}/shm"
+
+        def node_mounts() -> list[str]:
+            lines = Path(f"/proc/{node.pid}/mountinfo").read_text().splitlines()
+            return [x.split(" ")[4] for x in lines if x.split(" ")[4].startswith(plugin_dir + "/")]
+
+        ref = v1.Claim(namespace="default", name="mps", uid=uid)
+        gpu = simulated_inventory("h100:2", node_name=NODE).gpus[1].uuid
+        with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+            stub = v1_grpc.DRAPluginStub(channel)
+            answer = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[ref]), timeout=60
+            )
+            entry = answer.claims[uid]
+            assert entry.error == "", f"{entry.error}\n{node.log.read_text()}"
+            cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+            (deployment,) = api.objects("deployments")
+            assert deployment["metadata"]["namespace"] == NAMESPACE
+            assert (NAMESPACE, f"mps-{uid}") in kubelet.running()
+            told = [c.split(" ", 1)[1] for c in read_mps_control_calls(state_dir)]
+            assert told == [f"start {gpu}", "get_server_list",
+                            "set_default_active_thread_percentage 40"]  # fmt: skip
+            assert read_compute_modes(state_dir) == {gpu: "EXCLUSIVE_PROCESS"}
+            assert node_mounts() == [shm]  # mounted in the pod, seen on the node
+
+            conf = work / "containers.conf"
+            conf.write_text(CONTAINERS_CONF)
+            rootfs = work / "busybox"
+            for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+                (rootfs / d).mkdir(parents=True)
+            shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
+            script = (
+                'echo "env $CUDA_MPS_PIPE_DIRECTORY"; '
+                "[ -S /tmp/nvidia-mps/control ] && echo control-socket-ok; "
+                "grep ' /dev/shm ' /proc/mounts | cut -d' ' -f3; "
+                "echo from-container > /dev/shm/hello && echo shm-writable"
+            )
+            run = node.podman(
+                "run", "--rm", "--network=none", *(f"--device={i}" for i in cdi_ids),
+                "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script, conf=conf,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.splitlines() == [
+                "env /tmp/nvidia-mps", "control-socket-ok", "tmpfs", "shm-writable"
+            ]  # fmt: skip
+            seen = subprocess.run(
+                [*enter, "cat", f"{shm}/hello"], capture_output=True, text=True, check=True
+            )
+            assert seen.stdout == "from-container\n"  # the daemon's tmpfs, on the node
+
+            undone = stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=60
+            )
+            assert undone.claims[uid].error == ""
+        assert api.objects("deployments") == []
+        deadline = time.monotonic() + 10
+        while kubelet.running():
+            assert time.monotonic() < deadline, "the daemon still runs"
+            time.sleep(0.05)
+        assert node_mounts() == []
+        assert not (state_dir / "mps" / uid).exists()
+        assert read_compute_modes(state_dir) == {gpu: "DEFAULT"}
+        assert read_mps_control_calls(state_dir)[-2:] == [
+            f"{plugin_dir}/mps/{uid}/pipe quit", f"{plugin_dir}/mps/{uid}/pipe exit 0"
+        ]  # fmt: skip
+        assert node.stop() == 0, node.log.read_text()
+    finally:
+        if kubelet is not None:
+            kubelet.stop()
+        if node is not None:
+            node.stop()
+        api.stop()

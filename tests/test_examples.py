@@ -9,7 +9,9 @@ by the explain area from the `# expect:` line.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,10 @@ import yaml
 
 from dra_driver import deviceconfig
 from dra_driver.scheduling import cel
+from tests.claimdata import allocated_claim, opaque
+from tests.test_mps import Env, mps_node
+
+MPS_MIG_DEVICE = "gpu-4-mig-3g40gb-9-4"
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.rglob("*.yaml"))  # dynamic-mig/: claims for --mig-mode dynamic
@@ -230,10 +236,67 @@ def test_shared_claim_is_used_by_two_containers_of_one_pod() -> None:
     assert all(c["resources"]["claims"] == [{"name": "gpu"}] for c in pod["containers"])
 
 
-def test_no_example_promises_mps_the_driver_does_not_do_yet() -> None:
-    # MPS is refused at prepare until it is implemented (time slicing is carried out)
-    for path in FILES:
-        assert "strategy: MPS" not in path.read_text(), path.name
+@pytest.fixture
+def mps_env() -> Iterator[Env]:
+    """A node whose MPS daemons run (tests/test_mps.py)."""
+    with mps_node() as env:
+        yield env
+
+
+def _header_text(path_name: str) -> str:
+    return " ".join(header(EXAMPLES / path_name).replace("#", " ").split())
+
+
+@pytest.mark.parametrize(
+    ("path_name", "device", "told"),
+    [
+        (
+            "mps.yaml",
+            "gpu-0",
+            ["set_default_active_thread_percentage 50",
+             "set_default_device_pinned_mem_limit {uuid} 10240M"],
+        ),
+        ("mig-mps.yaml", MPS_MIG_DEVICE, ["set_default_device_pinned_mem_limit {uuid} 8192M"]),
+    ],
+)  # fmt: skip
+def test_mps_examples_are_prepared_as_their_headers_say(
+    mps_env: Env, path_name: str, device: str, told: list[str]
+) -> None:
+    """The example's claim, allocated the device its ``# expect:`` line names and prepared by the
+    agent's Preparer with real MPS daemons (tests/test_mps.py): the daemon is told what the
+    header says, the containers get the pipe directory and /dev/shm, and unprepare removes it."""
+    objects = _all(path_name)
+    (spec,) = claim_specs(objects)
+    (config,) = spec["devices"]["config"]
+    text = _header_text(path_name)
+    assert f"expect: satisfiable devices={device}" in text
+    claim = mps_env.store.add(
+        allocated_claim(name="example", devices=[device],
+                        configs=[opaque(config["opaque"]["parameters"])])
+    )  # fmt: skip
+    uid = claim["metadata"]["uid"]
+    uuid = mps_env.uuid(device)
+    mps_env.preparer.prepare(mps_env.ref(claim))
+    assert mps_env.deployments() == [f"mps-{uid}"]  # "a Deployment `mps-<claim uid>`"
+    commands = [c.format(uuid=uuid) for c in told]
+    assert mps_env.daemon_calls(uid) == [f"start {uuid}", "get_server_list", *commands]
+    for command in told:
+        assert f"`{command.format(uuid='<MIG uuid>' if 'mig' in device else '<GPU uuid>')}`" in text
+    modes = mps_env.fake.compute_modes()
+    if device.startswith("gpu-") and "-mig-" not in device:
+        assert modes == {uuid: "EXCLUSIVE_PROCESS"}
+        assert "`nvidia-smi -i <GPU uuid> -c EXCLUSIVE_PROCESS`" in text
+    else:
+        assert modes == {}
+        assert "The parent GPU's compute mode is left alone" in text
+    device_spec = json.loads(mps_env.preparer.specs.path_for(uid).read_bytes())["devices"][0]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in device_spec["containerEdits"]["env"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in text
+    paths = [m["containerPath"] for m in device_spec["containerEdits"]["mounts"]]
+    assert paths == ["/tmp/nvidia-mps", "/dev/shm"]
+    mps_env.preparer.unprepare(mps_env.ref(claim))
+    assert mps_env.daemon_calls(uid)[-2:] == ["quit", "exit 0"]
+    mps_env.assert_nothing_left()
 
 
 def test_time_slicing_example_is_prepared_as_its_header_says(tmp_path: Path) -> None:
@@ -271,7 +334,7 @@ def test_time_slicing_example_is_prepared_as_its_header_says(tmp_path: Path) -> 
     text = " ".join(header(EXAMPLES / "time-slicing.yaml").replace("#", " ").split())
     assert "`nvidia-smi compute-policy -i <GPU uuid> --set-timeslice 3`" in text
     assert "(`--set-timeslice 0`)" in text
-    assert "MPS is not supported yet" in text
+    assert "a GPU another claim shares by MPS" in text
 
 
 def test_video_example_asks_a_gpu_config_for_the_video_capability() -> None:

@@ -7,6 +7,7 @@ the reload of rotated TLS files (CA, client certificate) against a server that c
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -342,6 +343,10 @@ class _Scripted:
         )
 
     def close(self) -> None:
+        # shutdown wakes the thread blocked in accept(): a socket closed under it would go on
+        # listening in the kernel and take a later test's connection
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
 
 

@@ -254,9 +254,11 @@ def test_a_config_for_another_request_does_not_apply(env: Env) -> None:
 MPS = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 10 * 2**30}}
 
 
-NOT_YET = (
-    "sharing (strategy MPS) is not supported by this driver yet; remove `sharing` to get "
-    "exclusive access"
+# This Preparer runs no MPS daemons (tests/test_mps.py has those that do), as an agent without
+# --mps-image.
+NO_DAEMONS = (
+    "sharing (strategy MPS) is not available: this agent was started without --mps-image "
+    "(MPS_IMAGE), so it cannot run MPS control daemons"
 )
 NO_EFFECT = (
     "sharing (strategy TimeSlicing) has no effect on a MIG device; remove `sharing` (a MIG "
@@ -267,12 +269,12 @@ NO_EFFECT = (
 @pytest.mark.parametrize(
     ("device", "parameters", "why"),
     [
-        ("gpu-0", {"apiVersion": API, "kind": "GpuConfig", "sharing": MPS}, NOT_YET),
-        (MIG_3G, {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": MPS}, NOT_YET),
+        ("gpu-0", {"apiVersion": API, "kind": "GpuConfig", "sharing": MPS}, NO_DAEMONS),
+        (MIG_3G, {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": MPS}, NO_DAEMONS),
         (
             MIG_3G,
             {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
-            NO_EFFECT,
+            f"the config of request gpus (device {MIG_3G}): {NO_EFFECT}",
         ),
     ],
 )
@@ -285,9 +287,7 @@ def test_a_sharing_config_is_refused_with_the_field_named_and_other_claims_still
     plain = env.store.add(allocated_claim(name="plain", devices=["gpu-1"]))
     outcomes = env.preparer.prepare_batch([env.ref(shared), env.ref(plain)])
     refused = outcomes[shared["metadata"]["uid"]]
-    assert refused.error == (
-        f"ResourceClaim default/shared: the config of request gpus (device {device}): {why}"
-    )
+    assert refused.error == f"ResourceClaim default/shared: {why}"
     assert refused.error_type == "config"
     assert refused.devices == ()
     with pytest.raises(ConfigNotSupported):  # the same refusal, outside a batch

@@ -396,6 +396,13 @@ def write_sysfs(root: Path, gpus: tuple[SimulatedGpu, ...]) -> Path:
 # --- the fake C library ----------------------------------------------------------------------
 
 _SUCCESS: int = pynvml.NVML_SUCCESS
+# nvidia-smi's compute mode names -> NVML's values
+_COMPUTE_MODES: dict[str, int] = {
+    "DEFAULT": pynvml.NVML_COMPUTEMODE_DEFAULT,
+    "EXCLUSIVE_THREAD": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
+    "PROHIBITED": pynvml.NVML_COMPUTEMODE_PROHIBITED,
+    "EXCLUSIVE_PROCESS": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+}
 _UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
 _INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -503,6 +510,9 @@ class SimulatedNvmlLibrary:
     (:meth:`SimulatedHealth.inject`); ``inbox`` is the file other processes append faults to
     (docs/simulate.md "Faults"). ``mig`` holds the GPU and compute instances that exist now
     (:class:`SimulatedMigInstances`), kept in ``state_path`` when one is given.
+    ``compute_modes``: the JSON file (GPU uuid -> mode name) the simulated driver root's stand-in
+    nvidia-smi keeps each GPU's compute mode in (gpus/fakedriver.py); ``nvmlDeviceGetComputeMode``
+    reads it (a GPU it does not name is in DEFAULT).
     """
 
     def __init__(
@@ -512,8 +522,10 @@ class SimulatedNvmlLibrary:
         node_name: str,
         inbox: Path | None = None,
         state_path: Path | None = None,
+        compute_modes: Path | None = None,
     ) -> None:
         self._gpus = gpus
+        self._compute_modes = compute_modes
         self._handles = _Handles()
         self._handles.add(gpus)
         self._initialised = 0
@@ -547,6 +559,7 @@ class SimulatedNvmlLibrary:
             "nvmlDeviceGetMinorNumber": self._minor,
             "nvmlDeviceGetAddressingMode": self._addressing_mode,
             "nvmlDeviceGetMigMode": self._mig_mode,
+            "nvmlDeviceGetComputeMode": self._compute_mode,
             "nvmlDeviceGetGpuInstanceProfileInfoV": self._gi_profile_info,
             "nvmlDeviceGetGpuInstancePossiblePlacements_v2": self._gi_placements,
             "nvmlDeviceGetMaxMigDeviceCount": self._max_mig_count,
@@ -718,6 +731,21 @@ class SimulatedNvmlLibrary:
             return _NOT_SUPPORTED
         _target(current).value = int(gpu.spec.mig_enabled)
         _target(pending).value = int(gpu.spec.mig_pending)
+        return _SUCCESS
+
+    def _compute_mode(self, handle: Any, mode: Any) -> int:
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if mig is not None:  # a property of the whole GPU
+            return _NOT_SUPPORTED
+        modes: dict[str, Any] = {}
+        if self._compute_modes is not None:
+            try:
+                modes = json.loads(self._compute_modes.read_text())
+            except (OSError, ValueError):
+                modes = {}
+        _target(mode).value = _COMPUTE_MODES.get(str(modes.get(gpu.uuid, "DEFAULT")), 0)
         return _SUCCESS
 
     def _profile_by_index(self, gpu: SimulatedGpu, index: int) -> GpuInstanceProfile | None:
@@ -1965,7 +1993,12 @@ class SimulatedNode:
 
 @contextmanager
 def simulated_nvml(
-    spec: str, *, node_name: str, inbox: Path | None = None, state_path: Path | None = None
+    spec: str,
+    *,
+    node_name: str,
+    inbox: Path | None = None,
+    state_path: Path | None = None,
+    compute_modes: Path | None = None,
 ) -> Iterator[SimulatedNode]:
     """Install simulated GPUs as pynvml's NVML library for the duration of the block.
 
@@ -1977,10 +2010,13 @@ def simulated_nvml(
     other processes append faults to (gpus/injector.py); lines already in it are skipped.
     ``state_path``: the file the node keeps its MIG instances in (see SimulatedMigInstances),
     read here when it exists, so a second block on the same file sees the instances the first
-    created; None keeps them in memory, starting from the spec's layout.
+    created; None keeps them in memory, starting from the spec's layout. ``compute_modes``: see
+    SimulatedNvmlLibrary.
     """
     gpus = build_node(parse_spec(spec), node_name=node_name)
-    library = SimulatedNvmlLibrary(gpus, node_name=node_name, inbox=inbox, state_path=state_path)
+    library = SimulatedNvmlLibrary(
+        gpus, node_name=node_name, inbox=inbox, state_path=state_path, compute_modes=compute_modes
+    )
     with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as tmp:
         sysfs_root = write_sysfs(Path(tmp), gpus)
         with pynvml.libLoadLock:

@@ -51,6 +51,7 @@ from dra_driver.config import Config
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.health import Heartbeat
+from dra_driver.mpsdaemon import DeploymentApi, MpsDaemons
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
@@ -140,6 +141,7 @@ class KubeletPlugin:
         health_interval_s: float = DEFAULT_INTERVAL_S,
         reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
         share_enforcer: ShareEnforcer | None = None,
+        deployments: DeploymentApi | None = None,
     ) -> None:
         self.config = config
         self._share_enforcer = share_enforcer
@@ -151,6 +153,7 @@ class KubeletPlugin:
             pod_uid=config.pod_uid,
         )
         self._claims = claims
+        self._deployments = deployments
         self._report_event = report_event
         self.metrics = metrics
         self._health_states = health
@@ -218,6 +221,7 @@ class KubeletPlugin:
             timeslicer=NvidiaSmi(cfg.driver_root_in_container),
             consumable_shares=cfg.shares_mode,
             share_enforcer=self._share_enforcer,
+            mps_daemons=self._mps_daemons(),
         )
         self._recover(report)
         self._report_missing_devices()
@@ -230,6 +234,24 @@ class KubeletPlugin:
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
         self._reconciler.start()
+
+    def _mps_daemons(self) -> MpsDaemons | None:
+        """The MPS control daemons of this node (None without an image or API access: MPS
+        claims are then refused)."""
+        cfg = self.config
+        if cfg.mps_image is None or self._deployments is None:
+            return None
+        return MpsDaemons(
+            api=self._deployments,
+            namespace=cfg.pod_namespace,
+            node_name=cfg.node_name,
+            driver_name=cfg.driver_name,
+            image=cfg.mps_image,
+            base=cfg.mps_dir,
+            driver_root=cfg.driver_root_in_container,
+            host_driver_root=cfg.nvidia_driver_root,
+            start_timeout_s=cfg.mps_start_timeout_s,
+        )
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving and remove both sockets. Safe to call twice or before start()."""
