@@ -1037,10 +1037,15 @@ class Preparer:
         self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
         try:
             for name in start:
-                self._share_enforcer.acquire(
-                    gpu_uuids=frozenset({_uuid(targets[name])}), owner=shares.share_owner(name)
-                )
+                # Under the lock, re-checked: two first shares of a device prepared at once
+                # start its daemon once (the other waits, then finds it running).
                 with self._share_lock:
+                    if name in self._share_running:
+                        continue
+                    self._share_enforcer.acquire(
+                        gpu_uuids=frozenset({_uuid(targets[name])}),
+                        owner=shares.share_owner(name),
+                    )
                     self._share_running.add(name)
                 log.info("acquired a device's shared MPS daemon", extra={"device": name})
         except BaseException:
