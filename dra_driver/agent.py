@@ -79,6 +79,8 @@ class Discovery:
                     config.simulate,
                     node_name=config.node_name,
                     inbox=config.simulated_faults_path,
+                    # the node's MIG instances outlive the agent, as real ones do
+                    state_path=config.simulated_mig_state_path,
                 )
             )
             self._sysfs_root = node.sysfs_root

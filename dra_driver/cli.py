@@ -123,6 +123,16 @@ FLAGS: tuple[Flag, ...] = (
         "run on simulated GPUs instead of NVML, e.g. h100:8 or a100-80gb:2:mig=3g.40gb,l4:1",
     ),
     Flag(
+        "--mig-mode",
+        "MIG_MODE",
+        "mig_mode",
+        "static: a GPU in MIG mode offers the MIG devices that exist; dynamic: it offers every "
+        "MIG profile at every placement as partitionable devices (shared counters, KEP-4815), "
+        "unless it has MIG devices this driver did not create",
+        str,
+        "static",
+    ),
+    Flag(
         "--kubeconfig",
         "KUBECONFIG",
         "kubeconfig",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from dra_driver.devicehealth import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
 from dra_driver.devices import TaintEffect
@@ -44,6 +45,12 @@ def simulated_faults_path(plugin_data_dir: Path) -> Path:
     return plugin_data_dir / "simulated-faults.jsonl"
 
 
+def simulated_mig_state_path(plugin_data_dir: Path) -> Path:
+    """Where a simulated node keeps its MIG instances, so they outlive an agent restart
+    (gpus/simulated.py SimulatedMigInstances)."""
+    return plugin_data_dir / "simulated-mig.json"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """Validated settings of one node agent process."""
@@ -62,6 +69,9 @@ class Config:
     # nvidia-cdi-hook compatible binary (cdihook/__init__.py).
     cdi_hook: str = DEFAULT_CDI_HOOK
     simulate: str | None = None
+    # "static": MIG devices are the instances that exist; "dynamic": every placement of every
+    # GPU-instance profile is a device, created on prepare and destroyed on unprepare.
+    mig_mode: Literal["static", "dynamic"] = "static"
     kubeconfig: Path | None = None
     pod_uid: str | None = None
     pod_namespace: str = "default"
@@ -124,6 +134,8 @@ class Config:
             raise ConfigError(
                 "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
             )
+        if self.mig_mode not in ("static", "dynamic"):
+            raise ConfigError("--mig-mode (MIG_MODE)", f"{self.mig_mode!r}: use static or dynamic")
         self._validate_health()
 
     def _validate_health(self) -> None:
@@ -183,6 +195,11 @@ class Config:
     def simulated_faults_path(self) -> Path:
         """With ``--simulate``: the file ``gpu-dra simulate-event`` appends faults to."""
         return simulated_faults_path(self.plugin_data_dir)
+
+    @property
+    def simulated_mig_state_path(self) -> Path:
+        """With ``--simulate``: the file the simulated node keeps its MIG instances in."""
+        return simulated_mig_state_path(self.plugin_data_dir)
 
     @property
     def cdi_vendor(self) -> str:

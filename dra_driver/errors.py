@@ -23,7 +23,9 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   ├── DeviceConflict        a device is already prepared for another claim
     │   ├── ConfigDecodeError     an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
     │   │   └── ConfigNotSupported  a valid config asks for what the agent does not do (MPS)
-    │   └── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
+    │   ├── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
+    │   └── MigFailed             a dynamic MIG instance cannot be created or destroyed now
+    │       └── ForeignMigInstances  the GPU has MIG instances this driver did not create
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
     │   └── CheckpointCorrupt     truncated, garbage, wrong checksum or unknown version
@@ -150,6 +152,20 @@ class ConfigNotSupported(ConfigDecodeError):
 class TimeSliceFailed(PrepareError):
     """``nvidia-smi compute-policy --set-timeslice`` failed, timed out or could not be run for a
     GPU a claim asked a time-slice interval of (timeslice.py); the claim is rolled back."""
+
+
+class MigFailed(PrepareError):
+    """A dynamic MIG device's GPU/compute instance could not be created or destroyed (NVML
+    refused, the GPU runs processes, or holds instances this driver did not create)."""
+
+
+class ForeignMigInstances(MigFailed):
+    """The GPU has MIG instances no claim record names (``devices``): this driver did not create
+    them, never destroys them, and prepares no MIG device on that GPU in dynamic mode."""
+
+    def __init__(self, message: str, *, devices: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.devices = devices
 
 
 class CdiError(DraError):

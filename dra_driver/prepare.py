@@ -40,7 +40,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, timeslice
+from dra_driver import cdi, miginstances, timeslice
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -61,7 +61,9 @@ from dra_driver.errors import (
     ConfigNotSupported,
     DeviceConflict,
     DraError,
+    ForeignMigInstances,
     KubeError,
+    MigFailed,
     PrepareError,
     TimeSliceFailed,
 )
@@ -97,12 +99,14 @@ class ClaimRef:
 
 @dataclass(frozen=True)
 class DeviceTarget:
-    """A device of ours that a claim can be allocated: a full GPU or an existing MIG device."""
+    """A device of ours that a claim can be allocated: a full GPU, an existing MIG device, or
+    (``--mig-mode=dynamic``) a MIG placement, whose instance (``mig``) may not exist yet."""
 
     name: str
     type: Literal["gpu", "mig"]
     gpu: GpuInfo
     mig: MigInstance | None = None
+    dynamic: miginstances.DynamicSlot | None = None  # a dynamic MIG device: created on prepare
 
     def nodes(self, files: cdi.DriverFiles) -> tuple[cdi.DeviceNode, ...]:
         if self.mig is None:
@@ -115,17 +119,36 @@ class DeviceTarget:
         )
 
 
-def device_targets(inventory: Inventory) -> dict[str, DeviceTarget]:
+def device_targets(
+    inventory: Inventory, mig_mode: Literal["static", "dynamic"] = "static"
+) -> dict[str, DeviceTarget]:
     """Every device name of this node that a claim may be allocated, with what it is.
 
     Same names as devices.node_devices publishes: full GPUs not in MIG mode, existing MIG
-    devices of GPUs in MIG mode.
+    devices of GPUs in MIG mode; with ``mig_mode`` dynamic, a GPU in MIG mode offers instead
+    every placement of every GPU-instance profile (an instance that exists
+    is the dynamic device of its name, so a re-discovery never adds a second one). The whole
+    GPU of a GPU in MIG mode is not one: NVIDIA's driver takes the GPU out of MIG mode for it,
+    which this driver does not do (docs/plugin.md "Dynamic MIG").
     """
     targets: dict[str, DeviceTarget] = {}
     for gpu in inventory.gpus:
         if not gpu.mig_enabled:
             name = gpu_device_name(gpu.minor)
             targets[name] = DeviceTarget(name, "gpu", gpu)
+            continue
+        if mig_mode == "dynamic":
+            existing = {
+                mig_device_name(
+                    parent_minor=gpu.minor,
+                    profile=mig.profile.name,
+                    profile_id=mig.profile.profile_id,
+                    placement_start=mig.placement.start,
+                ): mig
+                for mig in gpu.mig_instances
+            }
+            for name, slot in miginstances.dynamic_slots(gpu).items():
+                targets[name] = DeviceTarget(name, "mig", gpu, existing.get(name), slot)
             continue
         for mig in gpu.mig_instances:
             name = mig_device_name(
@@ -156,6 +179,7 @@ class _TargetSet:
                 {
                     name: cdi.ClaimDevice(name=name, nodes=t.nodes(files))
                     for name, t in targets.items()
+                    if t.dynamic is None  # its nodes are those of the instance prepare makes
                 }
             ),
             files=files,
@@ -218,6 +242,7 @@ _ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
     (ClaimFetchFailed, "api_error"),
     (DeviceConflict, "device_conflict"),
     (TimeSliceFailed, "timeslice"),
+    (MigFailed, "mig"),
     (ConfigDecodeError, "config"),
     (PrepareError, "invalid_claim"),
     (CdiError, "cdi"),
@@ -272,6 +297,7 @@ class Preparer:
         claims: ClaimSource,
         max_parallel_claims: int = 16,
         timeslicer: timeslice.TimeSlicer | None = None,
+        mig: miginstances.DynamicMig | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -301,6 +327,8 @@ class Preparer:
         self._slices: dict[str, str] = {}
         self._slice_lock = threading.Lock()
         self._slice_marks = checkpoint.path.parent / "timeslice"
+        # Dynamic MIG (None: static; dynamic devices are then never targets).
+        self._mig = mig
 
     @property
     def targets(self) -> Mapping[str, DeviceTarget]:
@@ -345,6 +373,8 @@ class Preparer:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._spec_writes.shutdown(wait=True, cancel_futures=True)
+        if self._mig is not None:
+            self._mig.backend.close()
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -418,6 +448,9 @@ class Preparer:
                 # "Durability"), naming the intervals (the devices' configs) so that a
                 # rollback knows which GPUs to restore.
                 self._set_time_slices(ref, planned, devices)
+            if self._mig is not None:
+                # Dynamic MIG: PrepareStarted, then the instances (docs/plugin.md "Dynamic MIG")
+                planned = self._create_instances(ref, planned, devices, self._mig)
             # The spec goes to a temp file and is fsync'd (see _sync_spec: alone, in a helper
             # thread, overlapping the checkpoint's append and fdatasync). Without a time slice
             # the record is written once, as PrepareCompleted: the only change this prepare
@@ -483,6 +516,91 @@ class Preparer:
             self._roll_back_quietly(ref.uid)
             raise
 
+    def _create_instances(
+        self,
+        ref: ClaimRef,
+        planned: list[_Planned],
+        devices: tuple[PreparedDevice, ...],
+        mig: miginstances.DynamicMig,
+    ) -> list[_Planned]:
+        """Create the instances of the claim's dynamic MIG devices (recorded ``PrepareStarted``
+        first, durably, so that every instance made is named by a record), or check that a full
+        GPU in MIG mode has none. Returns ``planned`` with the created instances. On failure
+        the claim is rolled back (its instances destroyed). Claim lock held."""
+        dynamic = [p for p in planned if p.target.dynamic is not None]
+        if not dynamic:
+            return planned
+
+        def others() -> frozenset[str]:
+            return frozenset(
+                d.device
+                for r in self.checkpoint.snapshot().values()
+                if r.uid != ref.uid
+                for d in r.devices
+            )
+
+        # Before the record: a record must never name an instance the driver did not create.
+        for p in dynamic:
+            mig.check_foreign(p.target.gpu, p.target.name, recorded=others)
+        self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
+        try:
+            made = {
+                p.target.name: replace(
+                    p.target, mig=mig.create(p.target.gpu, p.target.name, recorded=others)
+                )
+                for p in dynamic
+            }
+        except BaseException as exc:
+            # One made by hand since the check: rolled back without it (never destroyed).
+            keep = exc.devices if isinstance(exc, ForeignMigInstances) else ()
+            self._roll_back_quietly(ref.uid, keep=frozenset(keep))
+            raise
+        return [replace(p, target=made.get(p.target.name, p.target)) for p in planned]
+
+    def _destroy_instances(self, record: ClaimRecord, keep: frozenset[str] = frozenset()) -> None:
+        """Destroy the instances of ``record``'s dynamic MIG devices that no other record
+        names (an admin-access claim shares its device) and that are not in ``keep``; before
+        ``record`` is removed, so an instance is named by a record until it is gone. MigFailed
+        leaves the rest."""
+        if self._mig is None:
+            return
+        targets = self._current.targets
+        others = {
+            d.device
+            for r in self.checkpoint.snapshot().values()
+            if r.uid != record.uid
+            for d in r.devices
+        }
+        for device in record.devices:
+            target = targets.get(device.device)
+            if target is None or target.dynamic is None or device.device in others | keep:
+                continue
+            if self._mig.destroy(target.gpu, device.device):
+                log.info(
+                    "destroyed a MIG instance",
+                    extra={"claim_uid": record.uid, "device": device.device},
+                )
+
+    def _complete_instances(
+        self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
+    ) -> tuple[list[DeviceTarget], bool]:
+        """A prepared claim's targets with their instances, creating (completing) any that is
+        gone or half-made; and whether one changed since the targets were built."""
+        assert self._mig is not None
+        have, changed = [], False
+        for device in record.devices:
+            target = targets.get(device.device)
+            if target is None:
+                continue
+            if target.dynamic is not None:
+                instance = self._mig.create(
+                    target.gpu, target.name, recorded=self.recorded_device_names
+                )
+                changed |= instance != target.mig
+                target = replace(target, mig=instance)
+            have.append(target)
+        return have, changed
+
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
         flight, so the spec's sync and the checkpoint's overlap instead of adding up (the rest
@@ -504,6 +622,21 @@ class Preparer:
             self._unprepare_locked(ref.uid)
 
     def _unprepare_locked(self, uid: str) -> None:
+        if self._mig is not None:
+            record = self.checkpoint.get(uid)
+            if record is not None and any(
+                d.device in self._current.targets and self._current.targets[d.device].dynamic
+                for d in record.devices
+            ):
+                # Dynamic MIG: spec, instance, then the record (docs/plugin.md "Dynamic MIG"):
+                # the instance stays named by a record until it is destroyed. A MigFailed
+                # (processes run in it) fails the unprepare; the kubelet tries again.
+                self.specs.remove(uid, sync_dir=False)
+                self._destroy_instances(record)
+                self.checkpoint.transact(lambda claims: claims.discard(uid), durable=False)
+                self._pods.pop(uid, None)
+                log.info("unprepared claim", extra={"claim_uid": uid})
+                return
         # Nothing here is synced before the kubelet hears of success (docs/plugin.md,
         # "Durability"): the record's removal is appended (a crash of this process cannot lose
         # it: it is in the kernel), and only a power loss could, after which the node reboots
@@ -659,6 +792,12 @@ class Preparer:
         GPU has one time slice); checked and recorded in one step, so two claims racing for a
         device cannot both have it."""
         wanted = {p.target.name for p in planned if not p.admin_access}
+        # Dynamic MIG: devices of one GPU whose memory slices overlap exclude each other.
+        partitioned = [
+            p.target
+            for p in planned
+            if self._mig is not None and not p.admin_access and p.target.gpu.mig_enabled
+        ]
         intervals = {p.target.name: p.interval for p in planned if p.interval is not None}
 
         def op(claims: Claims) -> None:
@@ -671,6 +810,17 @@ class Preparer:
                             f"device {held.device} is already prepared for claim {_owner(other)}",
                             holders=(other.uid,),
                         )
+                    for target in partitioned:
+                        if (
+                            not held.admin_access
+                            and held.device != target.name
+                            and miginstances.overlaps(target.gpu, target.name, held.device)
+                        ):
+                            raise DeviceConflict(
+                                f"device {target.name} overlaps device {held.device}, which is "
+                                f"already prepared for claim {_owner(other)}",
+                                holders=(other.uid,),
+                            )
                     want = intervals.get(held.device)
                     theirs = timeslice.recorded_interval(held.config) if want else None
                     if theirs is not None and theirs != want:
@@ -701,19 +851,22 @@ class Preparer:
         # The current version's nodes of each name: after a swap since the claim was planned
         # (a MIG device re-created under the same name) these are the device's nodes now. A
         # name that is gone by then gets its planned target's nodes.
+        # A dynamic MIG device's nodes are those of the instance its target carries.
         current = self._current
         unique = {t.name: t for t in targets}
         devices = [
-            current.spec_devices.get(name)
+            (None if t.dynamic else current.spec_devices.get(name))
             or cdi.ClaimDevice(name=name, nodes=t.nodes(current.files))
             for name, t in sorted(unique.items())
         ]
         return self._spec_encoder.encode(claim_uid, devices, capabilities)
 
-    def _roll_back(self, record: ClaimRecord) -> None:
-        """Undo a half-done prepare (lock held): the spec first, then the record, then the
-        time slices it asked for (set back to what the remaining claims ask, else Default)."""
+    def _roll_back(self, record: ClaimRecord, keep: frozenset[str] = frozenset()) -> None:
+        """Undo a half-done prepare (lock held): the spec first, then its dynamic MIG instances
+        (MigFailed keeps the record, for a later try), then the record, then the time slices it
+        asked for (set back to what the remaining claims ask, else Default)."""
         self.specs.remove(record.uid)
+        self._destroy_instances(record, keep)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
         self._restore_time_slices(record)
 
@@ -798,14 +951,14 @@ class Preparer:
             mark.unlink(missing_ok=True)
         log.info("set a GPU's time slice", extra={"gpu_uuid": uuid, "interval": interval})
 
-    def _roll_back_quietly(self, uid: str) -> None:
+    def _roll_back_quietly(self, uid: str, keep: frozenset[str] = frozenset()) -> None:
         try:
             record = self.checkpoint.get(uid)
             if record is not None:
-                self._roll_back(record)
+                self._roll_back(record, keep)
             else:
                 self.specs.remove(uid)
-        except (CdiError, CheckpointError) as exc:
+        except (CdiError, CheckpointError, MigFailed) as exc:
             log.error(
                 "rolling back a failed prepare failed; reconcile will retry",
                 extra={"claim_uid": uid, "error": str(exc)},
@@ -828,6 +981,14 @@ class Preparer:
             target = targets.get(name)
             counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
         return counts
+
+    def recorded_device_names(self) -> frozenset[str]:
+        """Every device name in the checkpoint's claim records, in either phase. Read from the
+        checkpoint, so claims another instance recorded count too. In dynamic MIG mode these are
+        the MIG devices this driver created or is creating (dynamicmig.py)."""
+        return frozenset(
+            d.device for record in self.checkpoint.snapshot().values() for d in record.devices
+        )
 
     def claim_pods(self) -> dict[str, tuple[str, ...]]:
         """Claim uid -> the pods its ``status.reservedFor`` named when this process last read the
@@ -863,7 +1024,14 @@ class Preparer:
             with self.locks.try_hold(uid) as held:
                 current = self.checkpoint.get(uid) if held else None
                 if current is not None and current.phase == PREPARE_STARTED:
-                    self._roll_back(current)
+                    try:
+                        self._roll_back(current)
+                    except MigFailed as exc:
+                        log.error(
+                            "cannot roll back a half-done prepare; will retry",
+                            extra={"claim_uid": uid, "error": str(exc)},
+                        )
+                        continue
                     done["rolled_back"] += 1
         for uid in sorted(self.specs.claim_uids() - set(records)):
             with self.locks.try_hold(uid) as held:
@@ -876,14 +1044,28 @@ class Preparer:
             with self.locks.try_hold(uid) as held:
                 if not held:
                     continue
-                if not self.specs.path_for(uid).exists():
+                reason = self._stale_reason(record) if record.namespace else None
+                if reason is None and self._mig is not None:
+                    # Dynamic MIG: an instance gone or half-made (a crash while unpreparing,
+                    # a reset) is completed again, and the spec names its nodes now.
+                    try:
+                        have, changed = self._complete_instances(record, targets)
+                    except MigFailed as exc:
+                        log.error(
+                            "cannot complete a prepared claim's MIG instance; will retry",
+                            extra={"claim_uid": uid, "error": str(exc)},
+                        )
+                        continue
+                    if have and (changed or not self.specs.path_for(uid).exists()):
+                        self._write_spec(uid, have, _recorded_capabilities(record))
+                        done["specs_rewritten"] += 1
+                elif reason is None and not self.specs.path_for(uid).exists():
                     # A device gone since the claim was prepared (the plugin reports those)
                     # has no nodes to give; a spec needs at least one device.
                     have = [targets[d.device] for d in record.devices if d.device in targets]
                     if have:
                         self._write_spec(uid, have, _recorded_capabilities(record))
                         done["specs_rewritten"] += 1
-                reason = self._stale_reason(record) if record.namespace else None
                 if reason is not None:
                     log.info(
                         "unpreparing a claim no pod can use any more",

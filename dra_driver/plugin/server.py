@@ -201,11 +201,17 @@ class KubeletPlugin:
         self.specs.ensure()
         self.locks.open()
         report = self.checkpoint.open()
+        mig = None
+        if cfg.mig_mode == "dynamic":
+            from dra_driver.gpus.migmanager import MigManager  # noqa: PLC0415  (NVML: only then)
+            from dra_driver.miginstances import DynamicMig  # noqa: PLC0415
+
+            mig = DynamicMig(MigManager())
         self.preparer = Preparer(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
             cdi_vendor=cfg.cdi_vendor,
-            targets=device_targets(self.inventory),
+            targets=device_targets(self.inventory, cfg.mig_mode),
             files=files,
             specs=self.specs,
             checkpoint=self.checkpoint,
@@ -213,6 +219,7 @@ class KubeletPlugin:
             claims=self._claims,
             # run from the agent's view of the driver root, as the files were scanned
             timeslicer=NvidiaSmi(cfg.driver_root_in_container),
+            mig=mig,
         )
         self._recover(report)
         self._report_missing_devices()
@@ -280,7 +287,7 @@ class KubeletPlugin:
             return
         minors = cdi.read_mig_cap_minors(self._proc_root / MIG_MINORS)
         files = replace(self.preparer.files, mig_cap_minors=minors)
-        self.preparer.set_targets(device_targets(inventory), files)
+        self.preparer.set_targets(device_targets(inventory, self.config.mig_mode), files)
         self.inventory = inventory
         if self._health is not None:
             self._health.wake()
