@@ -1516,8 +1516,9 @@ class SimulatedMigInstances:
     """The GPU and compute instances of a simulated node, and the NVML functions that manage them.
 
     ``state_path``: a JSON file this node owns; read at start when it exists (it then replaces
-    the spec's layout for the GPUs it names), rewritten atomically (temporary file, fsync,
-    rename) on every change, under the lock, before the change becomes visible. Format::
+    the spec's layout for the GPUs it names), rewritten atomically (temporary file, rename; not
+    synced: it must outlive the agent process, and real instances do not outlive a reboot) on
+    every change, under the lock, before the change becomes visible. Format::
 
         {"version": 1, "gpus": {"<GPU UUID>": [{"gpu_instance_id": 2, "profile_id": 9,
           "start": 0, "compute_instances": [{"compute_instance_id": 0, "profile_id": 2}]}]}}
@@ -1945,7 +1946,9 @@ class SimulatedMigInstances:
                 if gpu.spec.mig_enabled
             },
         }
-        replace_file(path, (json.dumps(state, indent=1) + "\n").encode())
+        # Not synced: a crash of a process cannot lose a renamed file, and real MIG instances do
+        # not survive what could (a power loss reboots the node, and a reboot clears them).
+        replace_file(path, (json.dumps(state, indent=1) + "\n").encode(), durable=False)
 
     def _read(self, path: Path) -> dict[int, tuple[SimulatedGpuInstance, ...]]:
         """The instances ``path`` records for this node's GPUs; SimulationSpecError if invalid."""
