@@ -458,6 +458,19 @@ def test_the_agent_accepts_the_values_the_chart_renders() -> None:
     assert container["command"] == ["gpu-dra-kubelet-plugin"]
 
 
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_mig_mode_reaches_the_agent_as_the_value_says(mode: str) -> None:
+    args = () if mode == "static" else ("--set", "mig.mode=dynamic")
+    container = agent_container(render(*args))
+    environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert environ["MIG_MODE"] == mode
+    assert cli.build_config([], {**environ, "NODE_NAME": "gpu-node-1"}).mig_mode == mode
+
+
+def test_a_mig_mode_other_than_static_or_dynamic_is_refused_by_the_schema() -> None:
+    assert "mig.mode" in render_error("--set", "mig.mode=auto").replace("/", ".")
+
+
 @pytest.mark.parametrize("name", ["defaults", "health settings"])
 def test_health_settings_reach_the_agent_as_the_values_say(name: str) -> None:
     container = agent_container(render(*COMBINATIONS[name]))

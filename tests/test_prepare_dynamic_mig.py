@@ -396,3 +396,13 @@ def test_an_instance_made_by_hand_between_the_check_and_the_create_is_never_dest
         env.preparer.prepare(env.ref(claim))
     assert list(env.instances()) == [THREE_G_AT_4]
     assert env.checkpoint.get(claim["metadata"]["uid"]) is None
+
+
+def test_a_mig_mode_other_than_static_or_dynamic_is_refused_naming_the_flag() -> None:
+    from dra_driver.config import Config  # noqa: PLC0415
+    from dra_driver.errors import ConfigError  # noqa: PLC0415
+
+    with pytest.raises(
+        ConfigError, match=r"--mig-mode \(MIG_MODE\): 'auto': use static or dynamic"
+    ):
+        Config(node_name="n", mig_mode="auto")  # type: ignore[arg-type]
