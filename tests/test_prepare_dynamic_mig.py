@@ -406,3 +406,56 @@ def test_a_mig_mode_other_than_static_or_dynamic_is_refused_naming_the_flag() ->
         ConfigError, match=r"--mig-mode \(MIG_MODE\): 'auto': use static or dynamic"
     ):
         Config(node_name="n", mig_mode="auto")  # type: ignore[arg-type]
+
+
+def test_an_xid_of_a_created_instance_marks_that_dynamic_device_once_rediscovered(
+    env: Env,
+) -> None:
+    """The health monitor maps an event's GPU/compute instance ids to device names from the
+    inventory: after the re-discovery that sees the new instance, an XID of that instance marks
+    the dynamic device of the same name prepare accepts, and no other device."""
+    import time  # noqa: PLC0415
+
+    from dra_driver.devicehealth import HealthPolicy  # noqa: PLC0415
+    from dra_driver.devices import Taint  # noqa: PLC0415
+    from dra_driver.gpus.injector import SimulatedFault  # noqa: PLC0415
+    from dra_driver.healthmonitor import HealthMonitor  # noqa: PLC0415
+
+    class Taints:
+        def set_taints(self, taints: Any) -> None:
+            self.last: dict[str, tuple[Taint, ...]] = dict(taints)
+
+    claim = env.store.add(allocated_claim(name="c1", devices=[THREE_G_AT_4]))
+    env.preparer.prepare(env.ref(claim))
+    inventory = env.inventory()
+    env.rediscover()
+    mig = env.preparer.targets[THREE_G_AT_4].mig
+    assert mig is not None
+    sink = Taints()
+    monitor = HealthMonitor(
+        policy=HealthPolicy(driver_name="gpu.nvidia.com", min_change_interval_s=0),
+        inventory=inventory,
+        taints=sink,
+        events=lambda *a, **k: None,
+        check_interval_s=0.1,
+    )
+    monitor.start()
+    try:
+        env.node.library.health.inject(
+            SimulatedFault(
+                kind="xid",
+                gpu=1,
+                xid=94,
+                gpu_instance_id=mig.gpu_instance_id,
+                compute_instance_id=mig.compute_instance_id,
+            )
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            unhealthy = {n for n, s in monitor.states().items() if s.status == "Unhealthy"}
+            if unhealthy:
+                break
+            time.sleep(0.02)
+        assert unhealthy == {THREE_G_AT_4}
+    finally:
+        monitor.stop()
