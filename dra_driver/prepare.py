@@ -14,12 +14,16 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    refusing a device another claim holds, admin access aside, or an interval other than the one
    another claim on the GPU asks for), then set the GPU's time slice (timeslice.py); a failure
    rolls the claim back.
-6. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
+6. Dynamic MIG devices (``--mig-mode=dynamic``): refuse a GPU with instances no record names,
+   record ``PrepareStarted`` (durably), create each device's instance (miginstances.py); a
+   failure rolls the claim back, its instances destroyed (docs/plugin.md "Dynamic MIG").
+7. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
    ``PrepareCompleted`` (with the same checks); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
-GPUs it asked one of back to Default (or to what another claim on it asks); an unknown claim
-succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind,
+GPUs it asked one of back to Default (or to what another claim on it asks); a claim with dynamic
+MIG devices has its spec removed, then its instances destroyed, then its record dropped; an
+unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind,
 time slices included.
 
 Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
