@@ -23,8 +23,8 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
 GPUs it asked one of back to Default (or to what another claim on it asks); a claim with dynamic
 MIG devices has its spec removed, then its instances destroyed, then its record dropped; an
-unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint left behind,
-time slices included.
+unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged checkpoint
+left behind, time slices and MIG instances included.
 
 Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
 per-claim outcome, and independent claims of a batch run concurrently.
