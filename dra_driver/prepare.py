@@ -587,11 +587,11 @@ class Preparer:
 
     def _complete_instances(
         self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
-    ) -> tuple[list[DeviceTarget], bool]:
+    ) -> list[DeviceTarget]:
         """A prepared claim's targets with their instances, creating (completing) any that is
-        gone or half-made; and whether one changed since the targets were built."""
+        gone or half-made."""
         assert self._mig is not None
-        have, changed = [], False
+        have = []
         for device in record.devices:
             target = targets.get(device.device)
             if target is None:
@@ -600,10 +600,9 @@ class Preparer:
                 instance = self._mig.create(
                     target.gpu, target.name, recorded=self.recorded_device_names
                 )
-                changed |= instance != target.mig
                 target = replace(target, mig=instance)
             have.append(target)
-        return have, changed
+        return have
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
@@ -1053,15 +1052,17 @@ class Preparer:
                     # Dynamic MIG: an instance gone or half-made (a crash while unpreparing,
                     # a reset) is completed again, and the spec names its nodes now.
                     try:
-                        have, changed = self._complete_instances(record, targets)
+                        have = self._complete_instances(record, targets)
                     except MigFailed as exc:
                         log.error(
                             "cannot complete a prepared claim's MIG instance; will retry",
                             extra={"claim_uid": uid, "error": str(exc)},
                         )
                         continue
-                    if have and (changed or not self.specs.path_for(uid).exists()):
-                        self._write_spec(uid, have, _recorded_capabilities(record))
+                    capabilities = _recorded_capabilities(record)
+                    spec = self._encode_spec(uid, have, capabilities) if have else None
+                    if spec is not None and spec != self.specs.read(uid):
+                        self.specs.write(uid, spec)
                         done["specs_rewritten"] += 1
                 elif reason is None and not self.specs.path_for(uid).exists():
                     # A device gone since the claim was prepared (the plugin reports those)

@@ -321,6 +321,7 @@ def test_a_prepared_claim_whose_instance_is_gone_or_half_made_is_completed_again
     uid = claim["metadata"]["uid"]
     env.preparer.prepare(env.ref(claim))
     env.rediscover()
+    assert env.preparer.reconcile()["specs_rewritten"] == 0  # all as it should be
     gpu = env.gpu()
     env.manager.destroy(gpu.uuid, profile_id=9, start=4, name=THREE_G_AT_4)  # a GPU reset
     env.specs.remove(uid)
