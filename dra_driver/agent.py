@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from dra_driver import devices, log
+from dra_driver import devices, log, shares
 from dra_driver.config import Config
 from dra_driver.devicehealth import HealthPolicy
 from dra_driver.errors import (
     CdiError,
+    ConfigError,
     DiscoveryError,
     DraError,
     KubeError,
@@ -146,13 +147,14 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; return the process exit code."""
+    refuse_unenforced_shares(config)
     _limit_malloc_arenas()
     log.configure(log_format=config.log_format, level=config.log_level)
     stop = stop or threading.Event()
     with ExitStack() as stack:
         discovery = Discovery(config, stack)
         inventory = discovery.discover()
-        node_devices = devices.node_devices(inventory, driver_name=config.driver_name)
+        node_devices = published_devices(inventory, config)
         logger.info(
             "discovered GPUs",
             extra={
@@ -297,6 +299,26 @@ _M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
 MALLOC_ARENAS = 2
 
 
+def published_devices(inventory: Inventory, config: Config) -> devices.NodeDevices:
+    """The devices this node publishes: discovery's, shareable as --consumable-shares says."""
+    return shares.shareable(
+        devices.node_devices(inventory, driver_name=config.driver_name), config.shares_mode
+    )
+
+
+def refuse_unenforced_shares(config: Config) -> None:
+    """Refuse ``--consumable-shares`` other than disabled: publishing shares is built, but the
+    MPS daemon that enforces them is not connected yet, and an agent must not hand out memory
+    and compute limits nothing enforces (docs/publishing.md "Consumable shares")."""
+    if config.shares_mode.enabled:
+        raise ConfigError(
+            "--consumable-shares (CONSUMABLE_SHARES)",
+            f"{config.consumable_shares!r}: sharing a device needs the MPS daemon that enforces "
+            "each share's memory and compute limits, and this agent does not run it yet; use "
+            "disabled",
+        )
+
+
 def _limit_malloc_arenas() -> None:
     """At most ``MALLOC_ARENAS`` glibc malloc arenas (as ``MALLOC_ARENA_MAX=2`` would), set
     before the agent starts its threads.
@@ -415,9 +437,7 @@ def _rediscover(
     """
     try:
         inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
-        fresh = _NodeState(
-            inventory, devices.node_devices(inventory, driver_name=config.driver_name)
-        )
+        fresh = _NodeState(inventory, published_devices(inventory, config))
     except (DiscoveryError, DraError) as exc:
         logger.error(
             "re-discovery failed; keeping the published devices", extra={"reason": str(exc)}

@@ -88,6 +88,8 @@ class PreparedDevice:
     share_id: str | None = None
     admin_access: bool = False
     config: Mapping[str, Any] = field(default_factory=dict)  # effective opaque config
+    # a share's consumedCapacity (shares.py; empty for a device held whole)
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,11 @@ class ClaimRecord:
                     "device": d.device,
                     "cdiDeviceIds": list(d.cdi_device_ids),
                     **({"shareId": d.share_id} if d.share_id is not None else {}),
+                    **(
+                        {"consumedCapacity": dict(d.consumed_capacity)}
+                        if d.consumed_capacity
+                        else {}
+                    ),
                     **({"adminAccess": True} if d.admin_access else {}),
                     "config": dict(d.config),
                 }
@@ -139,6 +146,9 @@ class ClaimRecord:
                     share_id=None if d.get("shareId") is None else str(d["shareId"]),
                     admin_access=bool(d.get("adminAccess", False)),
                     config=dict(d.get("config") or {}),
+                    consumed_capacity={
+                        str(k): str(v) for k, v in (d.get("consumedCapacity") or {}).items()
+                    },
                 )
                 for d in obj["devices"]
             ),

@@ -244,6 +244,16 @@ FLAGS: tuple[Flag, ...] = (
         _seconds_or_off,
         10.0,
     ),
+    Flag(
+        "--consumable-shares",
+        "CONSUMABLE_SHARES",
+        "consumable_shares",
+        "publish GPUs and MIG devices for several claims at once (KEP-5075): disabled, "
+        "unlimited, memory, compute or a number of shares; not yet runnable: the agent refuses "
+        "any value but disabled until shares are enforced by MPS (docs/publishing.md)",
+        str,
+        "disabled",
+    ),
 )
 
 
@@ -358,13 +368,18 @@ def devices_main(argv: Sequence[str]) -> int:
         "--nvidia-driver-root",
         default=os.environ.get("NVIDIA_DRIVER_ROOT", str(DEFAULT_DRIVER_ROOT)),
     )
+    parser.add_argument(
+        "--consumable-shares",
+        default=os.environ.get("CONSUMABLE_SHARES", "disabled"),
+        help="publish the devices shareable (KEP-5075): disabled, unlimited, memory, compute or "
+        "a number of shares",
+    )
     parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     args = parser.parse_args(list(argv))
     from contextlib import ExitStack  # noqa: PLC0415
 
     from dra_driver import devicetable, slices  # noqa: PLC0415
-    from dra_driver.agent import Discovery  # noqa: PLC0415
-    from dra_driver.devices import node_devices  # noqa: PLC0415
+    from dra_driver.agent import Discovery, published_devices  # noqa: PLC0415
 
     try:
         config = Config(
@@ -372,11 +387,12 @@ def devices_main(argv: Sequence[str]) -> int:
             driver_name=args.driver_name,
             nvidia_driver_root=Path(args.nvidia_driver_root),
             simulate=args.simulate,
+            consumable_shares=args.consumable_shares,
         )
         with ExitStack() as stack:
             inventory = Discovery(config, stack).discover()
         pool = slices.build_slices(
-            node_devices(inventory, driver_name=config.driver_name),
+            published_devices(inventory, config),
             driver_name=config.driver_name,
             node_name=config.node_name,
         )

@@ -13,6 +13,7 @@ from typing import Literal
 from dra_driver.devicehealth import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
 from dra_driver.devices import TaintEffect
 from dra_driver.errors import ConfigError
+from dra_driver.shares import SharesMode, parse_mode
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
@@ -90,6 +91,9 @@ class Config:
     health_check_interval_s: float = 10.0
     health_xid_quiet_period_s: float = 300.0
     health_min_change_interval_s: float = 10.0
+    # Consumable shares (KEP-5075, shares.py): disabled, unlimited, memory, compute or a number
+    # of shares. Valid here; agent.py refuses to run with sharing on until shares are enforced.
+    consumable_shares: str = "disabled"
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
@@ -137,6 +141,17 @@ class Config:
         if self.mig_mode not in ("static", "dynamic"):
             raise ConfigError("--mig-mode (MIG_MODE)", f"{self.mig_mode!r}: use static or dynamic")
         self._validate_health()
+        try:
+            parse_mode(self.consumable_shares)
+        except ValueError as exc:
+            raise ConfigError(
+                "--consumable-shares (CONSUMABLE_SHARES)", f"{self.consumable_shares!r}: {exc}"
+            ) from None
+
+    @property
+    def shares_mode(self) -> SharesMode:
+        """``consumable_shares`` parsed (validated at construction)."""
+        return parse_mode(self.consumable_shares)
 
     def _validate_health(self) -> None:
         for flag, effect in (

@@ -7,6 +7,7 @@ rules (nvidia-compat.md "Attributes", spec D.1). Nothing here does I/O.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,20 @@ class CounterSet:
     counters: Mapping[str, str]  # counter name -> canonical quantity string
 
 
+@dataclass(frozen=True, kw_only=True)
+class RequestPolicy:
+    """How shares of one capacity are requested from a device that allows multiple allocations
+    (KEP-5075 ``requestPolicy``): the amount a request that names none consumes, and either the
+    valid values or a valid range (``min``, optional ``max`` and ``step``). Canonical quantity
+    strings, like capacities."""
+
+    default: str | None = None
+    valid_values: tuple[str, ...] = ()
+    range_min: str | None = None
+    range_max: str | None = None
+    range_step: str | None = None
+
+
 @dataclass(frozen=True)
 class Device:
     """One device of the pool, in resource.k8s.io/v1 terms.
@@ -67,6 +82,10 @@ class Device:
     capacity: Mapping[str, str]
     consumes_counters: tuple[CounterConsumption, ...] = ()
     taints: tuple[Taint, ...] = ()
+    # KEP-5075 (consumable capacity, shares.py): several claims may hold the device at once,
+    # each consuming part of its capacities; request_policies is keyed by capacity name.
+    allow_multiple_allocations: bool = False
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,7 @@ MAX_DOMAIN_LENGTH = 63
 MAX_TAINTS = 16
 MAX_COUNTER_CONSUMPTIONS = 2
 MAX_COUNTERS = 32
+MAX_VALID_VALUES = 10
 
 UNSTABLE_ATTRIBUTES = frozenset({"index", "minor"})
 """NVIDIA's driver stopped publishing these in 2025: they change when GPUs are drained."""
@@ -360,6 +380,7 @@ def validate_device(device: Device) -> None:
         if problem is not None:
             raise DeviceModelError(f"{where}: capacity {name!r}: {problem}")
     _validate_counters(device, where=where)
+    _validate_request_policies(device, where=where)
     if len(device.taints) > MAX_TAINTS:
         raise DeviceModelError(f"{where}: {len(device.taints)} taints, at most {MAX_TAINTS}")
     for taint in device.taints:
@@ -388,3 +409,61 @@ def _validate_counters(device: Device, *, where: str) -> None:
                 parse_quantity(quantity)
             except QuantityError as exc:
                 raise DeviceModelError(f"{label}: counter {counter!r}: {exc}") from exc
+
+
+def _validate_request_policies(device: Device, *, where: str) -> None:
+    """The ``requestPolicy`` rules of spec D.1 (``validateRequestPolicy`` upstream)."""
+    if device.request_policies and not device.allow_multiple_allocations:
+        raise DeviceModelError(
+            f"{where}: a requestPolicy is only allowed on a device with allowMultipleAllocations"
+        )
+    for name, policy in device.request_policies.items():
+        label = f"{where}: capacity {name!r}: requestPolicy"
+        if name not in device.capacity:
+            raise DeviceModelError(f"{label} for a capacity the device does not have")
+        problem = request_policy_problem(policy, capacity=device.capacity[name])
+        if problem is not None:
+            raise DeviceModelError(f"{label}: {problem}")
+
+
+def request_policy_problem(policy: RequestPolicy, *, capacity: str) -> str | None:
+    """Why the API server would refuse ``policy`` on a capacity of value ``capacity``, or None."""
+    try:
+        value = parse_quantity(capacity).value
+        default = None if policy.default is None else parse_quantity(policy.default).value
+        values = [parse_quantity(v).value for v in policy.valid_values]
+        low = None if policy.range_min is None else parse_quantity(policy.range_min).value
+        high = None if policy.range_max is None else parse_quantity(policy.range_max).value
+        step = None if policy.range_step is None else parse_quantity(policy.range_step).value
+    except QuantityError as exc:
+        return str(exc)
+    ranged = low is not None or high is not None or step is not None
+    if values and ranged:
+        return "validValues and validRange are mutually exclusive"
+    if values:
+        if len(values) > MAX_VALID_VALUES:
+            return f"{len(values)} validValues, at most {MAX_VALID_VALUES}"
+        if any(b <= a for a, b in itertools.pairwise(values)):
+            return "validValues must be ascending, without duplicates"
+        if values[-1] > value:
+            return f"validValues go beyond the capacity {capacity}"
+        if default is not None and default not in values:
+            return "validValues must include the default"
+    if ranged:
+        if low is None:
+            return "validRange.min is required"
+        if low > value:
+            return f"validRange.min is more than the capacity {capacity}"
+        if default is not None and (default < low or (high is not None and default > high)):
+            return "the default is outside validRange"
+        if high is not None and (high > value or high < low):
+            return f"validRange.max must be between min and the capacity {capacity}"
+        if step is not None:
+            if step <= 0 or low + step > value:
+                return f"validRange.step must be positive and min + step at most {capacity}"
+            for what, v in (("default", default), ("max", high)):
+                if v is not None and (v - low) % step:
+                    return f"validRange: the {what} is not min plus a multiple of step"
+    if default is not None and (default < 0 or default > value):
+        return f"the default is not between 0 and the capacity {capacity}"
+    return None

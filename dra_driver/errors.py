@@ -24,6 +24,7 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   ├── ConfigDecodeError     an opaque GpuConfig/MigDeviceConfig is invalid (per claim)
     │   │   └── ConfigNotSupported  a valid config asks for what the agent does not do (MPS)
     │   ├── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
+    │   ├── ShareEnforcementFailed  a share's MPS daemon could not be started (per claim)
     │   └── MigFailed             a dynamic MIG instance cannot be created or destroyed now
     │       └── ForeignMigInstances  the GPU has MIG instances this driver did not create
     ├── CdiError                  a CDI spec could not be written or removed
@@ -198,3 +199,7 @@ class KubeInvalid(KubeError):
 
 class MetricsUnavailable(DraError):
     """An agent's metrics endpoint cannot be reached or does not answer Prometheus text."""
+
+
+class ShareEnforcementFailed(PrepareError):
+    """The shared MPS daemon behind a consumable share could not be started (per claim)."""

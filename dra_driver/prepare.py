@@ -14,11 +14,15 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    refusing a device another claim holds, admin access aside, or an interval other than the one
    another claim on the GPU asks for), then set the GPU's time slice (timeslice.py); a failure
    rolls the claim back.
-6. Dynamic MIG devices (``--mig-mode=dynamic``): refuse a GPU with instances no record names,
+6. A consumable share (an allocation result with ``shareID``, shares.py) is checked against
+   what this node publishes; the first share of a device this process prepares records
+   ``PrepareStarted`` and has the ShareEnforcer start the device's shared MPS daemon.
+7. Dynamic MIG devices (``--mig-mode=dynamic``): refuse a GPU with instances no record names,
    record ``PrepareStarted`` (durably), create each device's instance (miginstances.py); a
    failure rolls the claim back, its instances destroyed (docs/plugin.md "Dynamic MIG").
-7. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``), record
-   ``PrepareCompleted`` (with the same checks); answer one Device per result.
+8. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; one CDI
+   device per share, with its MPS limits), record ``PrepareCompleted`` (with the same checks:
+   shares of a device must fit it together); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
 GPUs it asked one of back to Default (or to what another claim on it asks); a claim with dynamic
@@ -44,7 +48,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, miginstances, timeslice
+from dra_driver import cdi, miginstances, shares, timeslice
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -69,6 +73,7 @@ from dra_driver.errors import (
     KubeError,
     MigFailed,
     PrepareError,
+    ShareEnforcementFailed,
     TimeSliceFailed,
 )
 from dra_driver.fsutil import fsync_dir
@@ -200,6 +205,14 @@ class _Planned:
     share_id: str | None
     admin_access: bool
     config: deviceconfig.DeviceConfig | None  # None: no opaque config applies (the default)
+    share: shares.Share | None = None  # a consumable share (shareID) of a shareable device
+
+    @property
+    def cdi_name(self) -> str:
+        """The device's name in the claim's CDI spec: one CDI device per share."""
+        if self.share is None:
+            return self.target.name
+        return shares.share_device_name(self.target.name, self.share.share_id)
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -246,6 +259,7 @@ _ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
     (ClaimFetchFailed, "api_error"),
     (DeviceConflict, "device_conflict"),
     (TimeSliceFailed, "timeslice"),
+    (ShareEnforcementFailed, "share"),
     (MigFailed, "mig"),
     (ConfigDecodeError, "config"),
     (PrepareError, "invalid_claim"),
@@ -301,6 +315,8 @@ class Preparer:
         claims: ClaimSource,
         max_parallel_claims: int = 16,
         timeslicer: timeslice.TimeSlicer | None = None,
+        consumable_shares: shares.SharesMode = shares.DISABLED,
+        share_enforcer: shares.ShareEnforcer | None = None,
         mig: miginstances.DynamicMig | None = None,
     ) -> None:
         self.driver_name = driver_name
@@ -333,6 +349,16 @@ class Preparer:
         self._slice_marks = checkpoint.path.parent / "timeslice"
         # Dynamic MIG (None: static; dynamic devices are then never targets).
         self._mig = mig
+        # Consumable shares (shares.py): the devices this node publishes as shareable, and the
+        # enforcer that runs a device's shared MPS daemon (None: shares are refused). Under
+        # _share_lock: the devices whose daemon this process acquired, and the shared devices
+        # of each claim being prepared now (a daemon is released only when no recorded claim
+        # and no prepare in flight has a share of its device).
+        self._shares_mode = consumable_shares
+        self._share_enforcer = share_enforcer
+        self._share_lock = threading.Lock()
+        self._share_running: set[str] = set()
+        self._share_claims: dict[str, frozenset[str]] = {}
 
     @property
     def targets(self) -> Mapping[str, DeviceTarget]:
@@ -431,6 +457,9 @@ class Preparer:
         finally:
             with self._in_flight_lock:
                 self._in_flight -= 1
+            if self._share_claims:
+                with self._share_lock:
+                    self._share_claims.pop(ref.uid, None)
 
     def _prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         with self.locks.hold(ref.uid):
@@ -452,6 +481,8 @@ class Preparer:
                 # "Durability"), naming the intervals (the devices' configs) so that a
                 # rollback knows which GPUs to restore.
                 self._set_time_slices(ref, planned, devices)
+            if any(p.share is not None for p in planned):
+                self._start_shares(ref, planned, devices)
             if self._mig is not None:
                 # Dynamic MIG: PrepareStarted, then the instances (docs/plugin.md "Dynamic MIG")
                 planned = self._create_instances(ref, planned, devices, self._mig)
@@ -464,7 +495,8 @@ class Preparer:
             # writes it again); the kubelet hears of success only after both are durable.
             capabilities = frozenset().union(*(p.capabilities for p in planned))
             pending = self.specs.begin(
-                ref.uid, self._encode_spec(ref.uid, [p.target for p in planned], capabilities)
+                ref.uid,
+                self._encode_spec(ref.uid, [(p.target, p.share) for p in planned], capabilities),
             )
             try:
                 synced = self._sync_spec(pending)
@@ -587,7 +619,7 @@ class Preparer:
 
     def _complete_instances(
         self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
-    ) -> list[DeviceTarget]:
+    ) -> list[_SpecTarget]:
         """A prepared claim's targets with their instances, creating (completing) any that is
         gone or half-made."""
         assert self._mig is not None
@@ -601,7 +633,7 @@ class Preparer:
                     target.gpu, target.name, recorded=self.recorded_device_names
                 )
                 target = replace(target, mig=instance)
-            have.append(target)
+            have.append((target, _recorded_share(device)))
         return have
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
@@ -638,6 +670,7 @@ class Preparer:
                 self._destroy_instances(record)
                 self.checkpoint.transact(lambda claims: claims.discard(uid), durable=False)
                 self._pods.pop(uid, None)
+                self._release_shares(record)
                 log.info("unprepared claim", extra={"claim_uid": uid})
                 return
         # Nothing here is synced before the kubelet hears of success (docs/plugin.md,
@@ -657,6 +690,7 @@ class Preparer:
             # and no claim asking for it, which reconcile sets back. A failure never fails
             # the unprepare (logged; reconcile retries).
             self._restore_time_slices(record)
+            self._release_shares(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
     # -- steps -------------------------------------------------------------------------------
@@ -686,6 +720,7 @@ class Preparer:
         results = _list(_get(allocation, "devices", "results"), f"{where}: allocation results")
         configs = self._decode_configs(where, allocation)
         planned = []
+        share_ids: set[str] = set()
         targets = self._current.targets  # one version of the devices for the whole claim
         for result in results:
             if not isinstance(result, Mapping) or result.get("driver") != self.driver_name:
@@ -707,20 +742,57 @@ class Preparer:
                     check_supported(config, device_name=device, request=request)
                 except ConfigDecodeError as exc:
                     raise type(exc)(f"{where}: {exc}") from exc
-            share_id = result.get("shareID")
+            share = self._share(where, result, target)
+            if share is not None:
+                if share.share_id in share_ids:
+                    raise PrepareError(f"{where}: shareID {share.share_id} is allocated twice")
+                share_ids.add(share.share_id)
             planned.append(
                 _Planned(
                     request=request,
                     target=target,
                     pool=pool,
-                    share_id=None if share_id in (None, "") else str(share_id),
+                    share_id=None if share is None else share.share_id,
                     admin_access=bool(result.get("adminAccess", False)),
                     config=config,
+                    share=share,
                 )
             )
         if not planned:
             raise PrepareError(f"{where} has no device of driver {self.driver_name}")
         return planned
+
+    def _share(
+        self, where: str, result: Mapping[str, Any], target: DeviceTarget
+    ) -> shares.Share | None:
+        """The consumable share an allocation result holds (None: the device whole), checked
+        against what this node publishes of the device (per-claim errors)."""
+        try:
+            share = shares.share_of_result(
+                share_id=result.get("shareID"),
+                consumed=result.get("consumedCapacity"),
+                device=target.name,
+                shareable_device=self._shares_mode.enabled,
+            )
+        except ValueError as exc:
+            raise PrepareError(f"{where}: {exc}") from None
+        if share is None:
+            return None
+        problem = shares.capacity_problem(
+            self._share_capacity(target), [share.consumed], device=target.name
+        )
+        if problem is not None:
+            raise PrepareError(f"{where}: {problem}")
+        if self._share_enforcer is None:
+            raise ConfigNotSupported(
+                f"{where}: device {target.name} is allocated as a consumable share, and this "
+                "agent has no MPS daemon to enforce shares with"
+            )
+        return share
+
+    def _share_capacity(self, target: DeviceTarget) -> dict[str, str]:
+        memory = target.gpu.memory_bytes if target.mig is None else target.mig.profile.memory_bytes
+        return shares.device_capacity(self._shares_mode, memory_bytes=memory)
 
     def _check_node(self, where: str, allocation: Mapping[str, Any]) -> None:
         selector = allocation.get("nodeSelector")
@@ -774,12 +846,13 @@ class Preparer:
             device=planned.target.name,
             cdi_device_ids=(
                 cdi.cdi_device_id(
-                    vendor=self.cdi_vendor, claim_uid=ref.uid, device_name=planned.target.name
+                    vendor=self.cdi_vendor, claim_uid=ref.uid, device_name=planned.cdi_name
                 ),
             ),
             share_id=planned.share_id,
             admin_access=planned.admin_access,
             config=planned.config_json(),
+            consumed_capacity=planned.share.consumed if planned.share is not None else {},
         )
 
     def _record_op(
@@ -794,7 +867,7 @@ class Preparer:
         (admin access aside), or a GPU another claim asks another time-slice interval of (one
         GPU has one time slice); checked and recorded in one step, so two claims racing for a
         device cannot both have it."""
-        wanted = {p.target.name for p in planned if not p.admin_access}
+        wanted = {p.target.name for p in planned if not p.admin_access and p.share is None}
         # Dynamic MIG: devices of one GPU whose memory slices overlap exclude each other.
         partitioned = [
             p.target
@@ -802,13 +875,26 @@ class Preparer:
             if self._mig is not None and not p.admin_access and p.target.gpu.mig_enabled
         ]
         intervals = {p.target.name: p.interval for p in planned if p.interval is not None}
+        # A share conflicts with a claim holding its device whole, never with other shares as
+        # long as their consumed capacities fit the device together.
+        shared: dict[str, list[Mapping[str, str]]] = {}
+        share_targets: dict[str, DeviceTarget] = {}
+        for p in planned:
+            if p.share is not None and not p.admin_access:
+                shared.setdefault(p.target.name, []).append(p.share.consumed)
+                share_targets[p.target.name] = p.target
 
         def op(claims: Claims) -> None:
+            consumed = {name: list(mine) for name, mine in shared.items()}
+            sharers: dict[str, list[str]] = {name: [] for name in shared}
             for other in claims.values():
                 if other.uid == ref.uid:
                     continue
                 for held in other.devices:
-                    if held.device in wanted and not held.admin_access:
+                    whole = held.device in wanted or (
+                        held.device in shared and held.share_id is None
+                    )
+                    if whole and not held.admin_access:
                         raise DeviceConflict(
                             f"device {held.device} is already prepared for claim {_owner(other)}",
                             holders=(other.uid,),
@@ -824,6 +910,9 @@ class Preparer:
                                 f"already prepared for claim {_owner(other)}",
                                 holders=(other.uid,),
                             )
+                    if held.device in shared and not held.admin_access:
+                        consumed[held.device].append(held.consumed_capacity)
+                        sharers[held.device].append(other.uid)
                     want = intervals.get(held.device)
                     theirs = timeslice.recorded_interval(held.config) if want else None
                     if theirs is not None and theirs != want:
@@ -834,6 +923,15 @@ class Preparer:
                             "one time slice for all its claims)",
                             holders=(other.uid,),
                         )
+            for name, target in share_targets.items():
+                problem = shares.capacity_problem(
+                    self._share_capacity(target), consumed[name], device=name
+                )
+                if problem is not None:
+                    raise DeviceConflict(
+                        f"{problem}: the shares prepared on it and this claim's do not fit",
+                        holders=tuple(sharers[name]),
+                    )
             claims[ref.uid] = ClaimRecord(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=phase, devices=devices
             )
@@ -841,27 +939,41 @@ class Preparer:
         return op
 
     def _write_spec(
-        self, claim_uid: str, targets: Iterable[DeviceTarget], capabilities: frozenset[str]
+        self, claim_uid: str, targets: Iterable[_SpecTarget], capabilities: frozenset[str]
     ) -> None:
         """Write the claim's spec (atomically; see cdi.CdiSpecDir for what is synced)."""
         self.specs.write(claim_uid, self._encode_spec(claim_uid, targets, capabilities))
 
     def _encode_spec(
-        self, claim_uid: str, targets: Iterable[DeviceTarget], capabilities: frozenset[str]
+        self, claim_uid: str, targets: Iterable[_SpecTarget], capabilities: frozenset[str]
     ) -> bytes:
-        """The claim's spec: its devices' nodes, and the driver files of ``capabilities``
-        (the union of what its devices' configs ask for)."""
+        """The claim's spec: its devices' nodes (one CDI device per share of a device, with
+        the share's environment), and the driver files of ``capabilities`` (the union of what
+        its devices' configs ask for)."""
         # The current version's nodes of each name: after a swap since the claim was planned
         # (a MIG device re-created under the same name) these are the device's nodes now. A
         # name that is gone by then gets its planned target's nodes.
         # A dynamic MIG device's nodes are those of the instance its target carries.
         current = self._current
-        unique = {t.name: t for t in targets}
-        devices = [
-            (None if t.dynamic else current.spec_devices.get(name))
-            or cdi.ClaimDevice(name=name, nodes=t.nodes(current.files))
-            for name, t in sorted(unique.items())
-        ]
+        unique = {
+            t.name if share is None else shares.share_device_name(t.name, share.share_id): (
+                t,
+                share,
+            )
+            for t, share in targets
+        }
+        devices = []
+        for name, (t, share) in sorted(unique.items()):
+            device = (None if t.dynamic else current.spec_devices.get(t.name)) or cdi.ClaimDevice(
+                name=t.name, nodes=t.nodes(current.files)
+            )
+            if share is not None:
+                device = cdi.ClaimDevice(
+                    name=name,
+                    nodes=device.nodes,
+                    env=shares.share_env(device_uuid=_uuid(t), consumed=share.consumed),
+                )
+            devices.append(device)
         return self._spec_encoder.encode(claim_uid, devices, capabilities)
 
     def _roll_back(self, record: ClaimRecord, keep: frozenset[str] = frozenset()) -> None:
@@ -872,6 +984,111 @@ class Preparer:
         self._destroy_instances(record, keep)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
         self._restore_time_slices(record)
+        self._release_shares(record)
+
+    # -- consumable shares -------------------------------------------------------------------
+
+    def _start_shares(
+        self, ref: ClaimRef, planned: Sequence[_Planned], devices: tuple[PreparedDevice, ...]
+    ) -> None:
+        """Make sure the shared MPS daemon of every device the claim has a share of runs.
+
+        A device whose daemon this process acquired already needs nothing (the fast path: the
+        claim is recorded once, PrepareCompleted). Otherwise the claim is recorded
+        ``PrepareStarted`` first (durably, with the share checks), then the enforcer acquires
+        the daemon; a failure rolls the claim back (releasing a daemon no other share uses).
+        Claim lock held."""
+        assert self._share_enforcer is not None  # _share refuses shares without one
+        targets = {p.target.name: p.target for p in planned if p.share is not None}
+        with self._share_lock:
+            self._share_claims[ref.uid] = frozenset(targets)
+            start = sorted(set(targets) - self._share_running)
+        if not start:
+            return
+        self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
+        try:
+            for name in start:
+                self._share_enforcer.acquire(
+                    gpu_uuids=frozenset({_uuid(targets[name])}), owner=shares.share_owner(name)
+                )
+                with self._share_lock:
+                    self._share_running.add(name)
+                log.info("acquired a device's shared MPS daemon", extra={"device": name})
+        except BaseException:
+            self._roll_back_quietly(ref.uid)
+            raise
+
+    def _release_shares(self, record: ClaimRecord) -> None:
+        """Release the shared MPS daemon of each device ``record`` (just removed) had a share
+        of, where no other recorded claim and no prepare in flight has a share of it any more.
+        A failure is logged, never raised (the MPS module adopts what it finds at start)."""
+        names = {d.device for d in record.devices if d.share_id is not None}
+        if not names or self._share_enforcer is None:
+            return
+        targets = self._current.targets
+        with self._share_lock:
+            busy = {
+                d.device
+                for other in self.checkpoint.snapshot().values()
+                if other.uid != record.uid
+                for d in other.devices
+                if d.share_id is not None
+            }
+            for uid, devices in self._share_claims.items():
+                if uid != record.uid:
+                    busy |= devices
+            for name in sorted(names - busy):
+                target = targets.get(name)
+                uuids = frozenset() if target is None else frozenset({_uuid(target)})
+                try:
+                    self._share_enforcer.release(gpu_uuids=uuids, owner=shares.share_owner(name))
+                except ShareEnforcementFailed as exc:
+                    log.error(
+                        "cannot release a device's shared MPS daemon",
+                        extra={"device": name, "error": str(exc)},
+                    )
+                    continue
+                self._share_running.discard(name)
+                log.info("released a device's shared MPS daemon", extra={"device": name})
+
+    def _sync_shares(self) -> int:
+        """Acquire the daemon of every device a recorded claim has a share of that this process
+        has not acquired (after a restart: adoption). Returns how many; failures are logged
+        and retried by the next pass."""
+        if self._share_enforcer is None:
+            return 0
+        targets = self._current.targets
+        wanted = {
+            d.device
+            for record in self.checkpoint.snapshot().values()
+            for d in record.devices
+            if d.share_id is not None and d.device in targets
+        }
+        done = 0
+        for name in sorted(wanted - self._share_running):
+            # Under the lock, re-checked: an unprepare may have released it since the snapshot.
+            with self._share_lock:
+                still = any(
+                    d.device == name and d.share_id is not None
+                    for record in self.checkpoint.snapshot().values()
+                    for d in record.devices
+                )
+                if not still or name in self._share_running:
+                    continue
+                try:
+                    self._share_enforcer.acquire(
+                        gpu_uuids=frozenset({_uuid(targets[name])}),
+                        owner=shares.share_owner(name),
+                    )
+                except ShareEnforcementFailed as exc:
+                    log.error(
+                        "cannot acquire a device's shared MPS daemon; reconcile will retry",
+                        extra={"device": name, "error": str(exc)},
+                    )
+                    continue
+                self._share_running.add(name)
+            done += 1
+        return done
 
     # -- time slices -------------------------------------------------------------------------
 
@@ -1067,7 +1284,11 @@ class Preparer:
                 elif reason is None and not self.specs.path_for(uid).exists():
                     # A device gone since the claim was prepared (the plugin reports those)
                     # has no nodes to give; a spec needs at least one device.
-                    have = [targets[d.device] for d in record.devices if d.device in targets]
+                    have = [
+                        (targets[d.device], _recorded_share(d))
+                        for d in record.devices
+                        if d.device in targets
+                    ]
                     if have:
                         self._write_spec(uid, have, _recorded_capabilities(record))
                         done["specs_rewritten"] += 1
@@ -1083,6 +1304,7 @@ class Preparer:
         # ask (at start every GPU a claim asks a non-default interval of, or marked; then
         # only those whose last change failed).
         done["time_slices_set"] = self._sync_slices(None, strict=False)
+        done["share_daemons_acquired"] = self._sync_shares()
         live = self.checkpoint.snapshot()  # claims another instance unprepared
         for uid in list(self._pods):
             if uid not in live:
@@ -1185,12 +1407,13 @@ class Preparer:
                     PreparedDevice(
                         request_names=(),
                         pool=self.node_name,
-                        device=name,
+                        device=shares.parse_share_device_name(name)[0],
                         cdi_device_ids=(
                             cdi.cdi_device_id(
                                 vendor=self.cdi_vendor, claim_uid=uid, device_name=name
                             ),
                         ),
+                        share_id=shares.parse_share_device_name(name)[1],
                     )
                     for name in names
                 ),
@@ -1205,6 +1428,22 @@ class Preparer:
             return added
 
         return self.checkpoint.transact(op)
+
+
+_SpecTarget = tuple[DeviceTarget, "shares.Share | None"]
+"""A device of a claim's spec, and the share of it the claim holds (None: the whole device)."""
+
+
+def _uuid(target: DeviceTarget) -> str:
+    """The UUID MPS knows the device by: the MIG device's own, else the GPU's."""
+    return target.gpu.uuid if target.mig is None else target.mig.uuid
+
+
+def _recorded_share(device: PreparedDevice) -> shares.Share | None:
+    """The share a recorded device holds (None: held whole)."""
+    if device.share_id is None:
+        return None
+    return shares.Share(share_id=device.share_id, consumed=device.consumed_capacity)
 
 
 def _owner(record: ClaimRecord) -> str:

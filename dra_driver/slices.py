@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from dra_driver.devices import CounterSet, Device, NodeDevices, Version
+from dra_driver.devices import CounterSet, Device, NodeDevices, RequestPolicy, Version
 from dra_driver.errors import PublishError
 
 JsonDict = dict[str, Any]
@@ -226,6 +226,8 @@ def device_json(device: Device) -> JsonDict:
         out["attributes"] = {k: _attribute_json(v) for k, v in device.attributes.items()}
     if device.capacity:
         out["capacity"] = {k: {"value": v} for k, v in device.capacity.items()}
+        for name, policy in device.request_policies.items():
+            out["capacity"][name]["requestPolicy"] = _request_policy_json(policy)
     if device.consumes_counters:
         out["consumesCounters"] = [
             {
@@ -234,6 +236,8 @@ def device_json(device: Device) -> JsonDict:
             }
             for c in device.consumes_counters
         ]
+    if device.allow_multiple_allocations:
+        out["allowMultipleAllocations"] = True
     if device.taints:
         out["taints"] = [
             {"key": t.key, "value": t.value, "effect": t.effect}
@@ -241,6 +245,22 @@ def device_json(device: Device) -> JsonDict:
             else {"key": t.key, "effect": t.effect}
             for t in device.taints
         ]
+    return out
+
+
+def _request_policy_json(policy: RequestPolicy) -> JsonDict:
+    out: JsonDict = {}
+    if policy.default is not None:
+        out["default"] = policy.default
+    if policy.valid_values:
+        out["validValues"] = list(policy.valid_values)
+    if policy.range_min is not None:
+        valid_range = {"min": policy.range_min}
+        if policy.range_max is not None:
+            valid_range["max"] = policy.range_max
+        if policy.range_step is not None:
+            valid_range["step"] = policy.range_step
+        out["validRange"] = valid_range
     return out
 
 

@@ -33,6 +33,7 @@ from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim
 from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
+from tests.shareenforcer import RecordingEnforcer
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
 
@@ -140,6 +141,94 @@ def test_container_gets_device_nodes_environment_and_driver_files(
         plugin.stop()
         kube.close()
         spec.unlink(missing_ok=True)
+
+
+def test_each_share_of_one_gpu_gets_its_own_mps_limit_in_the_container(
+    short_tmp: Path, kubeapi: FakeKubeApi
+) -> None:
+    """Two claims holding shares of gpu-0 (KEP-5075), prepared over gRPC by a plugin with
+    --consumable-shares and an injected enforcer: each container sees the GPU and its own limit."""
+    driver = f"t{uuid.uuid4().hex[:8]}.gpu-dra.test"
+    fake = make_fake_driver(short_tmp, gpu_minors=range(2))
+    (short_tmp / "boot_id").write_text("boot-1\n")
+    rootfs = short_tmp / "rootfs"
+    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+        (rootfs / d).mkdir(parents=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
+    conf = short_tmp / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    kubeapi.add_node("node1")
+    claims = []
+    for name, memory in (("small", "10Gi"), ("large", "30Gi")):
+        claim = allocated_claim(name=name, driver=driver, devices=["gpu-0"])
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        result["shareID"] = str(uuid.uuid4())
+        result["consumedCapacity"] = {"memory": memory}
+        claims.append(kubeapi.add_claim(claim))
+    inventory = simulated_inventory("h100:2", node_name="node1")
+    kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    plugin = KubeletPlugin(
+        config=Config(
+            node_name="node1",
+            driver_name=driver,
+            nvidia_driver_root=fake.root,
+            kubelet_registrar_directory_path=short_tmp / "registry",
+            kubelet_plugins_directory_path=short_tmp / "plugins",
+            cdi_root=Path("/var/run/cdi"),
+            consumable_shares="unlimited",
+        ),
+        inventory=inventory,
+        claims=kube,
+        proc_root=fake.proc_root,
+        boot_id_path=short_tmp / "boot_id",
+        share_enforcer=RecordingEnforcer(),
+    )
+    plugin.start()
+    specs = [
+        Path("/var/run/cdi") / f"k8s.{driver}-claim_{c['metadata']['uid']}.json" for c in claims
+    ]
+    try:
+        refs = [
+            v1.Claim(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"])
+            for c in claims
+        ]
+        with grpc.insecure_channel(f"unix://{plugin.paths.dra}") as ch:
+            stub = v1_grpc.DRAPluginStub(ch)
+            answer = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=refs), timeout=10
+            )
+            seen = []
+            for claim in claims:
+                entry = answer.claims[claim["metadata"]["uid"]]
+                assert entry.error == ""
+                (device,) = entry.devices
+                share = claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+                assert device.share_id == share
+                (cdi_id,) = device.cdi_device_ids
+                run = subprocess.run(
+                    ["podman", "run", "--rm", "--network=none", f"--device={cdi_id}",
+                     "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c",
+                     '[ -c /dev/nvidia0 ] && echo gpu-0; echo "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"'],
+                    env={**os.environ, "CONTAINERS_CONF": str(conf)},
+                    capture_output=True, text=True, timeout=120, check=False,
+                )  # fmt: skip
+                assert run.returncode == 0, run.stderr
+                seen.append(run.stdout.splitlines())
+            gpu = inventory.gpus[0].uuid
+            assert seen == [["gpu-0", f"{gpu}=10240M"], ["gpu-0", f"{gpu}=30720M"]]
+            stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=refs[:1]), timeout=10
+            )
+            assert not specs[0].exists() and specs[1].exists()
+            stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=refs[1:]), timeout=10
+            )
+        assert not specs[1].exists()
+    finally:
+        plugin.stop()
+        kube.close()
+        for spec in specs:
+            spec.unlink(missing_ok=True)
 
 
 def test_container_runs_on_a_mig_device_created_by_prepare(

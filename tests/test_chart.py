@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -1208,3 +1209,49 @@ def scraped_sample_names() -> set[str]:
             server.stop()
             reader.close()
     return {name for name, _ in exposition.parse(text)}
+
+
+@pytest.mark.parametrize(
+    ("values", "rendered"),
+    [
+        ((), "disabled"),
+        (("--set", "consumableShares=4"), "4"),
+        (("--set", "consumableShares=memory"), "memory"),
+    ],
+)
+def test_consumable_shares_reach_the_agent_as_nvidias_chart_names_them(
+    values: tuple[str, ...], rendered: str
+) -> None:
+    container = agent_container(render(*values))
+    assert env_of(container)["CONSUMABLE_SHARES"]["value"] == rendered
+
+
+@pytest.mark.parametrize("value", ["1", "half", "Memory"])
+def test_the_schema_refuses_consumable_shares_the_agent_would_refuse(value: str) -> None:
+    assert "consumableShares" in render_error("--set", f"consumableShares={value}")
+
+
+def test_the_deployed_agent_refuses_consumable_shares_until_they_are_enforced(
+    tmp_path: Path,
+) -> None:
+    """The DaemonSet's command with the environment the chart renders for consumableShares: the
+    agent exits at once with the flag's name and why (docs/publishing.md)."""
+    container = agent_container(
+        render("--set", "consumableShares=memory", "--set", "simulate=h100:1")
+    )
+    environ = {e["name"]: str(e["value"]) for e in container["env"] if "value" in e}
+    environ |= {
+        "NODE_NAME": "gpu-node-1",
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        # this machine's paths instead of the host's: nothing may be created there anyway
+        "KUBELET_PLUGINS_DIRECTORY_PATH": str(tmp_path / "plugins"),
+        "KUBELET_REGISTRAR_DIRECTORY_PATH": str(tmp_path / "registry"),
+        "CDI_ROOT": str(tmp_path / "cdi"),
+    }
+    result = subprocess.run(
+        container["command"], env=environ, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1
+    assert "--consumable-shares (CONSUMABLE_SHARES): 'memory'" in result.stderr
+    assert "MPS daemon" in result.stderr
+    assert not (tmp_path / "plugins").exists()

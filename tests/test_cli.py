@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,16 @@ def test_every_flag_has_a_distinct_environment_twin() -> None:
         (["--node-name", "n1", "--rediscover-interval", "0"], {}, r"--rediscover-interval"),
         (["--node-name", "n1", "--simulate", "h100:two"], {}, r"--simulate \(SIMULATE\): .*two"),
         (["--node-name", "n1"], {"SIMULATE": "b200:1"}, r"--simulate \(SIMULATE\): .*a100-40gb"),
+        (
+            ["--node-name", "n1", "--consumable-shares", "half"],
+            {},
+            r"--consumable-shares \(CONSUMABLE_SHARES\): 'half': use disabled, unlimited",
+        ),
+        (
+            ["--node-name", "n1"],
+            {"CONSUMABLE_SHARES": "1"},
+            r"CONSUMABLE_SHARES\): '1': .*at least 2",
+        ),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_flag(
@@ -213,3 +224,50 @@ def test_simulate_event_says_when_no_simulated_agent_runs_there(
         == 2
     )
     assert "positive XID" in capsys.readouterr().err
+
+
+def test_consumable_shares_parse_from_flag_or_environment() -> None:
+    assert build_config(["--node-name", "n1"], {}).shares_mode.enabled is False
+    flag = build_config(["--node-name", "n1", "--consumable-shares", "8"], {})
+    assert (flag.shares_mode.kind, flag.shares_mode.count) == ("shares", 8)
+    env = build_config(["--node-name", "n1"], {"CONSUMABLE_SHARES": "compute"})
+    assert env.shares_mode.kind == "compute"
+
+
+def test_the_agent_refuses_to_start_with_sharing_on_until_shares_are_enforced(
+    tmp_path: Path,
+) -> None:
+    """No promise without code: unenforced shares are refused at start, naming the flag."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dra_driver", "--node-name", "n1", "--simulate", "h100:1",
+         "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+         "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+         "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0"],
+        capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "CONSUMABLE_SHARES": "memory"},
+        check=False, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        "--consumable-shares (CONSUMABLE_SHARES): 'memory': sharing a device needs the MPS daemon"
+        in result.stderr
+    )
+    assert not (tmp_path / "plugins").exists()  # refused before anything was touched
+
+
+def test_gpu_dra_devices_shows_the_devices_shareable_as_consumable_shares_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        gpu_dra_main(["devices", "--simulate", "h100:1", "--consumable-shares", "4", "-o", "json"])
+        == 0
+    )
+    (obj,) = json.loads(capsys.readouterr().out)["items"]
+    (device,) = obj["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["shares"]["value"] == "4"
+    assert gpu_dra_main(["devices", "--simulate", "h100:1", "-o", "json"]) == 0
+    (obj,) = json.loads(capsys.readouterr().out)["items"]
+    assert "allowMultipleAllocations" not in obj["spec"]["devices"][0]
+    assert gpu_dra_main(["devices", "--simulate", "h100:1", "--consumable-shares", "x"]) == 2
+    assert "--consumable-shares (CONSUMABLE_SHARES): 'x'" in capsys.readouterr().err

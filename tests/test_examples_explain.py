@@ -3,6 +3,7 @@
 The line format is defined in docs/explain.md:
 
     # expect: satisfiable [devices=NAME,NAME...] [count=N] [requests=NAME,NAME...]
+    #                     [consumable-shares=MODE]
     # expect: unsatisfiable
 
 It is checked with ``gpu-dra explain`` against the demo node (``dra_driver.demo``), built by the
@@ -24,7 +25,7 @@ from dra_driver.scheduling.explain import main, simulated_slices
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.glob("*.yaml"))
-KEYS = ("devices", "count", "requests")
+KEYS = ("devices", "count", "requests", "consumable-shares")
 
 
 def expectation(path: Path) -> tuple[bool, dict[str, str]]:
@@ -49,8 +50,13 @@ def test_there_are_examples() -> None:
 def test_example_gets_its_expected_outcome_on_the_demo_node(path: Path) -> None:
     satisfiable, options = expectation(path)
     out, err = io.StringIO(), io.StringIO()
+    shares = (
+        ["--consumable-shares", options["consumable-shares"]]
+        if options.get("consumable-shares")
+        else []
+    )
     rc = main(
-        [str(path), "--simulate", DEMO_SIMULATE, "--node", DEMO_NODE, "-o", "json"],
+        [str(path), "--simulate", DEMO_SIMULATE, "--node", DEMO_NODE, "-o", "json", *shares],
         stdout=out,
         stderr=err,
     )

@@ -29,6 +29,7 @@ from dra_driver.errors import (
     DraError,
     KubeError,
     PrepareError,
+    ShareEnforcementFailed,
 )
 from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
@@ -205,6 +206,7 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
         (PrepareError("not allocated"), "invalid_claim"),
         (CdiError("disk"), "cdi"),
         (CheckpointError("disk"), "checkpoint"),
+        (ShareEnforcementFailed("daemon"), "share"),
     ],
 )
 def test_each_claim_error_class_has_its_error_type(exc: DraError, kind: str) -> None:

@@ -32,7 +32,9 @@ from dra_driver.localapi import FakeKubeApi
 from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
+from dra_driver.shares import ShareEnforcer
 from tests.claimdata import allocated_claim, new_uid
+from tests.shareenforcer import RecordingEnforcer
 from tests.spares import held, spares_in
 
 INVENTORY: Inventory | None = None
@@ -45,7 +47,9 @@ def inventory() -> Inventory:
     return INVENTORY
 
 
-def make_config(tmp: Path, *, pod_uid: str | None = None) -> Config:
+def make_config(
+    tmp: Path, *, pod_uid: str | None = None, consumable_shares: str = "disabled"
+) -> Config:
     if not (tmp / "driver-root").exists():
         make_fake_driver(tmp)
         (tmp / "boot_id").write_text("boot-1\n")
@@ -56,6 +60,7 @@ def make_config(tmp: Path, *, pod_uid: str | None = None) -> Config:
         kubelet_plugins_directory_path=tmp / "plugins",
         cdi_root=tmp / "cdi",
         pod_uid=pod_uid,
+        consumable_shares=consumable_shares,
     )
 
 
@@ -68,9 +73,12 @@ def start_plugin(
     gpus: Inventory | None = None,
     health_interval_s: float = 0.1,
     health: HealthStates | None = None,
+    consumable_shares: str = "disabled",
+    share_enforcer: ShareEnforcer | None = None,
 ) -> KubeletPlugin:
     plugin = KubeletPlugin(
-        config=make_config(tmp, pod_uid=pod_uid),
+        config=make_config(tmp, pod_uid=pod_uid, consumable_shares=consumable_shares),
+        share_enforcer=share_enforcer,
         inventory=gpus or inventory(),
         claims=kube,
         report_event=node_event_reporter(kube, node_name="node1"),
@@ -144,40 +152,50 @@ def test_registration_status_is_recorded_and_a_refusal_logged(
 
 
 def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
 ) -> None:
+    plugin = start_plugin(
+        tmp_path, kube, consumable_shares="unlimited", share_enforcer=RecordingEnforcer()
+    )
     claim = allocated_claim(name="train", namespace="ml", devices=[("gpus/fast", "gpu-0"), "gpu-1"])
-    share = new_uid()
-    claim["status"]["allocation"]["devices"]["results"][1]["shareID"] = share
+    shares = [new_uid(), new_uid()]
+    for result, share in zip(
+        claim["status"]["allocation"]["devices"]["results"], shares, strict=True
+    ):
+        result["shareID"] = share
+        result["consumedCapacity"] = {"memory": "0"}
     kubeapi.add_claim(claim)
     uid = claim["metadata"]["uid"]
-    with channel(plugin.paths.dra) as ch:
-        answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
-            v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
-        )
-        beta = v1beta1_grpc.DRAPluginStub(ch).NodePrepareResources(
-            v1beta1.NodePrepareResourcesRequest(
-                claims=[v1beta1.Claim(namespace="ml", name="train", uid=uid)]
-            ),
-            timeout=5,
-        )
+    try:
+        with channel(plugin.paths.dra) as ch:
+            answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
+            )
+            beta = v1beta1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1beta1.NodePrepareResourcesRequest(
+                    claims=[v1beta1.Claim(namespace="ml", name="train", uid=uid)]
+                ),
+                timeout=5,
+            )
+    finally:
+        plugin.stop()
     entry = answer.claims[uid]
     assert entry.error == ""
     got = [
-        (
-            list(d.request_names),
-            d.pool_name,
-            d.device_name,
-            list(d.cdi_device_ids),
-            d.HasField("share_id"),
-        )
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), d.share_id)
         for d in entry.devices
     ]
     assert got == [
-        (["gpus"], "node1", "gpu-0", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-0"], False),
-        (["gpus"], "node1", "gpu-1", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-1"], True),
+        (
+            ["gpus"],
+            "node1",
+            f"gpu-{i}",
+            [f"k8s.gpu.nvidia.com/claim={uid}-gpu-{i}-share-{shares[i]}"],
+            shares[i],
+        )
+        for i in (0, 1)
     ]
-    assert entry.devices[1].share_id == share
+    # v1beta1 has no share_id; the rest of its answer is the same
     assert [
         (list(d.request_names), d.device_name, list(d.cdi_device_ids))
         for d in beta.claims[uid].devices

@@ -46,6 +46,7 @@ from dra_driver.gpus.fakedriver import (
     simulated_inventory,
 )
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.shares import DISABLED, ShareEnforcer, SharesMode
 from dra_driver.timeslice import NvidiaSmi, TimeSlicer
 from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
 
@@ -69,7 +70,12 @@ class Env:
 
 
 def build_env(
-    tmp: Path, store: ClaimStore | None = None, *, timeslicer: TimeSlicer | None = None
+    tmp: Path,
+    store: ClaimStore | None = None,
+    *,
+    timeslicer: TimeSlicer | None = None,
+    consumable_shares: SharesMode = DISABLED,
+    share_enforcer: ShareEnforcer | None = None,
 ) -> Env:
     """A Preparer over ``tmp`` (a second one over the same ``tmp`` is the agent restarted); time
     slices are set by the fake driver's stand-in nvidia-smi unless ``timeslicer`` is given."""
@@ -100,6 +106,8 @@ def build_env(
         locks=locks,
         claims=store,
         timeslicer=timeslicer or NvidiaSmi(fake_root, timeout_s=5),
+        consumable_shares=consumable_shares,
+        share_enforcer=share_enforcer,
     )
     return Env(preparer, store, specs, checkpoint, tmp)
 
@@ -151,14 +159,6 @@ def test_results_of_other_drivers_are_ignored(env: Env) -> None:
         )
     )
     assert [d.device for d in env.preparer.prepare(env.ref(claim))] == ["gpu-0"]
-
-
-def test_share_id_is_echoed(env: Env) -> None:
-    claim = allocated_claim(name="c1")
-    share = new_uid()
-    claim["status"]["allocation"]["devices"]["results"][0]["shareID"] = share
-    env.store.add(claim)
-    assert env.preparer.prepare(env.ref(claim))[0].share_id == share
 
 
 @pytest.mark.parametrize(

@@ -411,7 +411,8 @@ def test_consumable_capacity_shares_a_device_until_it_is_full() -> None:
     )
     assert not full.satisfiable
     assert full.diagnoses[0].verdicts[0].reasons == (
-        "capacity memory: needs 30Gi, 20Gi of 80Gi left (in use by ns/other)",
+        "memory: 30Gi requested (25Gi rounded up by the requestPolicy), 20Gi left on gpu-0 "
+        "(in use by ns/other)",
     )
     assert full.diagnoses[0].summary == (
         "the one matching device is taken by allocated claims: gpu-0 (ns/other)"

@@ -56,6 +56,7 @@ from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
+from dra_driver.shares import ShareEnforcer
 from dra_driver.timeslice import NvidiaSmi
 
 if TYPE_CHECKING:
@@ -138,8 +139,10 @@ class KubeletPlugin:
         boot_id_path: Path = BOOT_ID_PATH,
         health_interval_s: float = DEFAULT_INTERVAL_S,
         reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
+        share_enforcer: ShareEnforcer | None = None,
     ) -> None:
         self.config = config
+        self._share_enforcer = share_enforcer
         self.inventory = inventory
         self.paths = sockets.socket_paths(
             registrar_dir=config.kubelet_registrar_directory_path,
@@ -220,6 +223,8 @@ class KubeletPlugin:
             # run from the agent's view of the driver root, as the files were scanned
             timeslicer=NvidiaSmi(cfg.driver_root_in_container),
             mig=mig,
+            consumable_shares=cfg.shares_mode,
+            share_enforcer=self._share_enforcer,
         )
         self._recover(report)
         self._report_missing_devices()

@@ -947,40 +947,53 @@ def _consumed_for(request: ExactRequest | None, device: SliceDevice, name: str) 
     return requested
 
 
-def _violates(value: Fraction, policy: CapacityPolicy | None) -> bool:
+def _violation(value: Fraction, policy: CapacityPolicy | None, fmt: Format) -> str | None:
+    """Why a consumed amount breaks ``policy`` (KEP-5075 ``violatesPolicy``), or None."""
     if policy is None or (policy.default is not None and value == policy.default):
-        return False
+        return None
     if policy.range_min is not None:
         if policy.range_max is not None and value > policy.range_max:
-            return True
-        if policy.range_step is not None:
-            return (value - policy.range_min) % policy.range_step != 0
-        return False
-    if policy.valid_values:
-        return value not in policy.valid_values
-    return False
+            return f"more than the requestPolicy's maximum {format_quantity(policy.range_max, fmt)}"
+        if policy.range_step is not None and (value - policy.range_min) % policy.range_step != 0:
+            return "not the requestPolicy's minimum plus a multiple of its step"
+        return None
+    if policy.valid_values and value not in policy.valid_values:
+        shown = ", ".join(format_quantity(v, fmt) for v in policy.valid_values)
+        return f"more than the requestPolicy's largest valid value (valid: {shown})"
+    return None
 
 
 def capacity_problem(
     request: ExactRequest, device: SliceDevice, already: Mapping[str, Fraction]
 ) -> str | None:
-    """Why ``request`` cannot take its capacity share of ``device`` (None: it can)."""
+    """Why ``request`` cannot take its capacity share of ``device`` (None: it can), as
+    ``memory: 30Gi requested, 12Gi left on gpu-2``. ``already``: what other allocations
+    consume of the device (a device that allows multiple allocations)."""
     for name in request.capacity_requests:
         if name not in device.capacity:
-            return f"has no capacity {name}"
+            return f"{name}: requested, but {device.name} has no capacity {name}"
     for name, cap in device.capacity.items():
         consumed = _consumed_for(request, device, name)
         fmt = device.capacity_formats.get(name, "DecimalSI")
-        if _violates(consumed, device.policies.get(name)):
-            shown = format_quantity(consumed, fmt)
-            return f"capacity {name}: {shown} is not allowed by its requestPolicy"
+        asked = request.capacity_requests.get(name)
+        if asked is None:
+            how = (
+                " (the requestPolicy's default)"
+                if name in device.policies
+                else " (all of it: not asked for, and no requestPolicy)"
+            )
+        elif asked != consumed:
+            how = f" ({format_quantity(asked, fmt)} rounded up by the requestPolicy)"
+        else:
+            how = ""
+        shown = f"{name}: {format_quantity(consumed, fmt)} requested{how}"
+        violation = _violation(consumed, device.policies.get(name), fmt)
+        if violation is not None:
+            return f"{shown}, {violation} on {device.name}"
         used = already.get(name, Fraction(0))
         if used + consumed > cap:
             left = max(cap - used, Fraction(0))
-            return (
-                f"capacity {name}: needs {format_quantity(consumed, fmt)}, "
-                f"{format_quantity(left, fmt)} of {format_quantity(cap, fmt)} left"
-            )
+            return f"{shown}, {format_quantity(left, fmt)} left on {device.name}"
     return None
 
 

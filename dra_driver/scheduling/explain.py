@@ -270,18 +270,28 @@ def _name(obj: JSON) -> str:
 
 
 def simulated_slices(
-    spec: str, *, node_name: str, driver_name: str = DEFAULT_DRIVER_NAME
+    spec: str,
+    *,
+    node_name: str,
+    driver_name: str = DEFAULT_DRIVER_NAME,
+    consumable_shares: str = "disabled",
 ) -> list[JSON]:
-    """The ResourceSlices our driver would publish for simulated GPUs ``spec`` on ``node_name``.
+    """The ResourceSlices our driver would publish for simulated GPUs ``spec`` on ``node_name``,
+    shareable as ``consumable_shares`` (a ``--consumable-shares`` value) says.
 
-    Runs the real pipeline: simulated NVML -> nvml.discover -> devices -> slices.
+    Runs the real pipeline: simulated NVML -> nvml.discover -> devices -> shares -> slices.
     """
     from dra_driver.devices import node_devices  # noqa: PLC0415 - only this path needs them
     from dra_driver.gpus.simulated import discover_simulated  # noqa: PLC0415
+    from dra_driver.shares import parse_mode, shareable  # noqa: PLC0415
     from dra_driver.slices import build_slices, to_api_objects  # noqa: PLC0415
 
+    try:
+        mode = parse_mode(consumable_shares)
+    except ValueError as exc:
+        raise ExplainError(f"--consumable-shares {consumable_shares!r}: {exc}") from None
     inventory = discover_simulated(spec, node_name=node_name)
-    devices = node_devices(inventory, driver_name=driver_name)
+    devices = shareable(node_devices(inventory, driver_name=driver_name), mode)
     pool = build_slices(devices, driver_name=driver_name, node_name=node_name)
     objs = to_api_objects(pool, node_uid="simulated")
     for i, obj in enumerate(objs):
@@ -582,6 +592,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--node", help="check only this node (with --simulate: the node's name)")
     p.add_argument(
+        "--consumable-shares",
+        default="disabled",
+        metavar="MODE",
+        help="with --simulate: publish the GPUs as the agent's --consumable-shares MODE does "
+        "(disabled, unlimited, memory, compute or a number of shares)",
+    )
+    p.add_argument(
         "--driver", default=DEFAULT_DRIVER_NAME, help="driver name (default %(default)s)"
     )
     p.add_argument(
@@ -630,9 +647,19 @@ def _run(args: argparse.Namespace) -> ExplainResult:
     ]
     notes: tuple[str, ...] = ()
     node = args.node
+    if args.consumable_shares != "disabled" and not args.simulate:
+        raise ExplainError(
+            "--consumable-shares only applies to --simulate (slices from a file or the cluster "
+            "say for themselves whether their devices are shared)"
+        )
     if args.simulate:
         node = node or DEFAULT_SIMULATED_NODE
-        slices = simulated_slices(args.simulate, node_name=node, driver_name=args.driver)
+        slices = simulated_slices(
+            args.simulate,
+            node_name=node,
+            driver_name=args.driver,
+            consumable_shares=args.consumable_shares,
+        )
     elif args.slices:
         slices = [
             d

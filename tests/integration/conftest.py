@@ -121,10 +121,14 @@ def _dra_flags(minor: int) -> list[str]:
     """resource.k8s.io versions and gates per release (spec D.0): v1 is served by default from
     1.34 (turned on anyway, harmless); before, the beta versions and the beta gate, both off
     by default, are turned on. DRADeviceTaints (device taints in slices: alpha 1.33-1.35, on by
-    default from 1.36) is turned on where it is off, as clusters that use GPU health taints do."""
+    default from 1.36) is turned on where it is off, as clusters that use GPU health taints do;
+    so is DRAConsumableCapacity (allowMultipleAllocations, requestPolicy: alpha 1.34-1.35, on by
+    default from 1.36), as clusters that share GPUs (--consumable-shares) do."""
     if minor < 32:
         pytest.fail(f"kube-apiserver 1.{minor} predates resource.k8s.io/v1beta1 (needs 1.32+)")
     taints = ["DRADeviceTaints=true"] if 33 <= minor <= 35 else []
+    if 34 <= minor <= 35:
+        taints.append("DRAConsumableCapacity=true")
     if minor >= 34:
         gates = [f"--feature-gates={','.join(taints)}"] if taints else []
         return ["--runtime-config=resource.k8s.io/v1=true", *gates]

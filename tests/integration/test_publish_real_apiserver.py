@@ -15,6 +15,8 @@ from dra_driver.gpus.nvml import discover
 from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
 from dra_driver.publisher import Backoff, Publisher
+from dra_driver.shares import parse_mode, shareable
+from dra_driver.slices import build_slices, content_of
 from tests.integration.conftest import RealApiServer
 
 pytestmark = pytest.mark.integration
@@ -144,3 +146,42 @@ def test_slices_deleted_like_the_kubelet_does_come_back_within_two_seconds(
     elapsed_s = time.monotonic() - began
     assert device_names(real_apiserver, node_name) == expected
     assert elapsed_s <= 2.0, f"slices took {elapsed_s:.2f} s to come back"
+
+
+@pytest.mark.parametrize("mode", ["unlimited", "memory", "compute", "4"])
+def test_the_server_accepts_and_stores_shareable_devices_as_sent(
+    real_apiserver: RealApiServer,
+    publishers: list[tuple[Publisher, KubeClient]],
+    mode: str,
+) -> None:
+    """--consumable-shares: allowMultipleAllocations and every requestPolicy pass the server's
+    validation (the rules the strict schemas cannot check) and are stored as sent."""
+    if real_apiserver.minor < 34:
+        pytest.skip(
+            f"DRAConsumableCapacity needs kube-apiserver 1.34+, this is 1.{real_apiserver.minor}"
+        )
+    node_name = f"shared-{mode}-node"
+    real_apiserver.create_node(node_name)
+    devices = shareable(simulated(NODES["mixed-node"], node_name), parse_mode(mode))
+    client = KubeClient.from_config(kubeconfig=real_apiserver.kubeconfig)
+    publisher = Publisher(
+        client,
+        driver_name=DRIVER,
+        node_name=node_name,
+        node_devices=devices,
+        backoff=Backoff(initial_s=0.1, max_s=1.0),
+    )
+    publisher.start()
+    publishers.append((publisher, client))
+    assert publisher.wait_synced(15), publisher.status().last_error
+    assert publisher.status().dropped_gates == ()
+    sent = build_slices(devices, driver_name=DRIVER, node_name=node_name).slices
+    stored = [content_of(item) for item in stored_slices(real_apiserver, node_name)]
+    assert sorted(d["name"] for s in stored for d in s.devices) == sorted(
+        d.name for d in devices.devices
+    )
+    by_name = {d["name"]: d for s in stored for d in s.devices}
+    for content in sent:
+        for device in content.devices:
+            assert by_name[device["name"]] == device
+            assert by_name[device["name"]]["allowMultipleAllocations"] is True

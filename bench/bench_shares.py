@@ -1,0 +1,142 @@
+"""Prepare of a consumable share (KEP-5075) on a GPU whose MPS daemon already runs, against an
+exclusive prepare of a whole GPU, through the same Preparer.
+
+Target (issue 11): p50 of a share's prepare within 1 ms of an exclusive prepare's.
+
+In process, not through the agent's sockets: the agent refuses ``--consumable-shares`` until the
+MPS daemon module is connected as its share enforcer (docs/publishing.md), so here the preparer
+gets tests/shareenforcer.py's RecordingEnforcer. Everything else is the real prepare path:
+simulated GPUs and the fake driver root, the claim read from an in-memory source (no API
+latency: what is compared is the agent's own work), the CDI spec and the checkpoint written with
+fsync under a temporary directory. The exclusive prepares go to a preparer with sharing off, the
+shares to one with sharing on over a directory of its own, in the same process. Each GPU's daemon
+is acquired by a claim holding a share of it for the whole run, so the measured shares take the
+fast path (no PrepareStarted record, no enforcer call). Exclusive and share prepares alternate,
+each followed by its unprepare, so both see the same disk and the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.table import Row, print_table
+from dra_driver import cdi
+from dra_driver.checkpoint import Checkpoint, ClaimLocks
+from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.shares import parse_mode
+from tests.claimdata import ClaimStore, allocated_claim, new_uid
+from tests.shareenforcer import RecordingEnforcer
+
+SIMULATE = "h100:8"
+TARGET_MS = 1.0
+
+
+def _ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def _share(name: str, device: str, memory: str) -> dict[str, Any]:
+    claim = allocated_claim(name=name, devices=[device])
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    result["shareID"] = new_uid()
+    result["consumedCapacity"] = {"memory": memory}
+    return claim
+
+
+def _preparer(tmp: Path, store: ClaimStore, enforcer: RecordingEnforcer | None) -> Preparer:
+    """A Preparer over ``tmp``: shares of every GPU with an enforcer, else whole GPUs only."""
+    inventory = simulated_inventory(SIMULATE, node_name="node1")
+    make_fake_driver(tmp, gpu_uuids=[g.uuid for g in inventory.gpus])
+    (tmp / "boot_id").write_text("boot-1\n")
+    files = cdi.find_driver_files(
+        driver_root=tmp / "driver-root",
+        driver_version=inventory.gpus[0].driver_version,
+        proc_root=tmp / "proc",
+    )
+    specs = cdi.CdiSpecDir(tmp / "cdi", vendor="k8s.gpu.nvidia.com")
+    specs.ensure()
+    checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
+    checkpoint.open()
+    locks = ClaimLocks(tmp / "plugin/claims.lock")
+    locks.open()
+    return Preparer(
+        driver_name="gpu.nvidia.com",
+        node_name="node1",
+        cdi_vendor="k8s.gpu.nvidia.com",
+        targets=device_targets(inventory),
+        files=files,
+        specs=specs,
+        checkpoint=checkpoint,
+        locks=locks,
+        claims=store,
+        consumable_shares=parse_mode("unlimited" if enforcer else "disabled"),
+        share_enforcer=enforcer,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_shares", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=300, help="prepares of each kind")
+    args = parser.parse_args(argv)
+    store = ClaimStore()
+    enforcer = RecordingEnforcer()
+    # Two agents' state side by side in one process: sharing off (whole GPUs) and on.
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-whole-") as whole_tmp,
+        tempfile.TemporaryDirectory(prefix="bench-shares-") as shares_tmp,
+    ):
+        exclusive = _preparer(Path(whole_tmp), store, None)
+        shared = _preparer(Path(shares_tmp), store, enforcer)
+        try:
+            # One long-lived share per GPU: every GPU's daemon runs from now on.
+            for i in range(8):
+                holder = store.add(_share(f"holder-{i}", f"gpu-{i}", "1Gi"))
+                shared.prepare(_ref(holder))
+            acquired = len(enforcer.calls)
+            whole_ms: list[float] = []
+            share_ms: list[float] = []
+            for n in range(args.rounds):
+                whole = store.add(allocated_claim(name=f"w{n}", devices=[f"gpu-{n % 8}"]))
+                share = store.add(_share(f"s{n}", f"gpu-{n % 8}", "20Gi"))
+                for preparer, claim, times in (
+                    (exclusive, whole, whole_ms),
+                    (shared, share, share_ms),
+                ):
+                    began = time.perf_counter()
+                    preparer.prepare(_ref(claim))
+                    times.append((time.perf_counter() - began) * 1000)
+                    preparer.unprepare(_ref(claim))
+            assert len(enforcer.calls) == acquired, "a measured share started a daemon"
+        finally:
+            exclusive.close()
+            shared.close()
+    whole_p50 = statistics.median(whole_ms)
+    share_p50 = statistics.median(share_ms)
+    difference = share_p50 - whole_p50
+    ok = print_table(
+        f"prepare of a share on a GPU whose daemon runs vs an exclusive prepare "
+        f"({args.rounds} each, in process; noisy on a shared machine)",
+        [
+            Row("exclusive prepare p50", whole_p50, "ms", ""),
+            Row("share prepare p50", share_p50, "ms", ""),
+            Row(
+                "share p50 - exclusive p50",
+                difference,
+                "ms",
+                f"<= {TARGET_MS:g} ms",
+                difference <= TARGET_MS,
+            ),
+        ],
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
