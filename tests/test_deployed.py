@@ -375,7 +375,7 @@ def start_node(
         )  # fmt: skip
     ready = work / "node.pid"
     deadline = time.monotonic() + 20
-    while not ready.exists():
+    while not ready.exists() or not ready.read_text().strip():  # created, then written
         assert process.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the node namespace did not come up"
         time.sleep(0.05)
