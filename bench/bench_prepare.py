@@ -142,13 +142,21 @@ def _workload(claims: _Claims) -> _Workload:
     )
 
 
-def _agent(tmp: Path, api: FakeKubeApi, log_file: IO[str]) -> tuple[subprocess.Popen[str], Path]:
+def _agent(
+    tmp: Path,
+    api: FakeKubeApi,
+    log_file: IO[str],
+    *,
+    simulate: str = SIMULATE,
+    extra_args: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen[str], Path]:
     """The agent as the DaemonSet runs it, in-cluster (ServiceAccount files in a private mount
     namespace); returns it once its DRA socket answers, with that socket's path."""
     fake = make_fake_driver(tmp)
     plugins = tmp / "plugins"
     argv = [
-        sys.executable, "-m", "dra_driver", "--node-name", NODE, "--simulate", SIMULATE,
+        sys.executable, "-m", "dra_driver", "--node-name", NODE, "--simulate", simulate,
+        *extra_args,
         "--nvidia-driver-root", str(fake.root),
         "--kubelet-plugins-directory-path", str(plugins),
         "--kubelet-registrar-directory-path", str(tmp / "registry"),

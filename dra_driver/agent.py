@@ -84,6 +84,8 @@ class Discovery:
                     # where a simulated driver root's stand-in nvidia-smi keeps compute modes
                     compute_modes=config.driver_root_in_container
                     / "usr/bin/nvidia-smi.compute-mode.json",
+                    # the node's MIG instances outlive the agent, as real ones do
+                    state_path=config.simulated_mig_state_path,
                 )
             )
             self._sysfs_root = node.sysfs_root
@@ -224,6 +226,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             inventory=inventory,
             claims=kube,
             deployments=kube,
+            static_gpus=frozenset(mig.left_static()),
             report_event=report_event,
             metrics=driver_metrics,
             health=monitor.states,
@@ -475,7 +478,7 @@ def _rediscover(
         },
     )
     try:
-        plugin.set_inventory(fresh.inventory)
+        plugin.set_inventory(fresh.inventory, static_gpus=frozenset(mig.left_static()))
     except CdiError as exc:
         logger.error(
             "cannot apply the re-discovered GPUs; keeping the current ones",

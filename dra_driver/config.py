@@ -45,6 +45,12 @@ def simulated_faults_path(plugin_data_dir: Path) -> Path:
     return plugin_data_dir / "simulated-faults.jsonl"
 
 
+def simulated_mig_state_path(plugin_data_dir: Path) -> Path:
+    """Where a simulated node keeps its MIG instances, so they outlive an agent restart
+    (gpus/simulated.py SimulatedMigInstances)."""
+    return plugin_data_dir / "simulated-mig.json"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """Validated settings of one node agent process."""
@@ -218,6 +224,11 @@ class Config:
     def mps_dir(self) -> Path:
         """Where MPS control daemons keep their directories (a host path, same in the pod)."""
         return self.plugin_data_dir / "mps"
+
+    @property
+    def simulated_mig_state_path(self) -> Path:
+        """With ``--simulate``: the file the simulated node keeps its MIG instances in."""
+        return simulated_mig_state_path(self.plugin_data_dir)
 
     @property
     def cdi_vendor(self) -> str:

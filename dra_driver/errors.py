@@ -25,7 +25,9 @@ that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from
     │   │   └── ConfigNotSupported  a valid config asks for what the agent does not do
     │   ├── TimeSliceFailed       nvidia-smi could not set a GPU's time slice (per claim)
     │   ├── MpsFailed             a claim's MPS control daemon could not be started or stopped
-    │   └── ShareEnforcementFailed  a share's MPS daemon could not be started (per claim)
+    │   ├── ShareEnforcementFailed  a share's MPS daemon could not be started (per claim)
+    │   └── MigFailed             a dynamic MIG instance cannot be created or destroyed now
+    │       └── ForeignMigInstances  the GPU has MIG instances this driver did not create
     ├── CdiError                  a CDI spec could not be written or removed
     ├── CheckpointError           the checkpoint cannot be read
     │   └── CheckpointCorrupt     truncated, garbage, wrong checksum or unknown version
@@ -158,6 +160,20 @@ class MpsFailed(PrepareError):
     """A claim's MPS control daemon (mpsdaemon.py) could not be started (compute mode, its
     directories or tmpfs, its Deployment, no answer in time, a limit refused) or stopped; a
     failed start is rolled back."""
+
+
+class MigFailed(PrepareError):
+    """A dynamic MIG device's GPU/compute instance could not be created or destroyed (NVML
+    refused, the GPU runs processes, or holds instances this driver did not create)."""
+
+
+class ForeignMigInstances(MigFailed):
+    """The GPU has MIG instances no claim record names (``devices``): this driver did not create
+    them, never destroys them, and prepares no MIG device on that GPU in dynamic mode."""
+
+    def __init__(self, message: str, *, devices: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.devices = devices
 
 
 class CdiError(DraError):

@@ -24,11 +24,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def replace_file(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def replace_file(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
     """Make ``path`` hold ``data``, atomically and durably: a temp file beside it (written,
     given ``mode``, fsync'd) renamed over it, then the directory fsync'd. A reader sees the old
     content or the new, never a part; on failure the temp file is removed and ``path`` is left
-    as it was. Creates the directory if needed."""
+    as it was. Creates the directory if needed. ``durable=False`` leaves out both syncs: still
+    atomic, and a crash of the process cannot lose it, only a power loss can."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -36,11 +37,13 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         try:
             write_all(fd, data)
             os.fchmod(fd, mode)  # the umask may have taken bits away
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)

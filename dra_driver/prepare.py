@@ -22,16 +22,20 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    what this node publishes; the first share of a device this process prepares records
    ``PrepareStarted`` and has the ShareEnforcer (mpsshares.py) start the device's shared MPS
    daemon.
-8. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; MPS
+8. Dynamic MIG devices (``--mig-mode=dynamic``): refuse a GPU with instances no record names,
+   record ``PrepareStarted`` (durably), create each device's instance (miginstances.py); a
+   failure rolls the claim back, its instances destroyed (docs/plugin.md "Dynamic MIG").
+9. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; MPS
    devices also get the daemon's client env and mounts; one CDI device per share, with its MPS
    limits), record ``PrepareCompleted`` (with the same checks: shares of a device must fit it
    together); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then sets the time slice of
 GPUs it asked one of back to Default (or to what another claim on it asks) and stops its MPS
-daemon; an unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a damaged
-checkpoint left behind, time slices and MPS daemons included (it adopts the daemons of prepared
-claims at start and removes those of no claim).
+daemon; a claim with dynamic MIG devices has its spec removed, then its instances destroyed, then
+its record dropped; an unknown claim succeeds. ``reconcile`` repairs what a crash, a reboot or a
+damaged checkpoint left behind, time slices, MPS daemons (it adopts the daemons of prepared
+claims at start and removes those of no claim) and MIG instances included.
 
 Errors of one claim never fail the others: ``prepare_batch``/``unprepare_batch`` return a
 per-claim outcome, and independent claims of a batch run concurrently.
@@ -51,7 +55,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, mps, shares, timeslice
+from dra_driver import cdi, miginstances, mps, shares, timeslice
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -72,7 +76,9 @@ from dra_driver.errors import (
     ConfigNotSupported,
     DeviceConflict,
     DraError,
+    ForeignMigInstances,
     KubeError,
+    MigFailed,
     MpsFailed,
     PrepareError,
     ShareEnforcementFailed,
@@ -111,12 +117,14 @@ class ClaimRef:
 
 @dataclass(frozen=True)
 class DeviceTarget:
-    """A device of ours that a claim can be allocated: a full GPU or an existing MIG device."""
+    """A device of ours that a claim can be allocated: a full GPU, an existing MIG device, or
+    (``--mig-mode=dynamic``) a MIG placement, whose instance (``mig``) may not exist yet."""
 
     name: str
     type: Literal["gpu", "mig"]
     gpu: GpuInfo
     mig: MigInstance | None = None
+    dynamic: miginstances.DynamicSlot | None = None  # a dynamic MIG device: created on prepare
 
     def nodes(self, files: cdi.DriverFiles) -> tuple[cdi.DeviceNode, ...]:
         if self.mig is None:
@@ -129,17 +137,41 @@ class DeviceTarget:
         )
 
 
-def device_targets(inventory: Inventory) -> dict[str, DeviceTarget]:
+def device_targets(
+    inventory: Inventory,
+    mig_mode: Literal["static", "dynamic"] = "static",
+    static_gpus: frozenset[str] = frozenset(),
+) -> dict[str, DeviceTarget]:
     """Every device name of this node that a claim may be allocated, with what it is.
 
     Same names as devices.node_devices publishes: full GPUs not in MIG mode, existing MIG
-    devices of GPUs in MIG mode.
+    devices of GPUs in MIG mode; with ``mig_mode`` dynamic, a GPU in MIG mode offers instead
+    every placement of every GPU-instance profile (an instance that exists
+    is the dynamic device of its name, so a re-discovery never adds a second one). The whole
+    GPU of a GPU in MIG mode is not one: NVIDIA's driver takes the GPU out of MIG mode for it,
+    which this driver does not do (docs/plugin.md "Dynamic MIG"). ``static_gpus`` (GPU device
+    names): GPUs in MIG mode that stay static in dynamic mode because they have MIG devices the
+    driver did not create (dynamicmig.ManagedMig.left_static): their existing MIG devices are
+    targets, as published.
     """
     targets: dict[str, DeviceTarget] = {}
     for gpu in inventory.gpus:
         if not gpu.mig_enabled:
             name = gpu_device_name(gpu.minor)
             targets[name] = DeviceTarget(name, "gpu", gpu)
+            continue
+        if mig_mode == "dynamic" and gpu_device_name(gpu.minor) not in static_gpus:
+            existing = {
+                mig_device_name(
+                    parent_minor=gpu.minor,
+                    profile=mig.profile.name,
+                    profile_id=mig.profile.profile_id,
+                    placement_start=mig.placement.start,
+                ): mig
+                for mig in gpu.mig_instances
+            }
+            for name, slot in miginstances.dynamic_slots(gpu).items():
+                targets[name] = DeviceTarget(name, "mig", gpu, existing.get(name), slot)
             continue
         for mig in gpu.mig_instances:
             name = mig_device_name(
@@ -170,6 +202,7 @@ class _TargetSet:
                 {
                     name: cdi.ClaimDevice(name=name, nodes=t.nodes(files))
                     for name, t in targets.items()
+                    if t.dynamic is None  # its nodes are those of the instance prepare makes
                 }
             ),
             files=files,
@@ -249,6 +282,7 @@ _ERROR_TYPES: tuple[tuple[type[DraError], str], ...] = (
     (TimeSliceFailed, "timeslice"),
     (ShareEnforcementFailed, "share"),
     (MpsFailed, "mps"),
+    (MigFailed, "mig"),
     (ConfigDecodeError, "config"),
     (PrepareError, "invalid_claim"),
     (CdiError, "cdi"),
@@ -306,6 +340,7 @@ class Preparer:
         consumable_shares: shares.SharesMode = shares.DISABLED,
         share_enforcer: shares.ShareEnforcer | None = None,
         mps_daemons: MpsDaemons | None = None,
+        mig: miginstances.DynamicMig | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -339,6 +374,8 @@ class Preparer:
         # _mps_adopted: the daemons of prepared claims were adopted since this process started.
         self._mps = mps_daemons
         self._mps_adopted = False
+        # Dynamic MIG (None: static; dynamic devices are then never targets).
+        self._mig = mig
         # Consumable shares (shares.py): the devices this node publishes as shareable, and the
         # enforcer that runs a device's shared MPS daemon (None: shares are refused). Under
         # _share_lock: the devices whose daemon this process acquired, and the shared devices
@@ -397,6 +434,8 @@ class Preparer:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._spec_writes.shutdown(wait=True, cancel_futures=True)
+        if self._mig is not None:
+            self._mig.backend.close()
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -467,13 +506,25 @@ class Preparer:
                 self._roll_back(record)
             claim = self._fetch(ref)
             planned = self._plan(ref, claim)
-            daemon = self._plan_mps(ref, planned)
+            # An MPS daemon serving a dynamic MIG device is planned once the device exists.
+            uncreated = any(p.target.dynamic is not None and p.target.mig is None for p in planned)
+            daemon = None if uncreated else self._plan_mps(ref, planned)
             devices = tuple(self._answer(ref, p) for p in planned)
             if any(p.interval is not None for p in planned):
                 # Changes the node beyond the spec: PrepareStarted first (docs/plugin.md,
                 # "Durability"), naming the intervals (the devices' configs) so that a
                 # rollback knows which GPUs to restore.
                 self._set_time_slices(ref, planned, devices)
+            if self._mig is not None:
+                # Dynamic MIG: PrepareStarted, then the instances (docs/plugin.md "Dynamic MIG"),
+                # before an MPS daemon that serves one of them is started.
+                planned = self._create_instances(ref, planned, devices, self._mig)
+                if uncreated:
+                    try:
+                        daemon = self._plan_mps(ref, planned)  # the created MIG devices' UUIDs
+                    except BaseException:
+                        self._roll_back_quietly(ref.uid)
+                        raise
             if daemon is not None:
                 self._start_mps(ref, planned, devices, daemon)
             if any(p.share is not None for p in planned):
@@ -635,6 +686,90 @@ class Preparer:
                 extra={"claim_uid": record.uid, "error": str(exc)},
             )
 
+    def _create_instances(
+        self,
+        ref: ClaimRef,
+        planned: list[_Planned],
+        devices: tuple[PreparedDevice, ...],
+        mig: miginstances.DynamicMig,
+    ) -> list[_Planned]:
+        """Create the instances of the claim's dynamic MIG devices (recorded ``PrepareStarted``
+        first, durably, so that every instance made is named by a record), or check that a full
+        GPU in MIG mode has none. Returns ``planned`` with the created instances. On failure
+        the claim is rolled back (its instances destroyed). Claim lock held."""
+        dynamic = [p for p in planned if p.target.dynamic is not None]
+        if not dynamic:
+            return planned
+
+        def others() -> frozenset[str]:
+            return frozenset(
+                d.device
+                for r in self.checkpoint.snapshot().values()
+                if r.uid != ref.uid
+                for d in r.devices
+            )
+
+        # Before the record: a record must never name an instance the driver did not create.
+        for p in dynamic:
+            mig.check_foreign(p.target.gpu, p.target.name, recorded=others)
+        self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
+        try:
+            made = {
+                p.target.name: replace(
+                    p.target, mig=mig.create(p.target.gpu, p.target.name, recorded=others)
+                )
+                for p in dynamic
+            }
+        except BaseException as exc:
+            # One made by hand since the check: rolled back without it (never destroyed).
+            keep = exc.devices if isinstance(exc, ForeignMigInstances) else ()
+            self._roll_back_quietly(ref.uid, keep=frozenset(keep))
+            raise
+        return [replace(p, target=made.get(p.target.name, p.target)) for p in planned]
+
+    def _destroy_instances(self, record: ClaimRecord, keep: frozenset[str] = frozenset()) -> None:
+        """Destroy the instances of ``record``'s dynamic MIG devices that no other record
+        names (an admin-access claim shares its device) and that are not in ``keep``; before
+        ``record`` is removed, so an instance is named by a record until it is gone. MigFailed
+        leaves the rest."""
+        if self._mig is None:
+            return
+        targets = self._current.targets
+        others = {
+            d.device
+            for r in self.checkpoint.snapshot().values()
+            if r.uid != record.uid
+            for d in r.devices
+        }
+        for device in record.devices:
+            target = targets.get(device.device)
+            if target is None or target.dynamic is None or device.device in others | keep:
+                continue
+            if self._mig.destroy(target.gpu, device.device):
+                log.info(
+                    "destroyed a MIG instance",
+                    extra={"claim_uid": record.uid, "device": device.device},
+                )
+
+    def _complete_instances(
+        self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
+    ) -> list[_SpecTarget]:
+        """A prepared claim's targets with their instances, creating (completing) any that is
+        gone or half-made."""
+        assert self._mig is not None
+        have = []
+        for device in record.devices:
+            target = targets.get(device.device)
+            if target is None:
+                continue
+            if target.dynamic is not None:
+                instance = self._mig.create(
+                    target.gpu, target.name, recorded=self.recorded_device_names
+                )
+                target = replace(target, mig=instance)
+            have.append((target, _recorded_share(device)))
+        return have
+
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
         flight, so the spec's sync and the checkpoint's overlap instead of adding up (the rest
@@ -656,6 +791,26 @@ class Preparer:
             self._unprepare_locked(ref.uid)
 
     def _unprepare_locked(self, uid: str) -> None:
+        if self._mig is not None:
+            record = self.checkpoint.get(uid)
+            if record is not None and any(
+                d.device in self._current.targets and self._current.targets[d.device].dynamic
+                for d in record.devices
+            ):
+                # Dynamic MIG: spec, instance, then the record (docs/plugin.md "Dynamic MIG"):
+                # the instance stays named by a record until it is destroyed. A MigFailed
+                # (processes run in it) fails the unprepare; the kubelet tries again. An MPS
+                # daemon serving an instance stops before it is destroyed (a crash between the
+                # two leaves a completed record, whose daemon reconcile starts again until the
+                # kubelet's retry of this unprepare).
+                self.specs.remove(uid, sync_dir=False)
+                self._stop_mps(record)
+                self._destroy_instances(record)
+                self.checkpoint.transact(lambda claims: claims.discard(uid), durable=False)
+                self._pods.pop(uid, None)
+                self._release_shares(record)
+                log.info("unprepared claim", extra={"claim_uid": uid})
+                return
         # Nothing here is synced before the kubelet hears of success (docs/plugin.md,
         # "Durability"): the record's removal is appended (a crash of this process cannot lose
         # it: it is in the kernel), and only a power loss could, after which the node reboots
@@ -884,6 +1039,12 @@ class Preparer:
         GPU has one time slice); checked and recorded in one step, so two claims racing for a
         device cannot both have it."""
         wanted = {p.target.name for p in planned if not p.admin_access and p.share is None}
+        # Dynamic MIG: devices of one GPU whose memory slices overlap exclude each other.
+        partitioned = [
+            p.target
+            for p in planned
+            if self._mig is not None and not p.admin_access and p.target.gpu.mig_enabled
+        ]
         intervals = {p.target.name: p.interval for p in planned if p.interval is not None}
         # A share conflicts with a claim holding its device whole, never with other shares as
         # long as their consumed capacities fit the device together.
@@ -912,6 +1073,17 @@ class Preparer:
                             f"device {held.device} is already prepared for claim {_owner(other)}",
                             holders=(other.uid,),
                         )
+                    for target in partitioned:
+                        if (
+                            not held.admin_access
+                            and held.device != target.name
+                            and miginstances.overlaps(target.gpu, target.name, held.device)
+                        ):
+                            raise DeviceConflict(
+                                f"device {target.name} overlaps device {held.device}, which is "
+                                f"already prepared for claim {_owner(other)}",
+                                holders=(other.uid,),
+                            )
                     if held.device in shared and not held.admin_access:
                         consumed[held.device].append(held.consumed_capacity)
                         sharers[held.device].append(other.uid)
@@ -974,6 +1146,7 @@ class Preparer:
         # The current version's nodes of each name: after a swap since the claim was planned
         # (a MIG device re-created under the same name) these are the device's nodes now. A
         # name that is gone by then gets its planned target's nodes.
+        # A dynamic MIG device's nodes are those of the instance its target carries.
         current = self._current
         unique = {
             t.name if share is None else shares.share_device_name(t.name, share.share_id): (
@@ -985,7 +1158,7 @@ class Preparer:
         served = {d.uuid for d in daemon.devices} if daemon is not None else set()
         devices = []
         for name, (t, share) in sorted(unique.items()):
-            device = current.spec_devices.get(t.name) or cdi.ClaimDevice(
+            device = (None if t.dynamic else current.spec_devices.get(t.name)) or cdi.ClaimDevice(
                 name=t.name, nodes=t.nodes(current.files)
             )
             if share is not None:
@@ -1006,13 +1179,16 @@ class Preparer:
             devices.append(device)
         return self._spec_encoder.encode(claim_uid, devices, capabilities)
 
-    def _roll_back(self, record: ClaimRecord) -> None:
-        """Undo a half-done prepare (lock held): the spec first, then the record, then the
-        time slices it asked for (set back to what the remaining claims ask, else Default)."""
+    def _roll_back(self, record: ClaimRecord, keep: frozenset[str] = frozenset()) -> None:
+        """Undo a half-done prepare (lock held): the spec first, then its MPS daemon, then its
+        dynamic MIG instances (MigFailed keeps the record, for a later try), then the record,
+        then the time slices it asked for (set back to what the remaining claims ask, else
+        Default) and the shared MPS daemons of its shares no other claim uses."""
         self.specs.remove(record.uid)
+        self._stop_mps(record)  # before the MIG instances its daemon may serve
+        self._destroy_instances(record, keep)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
         self._restore_time_slices(record)
-        self._stop_mps(record)
         self._release_shares(record)
 
     # -- consumable shares -------------------------------------------------------------------
@@ -1205,14 +1381,14 @@ class Preparer:
             mark.unlink(missing_ok=True)
         log.info("set a GPU's time slice", extra={"gpu_uuid": uuid, "interval": interval})
 
-    def _roll_back_quietly(self, uid: str) -> None:
+    def _roll_back_quietly(self, uid: str, keep: frozenset[str] = frozenset()) -> None:
         try:
             record = self.checkpoint.get(uid)
             if record is not None:
-                self._roll_back(record)
+                self._roll_back(record, keep)
             else:
                 self.specs.remove(uid)
-        except (CdiError, CheckpointError) as exc:
+        except (CdiError, CheckpointError, MigFailed) as exc:
             log.error(
                 "rolling back a failed prepare failed; reconcile will retry",
                 extra={"claim_uid": uid, "error": str(exc)},
@@ -1278,7 +1454,14 @@ class Preparer:
             with self.locks.try_hold(uid) as held:
                 current = self.checkpoint.get(uid) if held else None
                 if current is not None and current.phase == PREPARE_STARTED:
-                    self._roll_back(current)
+                    try:
+                        self._roll_back(current)
+                    except MigFailed as exc:
+                        log.error(
+                            "cannot roll back a half-done prepare; will retry",
+                            extra={"claim_uid": uid, "error": str(exc)},
+                        )
+                        continue
                     done["rolled_back"] += 1
         for uid in sorted(self.specs.claim_uids() - set(records)):
             with self.locks.try_hold(uid) as held:
@@ -1291,7 +1474,24 @@ class Preparer:
             with self.locks.try_hold(uid) as held:
                 if not held:
                     continue
-                if not self.specs.path_for(uid).exists():
+                reason = self._stale_reason(record) if record.namespace else None
+                if reason is None and self._mig is not None:
+                    # Dynamic MIG: an instance gone or half-made (a crash while unpreparing,
+                    # a reset) is completed again, and the spec names its nodes now.
+                    try:
+                        have = self._complete_instances(record, targets)
+                    except MigFailed as exc:
+                        log.error(
+                            "cannot complete a prepared claim's MIG instance; will retry",
+                            extra={"claim_uid": uid, "error": str(exc)},
+                        )
+                        continue
+                    capabilities = _recorded_capabilities(record)
+                    spec = self._encode_spec(uid, have, capabilities) if have else None
+                    if spec is not None and spec != self.specs.read(uid):
+                        self.specs.write(uid, spec)
+                        done["specs_rewritten"] += 1
+                elif reason is None and not self.specs.path_for(uid).exists():
                     # A device gone since the claim was prepared (the plugin reports those)
                     # has no nodes to give; a spec needs at least one device.
                     have = [
@@ -1306,7 +1506,6 @@ class Preparer:
                             daemon[0] if daemon is not None else None,
                         )  # fmt: skip
                         done["specs_rewritten"] += 1
-                reason = self._stale_reason(record) if record.namespace else None
                 if reason is not None:
                     log.info(
                         "unpreparing a claim no pod can use any more",
@@ -1531,7 +1730,10 @@ def _uuid(target: DeviceTarget) -> str:
 
 def _mps_device(target: DeviceTarget) -> mps.MpsDevice:
     """The device as an MPS daemon serves it (a full GPU's compute mode is the daemon's to set;
-    a MIG device's is its GPU's, which other MIG devices share)."""
+    a MIG device's is its GPU's, which other MIG devices share). A dynamic MIG device must have
+    been created (its instance is its UUID)."""
+    if target.dynamic is not None and target.mig is None:
+        raise mps.MpsConfigError(f"MIG device {target.name} has not been created yet")
     if target.mig is not None:
         return mps.MpsDevice(
             uuid=target.mig.uuid, memory_bytes=target.mig.memory_bytes, exclusive_gpu=None
@@ -1549,16 +1751,17 @@ def _recorded_share(device: PreparedDevice) -> shares.Share | None:
 
 
 def _not_created(device: str) -> str:
-    """Why a device of our pool can be missing: dynamic MIG publishes devices that do not exist
-    yet, and this version does not create them (nor prepare a GPU in MIG mode whole)."""
+    """Why a device named like ours can be missing under dynamic MIG: a placement of a GPU
+    that stays static (it has MIG devices this driver did not create), or the whole GPU of a
+    GPU in MIG mode (not prepared: this driver does not take a GPU out of MIG mode)."""
     if "-mig-" in device:
         return (
-            ": no such MIG device exists, and creating MIG devices on prepare (--mig-mode "
-            "dynamic) is not supported by this version of the driver"
+            ": no such MIG device exists (a GPU with MIG devices this driver did not create "
+            "offers only those, as static MIG devices, until they are removed)"
         )
     return (
-        " as a whole GPU (a GPU in MIG mode is prepared only through MIG devices that exist: "
-        "this version does not take a GPU out of MIG mode for --mig-mode dynamic)"
+        " as a whole GPU (a GPU in MIG mode is prepared only through its MIG devices: this "
+        "driver does not take a GPU out of MIG mode)"
     )
 
 

@@ -66,7 +66,12 @@ def _probe(port: int, path: str) -> tuple[int, str]:
 
 def _register(registration: Path) -> None:
     """What the kubelet's plugin watcher does with a new socket (spec A.5): GetInfo, then
-    NotifyRegistrationStatus once it accepted the plugin."""
+    NotifyRegistrationStatus once it accepted the plugin. The watcher acts when the socket
+    appears, which may be after the first slices (the publisher starts first)."""
+    deadline = time.monotonic() + 30
+    while not registration.exists():
+        assert time.monotonic() < deadline, f"{registration} did not appear"
+        time.sleep(0.05)
     with grpc.insecure_channel(f"unix://{registration}") as channel:
         stub = reg_grpc.RegistrationStub(channel)
         assert stub.GetInfo(reg.InfoRequest(), timeout=1).type == "DRAPlugin"

@@ -24,8 +24,10 @@ from dra_driver import cdi
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.config import Config
-from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
+from dra_driver.gpus import nvml
+from dra_driver.gpus.fakedriver import make_fake_driver, make_node, simulated_inventory
 from dra_driver.gpus.profiles import DRIVER_VERSION
+from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import KubeletPlugin
@@ -226,4 +228,105 @@ def test_each_share_of_one_gpu_gets_its_own_mps_limit_in_the_container(
         plugin.stop()
         kube.close()
         for spec in specs:
+            spec.unlink(missing_ok=True)
+
+
+def test_container_runs_on_a_mig_device_created_by_prepare(
+    short_tmp: Path, kubeapi: FakeKubeApi
+) -> None:
+    """Dynamic MIG: prepare creates the instance (simulated NVML), the spec gives the container
+    the parent GPU and the new instance's capability nodes; unprepare destroys it."""
+    driver = f"t{uuid.uuid4().hex[:8]}.gpu-dra.test"
+    fake = make_fake_driver(short_tmp, gpu_minors=range(2))
+    assert fake.real_nodes
+    # the capability nodes nvidia-modprobe makes for the MIG capabilities in the driver's table
+    for line in (fake.proc_root / "driver/nvidia-caps/mig-minors").read_text().splitlines():
+        make_node(fake.root / "dev/nvidia-caps" / f"nvidia-cap{line.split()[1]}")
+    (short_tmp / "boot_id").write_text("boot-1\n")
+    rootfs = short_tmp / "rootfs"
+    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+        (rootfs / d).mkdir(parents=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
+    conf = short_tmp / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    device = "gpu-1-mig-3g20gb-9-4"  # A100 40GB: 3g.20gb (GI profile 9) at memory slice 4
+    kubeapi.add_node("node1")
+    claim = kubeapi.add_claim(allocated_claim(name="dynmig", driver=driver, devices=[device]))
+    uid = claim["metadata"]["uid"]
+    kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
+    config = Config(
+        node_name="node1",
+        driver_name=driver,
+        nvidia_driver_root=fake.root,
+        kubelet_registrar_directory_path=short_tmp / "registry",
+        kubelet_plugins_directory_path=short_tmp / "plugins",
+        cdi_root=Path("/var/run/cdi"),
+        mig_mode="dynamic",
+    )
+    spec = Path("/var/run/cdi") / f"k8s.{driver}-claim_{uid}.json"
+    with simulated_nvml(
+        "a100-40gb:2:mig", node_name="node1", state_path=config.simulated_mig_state_path
+    ) as node:
+        plugin = KubeletPlugin(
+            config=config,
+            inventory=nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root),
+            claims=kube,
+            proc_root=fake.proc_root,
+            boot_id_path=short_tmp / "boot_id",
+        )
+        plugin.start()
+        try:
+            ref = v1.Claim(namespace="default", name="dynmig", uid=uid)
+            with grpc.insecure_channel(f"unix://{plugin.paths.dra}") as ch:
+                stub = v1_grpc.DRAPluginStub(ch)
+                answer = stub.NodePrepareResources(
+                    v1.NodePrepareResourcesRequest(claims=[ref]), timeout=10
+                )
+                entry = answer.claims[uid]
+                assert entry.error == ""
+                (mig,) = (
+                    nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+                    .gpus[1]
+                    .mig_instances
+                )
+                assert (mig.placement.start, mig.profile.name) == (4, "3g.20gb")
+                assert plugin.preparer is not None
+                files = plugin.preparer.files
+                gi = files.mig_cap_minor(f"gpu1/gi{mig.gpu_instance_id}/access")
+                ci = files.mig_cap_minor(
+                    f"gpu1/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"
+                )
+                cdi_ids = [i for d in entry.devices for i in d.cdi_device_ids]
+                script = (
+                    f"for n in /dev/nvidia1 /dev/nvidia-caps/nvidia-cap{gi} "
+                    f"/dev/nvidia-caps/nvidia-cap{ci}; do [ -c $n ] && echo node-ok $n; done; "
+                    "ls /dev/nvidia-caps | wc -l; [ -e /dev/nvidia0 ] || echo no-other-gpu"
+                )
+                run = subprocess.run(
+                    ["podman", "run", "--rm", "--network=none",
+                     *(f"--device={i}" for i in cdi_ids),
+                     "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
+                    env={**os.environ, "CONTAINERS_CONF": str(conf)},
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )  # fmt: skip
+                assert run.returncode == 0, run.stderr
+                assert run.stdout.split("\n")[:-1] == [
+                    "node-ok /dev/nvidia1",
+                    f"node-ok /dev/nvidia-caps/nvidia-cap{gi}",
+                    f"node-ok /dev/nvidia-caps/nvidia-cap{ci}",
+                    "2",  # only this instance's capabilities
+                    "no-other-gpu",
+                ]
+                stub.NodeUnprepareResources(
+                    v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=10
+                )
+            assert not spec.exists()
+            gpu1 = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root).gpus[1]
+            assert gpu1.mig_instances == ()
+        finally:
+            plugin.stop()
+            kube.close()
             spec.unlink(missing_ok=True)

@@ -275,14 +275,20 @@ LAYOUTS = {
 
 
 def start_node(
-    work: Path, *, layout: str, builds: Builds, api: FakeKubeApi
+    work: Path,
+    *,
+    layout: str,
+    builds: Builds,
+    api: FakeKubeApi,
+    simulate: str = "h100:2",
+    extra_values: tuple[str, ...] = (),
 ) -> tuple[Node, dict[str, Any]]:
     """The node with the driver installed per ``layout`` and the chart's agent Pod on it."""
     values, lib_dir, driver_root = LAYOUTS[layout]
     # Simulated GPUs (no GPU here): the only value changed from the layout's, but for the ports:
     # the pod shares this machine's network, where other runs may hold the default ports.
     container, volumes = daemonset_container(
-        *values, "--set", "simulate=h100:2",
+        *values, *extra_values, "--set", f"simulate={simulate}",
         "--set", f"healthcheckPort={free_port()}", "--set", f"metricsPort={free_port()}",
     )  # fmt: skip
     env = container_env(container, pod_uid=str(uuid.uuid4()))
@@ -369,7 +375,7 @@ def start_node(
         )  # fmt: skip
     ready = work / "node.pid"
     deadline = time.monotonic() + 20
-    while not ready.exists():
+    while not ready.exists() or not ready.read_text().strip():  # created, then written
         assert process.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the node namespace did not come up"
         time.sleep(0.05)
@@ -635,6 +641,49 @@ def test_the_deployed_agent_runs_an_mps_daemon_its_containers_are_clients_of(
     finally:
         if kubelet is not None:
             kubelet.stop()
+
+
+def test_the_deployed_agent_creates_and_destroys_a_dynamic_mig_device_on_the_nodes_disk(
+    work: Path, builds: Builds
+) -> None:
+    """``mig.mode=dynamic``: the pod's agent creates the claim's MIG device on prepare and keeps
+    the simulated node's instances in its plugin directory, a hostPath on the node (so they
+    outlive the pod, as real instances outlive the agent); unprepare destroys it."""
+    api = FakeKubeApi(tls_dir=work / "tls", token="agent-token").start()
+    node = None
+    try:
+        api.add_node(NODE)
+        device = "gpu-1-mig-3g20gb-9-4"
+        claim = api.add_claim(allocated_claim(name="dynmig", node=NODE, devices=[device]))
+        node, _ = start_node(
+            work,
+            layout="gpu-operator",
+            builds=builds,
+            api=api,
+            simulate="a100-40gb:2:mig",
+            extra_values=("--set", "mig.mode=dynamic"),
+        )
+        dra_socket = register(node)
+        ref = v1.Claim(namespace="default", name="dynmig", uid=claim["metadata"]["uid"])
+        state = node.kubelet_dir / "plugins/gpu.nvidia.com/simulated-mig.json"
+        gpu1 = simulated_inventory("a100-40gb:2", node_name=NODE).gpus[1].uuid
+        with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+            stub = v1_grpc.DRAPluginStub(channel)
+            answer = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[ref]), timeout=30
+            )
+            assert answer.claims[ref.uid].error == "", node.log.read_text()
+            made = json.loads(state.read_text())["gpus"][gpu1]
+            assert [(i["profile_id"], i["start"], len(i["compute_instances"])) for i in made] == [
+                (9, 4, 1)
+            ]
+            undone = stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=30
+            )
+            assert undone.claims[ref.uid].error == "", node.log.read_text()
+            assert json.loads(state.read_text())["gpus"][gpu1] == []
+        assert node.stop() == 0, node.log.read_text()
+    finally:
         if node is not None:
             node.stop()
         api.stop()

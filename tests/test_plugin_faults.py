@@ -61,9 +61,10 @@ class PluginProcess:
         self.reg_socket = Path(settings["registry"]) / "gpu.nvidia.com-reg.sock"
         self.dra_socket = Path(settings["plugins"]) / "gpu.nvidia.com/dra.sock"
 
-    def spawn(self) -> None:
+    def spawn(self, crash: str = "") -> None:
+        """Start an instance; ``crash``: it kills itself there (tests/plugin_process.py)."""
         assert self.zygote.stdin is not None and self.zygote.stdout is not None
-        self.zygote.stdin.write("spawn\n")
+        self.zygote.stdin.write(f"spawn {crash}\n")
         self.zygote.stdin.flush()
         self.pid = int(self.zygote.stdout.readline())
         deadline = time.monotonic() + 20

@@ -539,6 +539,10 @@ class SimulatedNvmlLibrary:
         self.clock: Callable[[], float] = time.time
         self.workload: Callable[[str], bool] | None = None
         self.ecc_errors: dict[tuple[str, int], int] = {}
+        # Compute processes by device UUID (a GPU's or a MIG device's): what
+        # nvmlDeviceGetComputeRunningProcesses lists, and what makes destroying a compute
+        # instance IN_USE. Set by tests and users (put_process) to stand for workloads.
+        self.processes: dict[str, tuple[int, ...]] = {}
         impls: dict[str, Callable[..., Any]] = {
             "nvmlInitWithFlags": self._init,
             "nvmlInit_v2": lambda: self._init(0),
@@ -570,6 +574,7 @@ class SimulatedNvmlLibrary:
             "nvmlDeviceGetAttributes_v2": self._attributes,
             "nvmlDeviceGetGpuInstanceById": self._gpu_instance_by_id,
             "nvmlGpuInstanceGetInfo": self._gpu_instance_info,
+            "nvmlDeviceGetComputeRunningProcesses_v3": self._running_processes,
             **self.health.functions(),
             **self.mig.functions(),
         }
@@ -897,6 +902,45 @@ class SimulatedNvmlLibrary:
     # clocks, ECC counts), moving with time as a deterministic function of the UUID; higher while
     # ``workload`` says the device runs work. MIG device handles answer NOT_SUPPORTED for all but
     # memory, and a GPU in MIG mode for utilisation, as nvml.h documents for real GPUs.
+
+    def put_process(self, uuid: str, pid: int) -> None:
+        """Run a compute process (``pid``) on the GPU or MIG device ``uuid``."""
+        self.processes[uuid] = (*self.processes.get(uuid, ()), pid)
+
+    def end_processes(self, uuid: str) -> None:
+        """End every compute process on the GPU or MIG device ``uuid``."""
+        self.processes.pop(uuid, None)
+
+    def _running_processes(self, handle: Any, count: Any, array: Any) -> int:
+        """nvml.h: a MIG device's handle lists its processes; a GPU's lists its own and, in MIG
+        mode, those of its MIG devices (with their GPU/compute instance ids)."""
+        gpu, mig, rc = self._device(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        devices = [mig] if mig is not None else list(self.mig.devices(gpu))
+        found = (
+            []
+            if mig is not None
+            else [(p, _NO_INSTANCE, _NO_INSTANCE) for p in self.processes.get(gpu.uuid, ())]
+        )
+        for device in devices:
+            assert device is not None
+            found.extend(
+                (p, device.gpu_instance_id, device.compute_instance_id)
+                for p in self.processes.get(device.uuid, ())
+            )
+        size = _target(count)
+        if array is None or size.value < len(found):
+            size.value = len(found)
+            return _INSUFFICIENT_SIZE if found else _SUCCESS
+        entries = ctypes.cast(array, ctypes.POINTER(pynvml.c_nvmlProcessInfo_v3_t))
+        for n, (pid, gi, ci) in enumerate(found):
+            entries[n].pid = pid
+            entries[n].usedGpuMemory = 0
+            entries[n].gpuInstanceId = gi
+            entries[n].computeInstanceId = ci
+        size.value = len(found)
+        return _SUCCESS
 
     def _telemetry_functions(self) -> dict[str, Callable[..., Any]]:
         return {
@@ -1432,9 +1476,9 @@ class SimulatedHealth:
 #
 # Modelled: the profiles' placement tables on the 8 memory slices, the per-profile instance
 # counts (which is what makes a ``+me`` profile exclusive: one instance of it per GPU), the 7
-# compute slices, and the full-GPU-instance compute profile. Not modelled: compute profiles
-# smaller than their GPU instance, processes holding an instance (IN_USE only for compute
-# instances inside a GPU instance), permissions, and switching MIG mode.
+# compute slices, the full-GPU-instance compute profile, and processes holding a compute
+# instance (SimulatedNvmlLibrary.processes: IN_USE). Not modelled: compute profiles smaller
+# than their GPU instance, permissions, and switching MIG mode.
 
 _STATE_VERSION = 1
 # NVML_COMPUTE_INSTANCE_PROFILE_* of the compute profile that spans a whole GPU instance, by
@@ -1500,8 +1544,9 @@ class SimulatedMigInstances:
     """The GPU and compute instances of a simulated node, and the NVML functions that manage them.
 
     ``state_path``: a JSON file this node owns; read at start when it exists (it then replaces
-    the spec's layout for the GPUs it names), rewritten atomically (temporary file, fsync,
-    rename) on every change, under the lock, before the change becomes visible. Format::
+    the spec's layout for the GPUs it names), rewritten atomically (temporary file, rename; not
+    synced: it must outlive the agent process, and real instances do not outlive a reboot) on
+    every change, under the lock, before the change becomes visible. Format::
 
         {"version": 1, "gpus": {"<GPU UUID>": [{"gpu_instance_id": 2, "profile_id": 9,
           "start": 0, "compute_instances": [{"compute_instance_id": 0, "profile_id": 2}]}]}}
@@ -1846,6 +1891,8 @@ class SimulatedMigInstances:
             instance, ci = found
             if not self._answers(instance.gpu_index):
                 return _GPU_IS_LOST
+            if self._library.processes.get(ci.uuid):  # nvml.h: IN_USE while processes run
+                return _IN_USE
             shrunk = _replace(
                 instance,
                 compute_instances=tuple(c for c in instance.compute_instances if c is not ci),
@@ -1927,7 +1974,9 @@ class SimulatedMigInstances:
                 if gpu.spec.mig_enabled
             },
         }
-        replace_file(path, (json.dumps(state, indent=1) + "\n").encode())
+        # Not synced: a crash of a process cannot lose a renamed file, and real MIG instances do
+        # not survive what could (a power loss reboots the node, and a reboot clears them).
+        replace_file(path, (json.dumps(state, indent=1) + "\n").encode(), durable=False)
 
     def _read(self, path: Path) -> dict[int, tuple[SimulatedGpuInstance, ...]]:
         """The instances ``path`` records for this node's GPUs; SimulationSpecError if invalid."""

@@ -142,10 +142,14 @@ class KubeletPlugin:
         reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
         share_enforcer: ShareEnforcer | None = None,
         deployments: DeploymentApi | None = None,
+        static_gpus: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self._share_enforcer = share_enforcer
         self.inventory = inventory
+        # GPUs in MIG mode that stay static under --mig-mode dynamic (foreign MIG devices;
+        # dynamicmig.ManagedMig.left_static): prepare accepts their existing MIG devices.
+        self.static_gpus = static_gpus
         self.paths = sockets.socket_paths(
             registrar_dir=config.kubelet_registrar_directory_path,
             plugin_dir=config.plugin_data_dir,
@@ -207,11 +211,17 @@ class KubeletPlugin:
         self.specs.ensure()
         self.locks.open()
         report = self.checkpoint.open()
+        mig = None
+        if cfg.mig_mode == "dynamic":
+            from dra_driver.gpus.migmanager import MigManager  # noqa: PLC0415  (NVML: only then)
+            from dra_driver.miginstances import DynamicMig  # noqa: PLC0415
+
+            mig = DynamicMig(MigManager())
         self.preparer = Preparer(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
             cdi_vendor=cfg.cdi_vendor,
-            targets=device_targets(self.inventory),
+            targets=device_targets(self.inventory, cfg.mig_mode, self.static_gpus),
             files=files,
             specs=self.specs,
             checkpoint=self.checkpoint,
@@ -219,6 +229,7 @@ class KubeletPlugin:
             claims=self._claims,
             # run from the agent's view of the driver root, as the files were scanned
             timeslicer=NvidiaSmi(cfg.driver_root_in_container),
+            mig=mig,
             consumable_shares=cfg.shares_mode,
             share_enforcer=self._share_enforcer,
             mps_daemons=self._mps_daemons(),
@@ -292,7 +303,9 @@ class KubeletPlugin:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def set_inventory(self, inventory: Inventory) -> None:
+    def set_inventory(
+        self, inventory: Inventory, *, static_gpus: frozenset[str] | None = None
+    ) -> None:
         """Make ``inventory`` (a re-discovery's) what prepare accepts and the health stream lists.
 
         The devices, their device nodes and the MIG capability minors (read again: a driver
@@ -302,12 +315,16 @@ class KubeletPlugin:
         start() only the inventory is kept. Raises CdiError when the capability table cannot be
         read; the previous devices then stay. Called from one thread (the agent's re-discovery).
         """
+        if static_gpus is not None:
+            self.static_gpus = static_gpus
         if self.preparer is None:
             self.inventory = inventory
             return
         minors = cdi.read_mig_cap_minors(self._proc_root / MIG_MINORS)
         files = replace(self.preparer.files, mig_cap_minors=minors)
-        self.preparer.set_targets(device_targets(inventory), files)
+        self.preparer.set_targets(
+            device_targets(inventory, self.config.mig_mode, self.static_gpus), files
+        )
         self.inventory = inventory
         if self._health is not None:
             self._health.wake()

@@ -1,0 +1,232 @@
+"""The MIG instances of prepared claims (dynamic MIG): which instance a device name stands
+for, which devices overlap, and creating/destroying them safely.
+
+Flow position: prepare.py -> here -> gpus/migmanager.py (NVML). With ``--mig-mode=dynamic`` a
+MIG-enabled GPU offers every placement of every GPU-instance profile as a device
+(``gpu-<minor>-mig-<slug>-<giProfileId>-<start>``, devices.mig_device_name; what is published is
+dynamicmig.py's). Prepare creates the device's GPU instance at its placement and a compute
+instance of the full compute profile; unprepare destroys them (docs/plugin.md "Dynamic MIG").
+
+Rules kept here:
+- an instance no claim record names was not made by this driver: it is never destroyed, and no
+  dynamic device is prepared on its GPU (prepare records the claim ``PrepareStarted`` before it
+  creates anything, so every instance the driver makes is named by a record);
+- a GPU is not repartitioned while processes run where the change would hit them: no instance
+  is created while processes run on the full GPU (outside MIG instances), none is destroyed
+  while processes run in it.
+
+The name functions are pure; :class:`DynamicMig` does its NVML through a :class:`MigBackend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from dra_driver.devices import gpu_device_name, mig_device_name, parse_mig_device_name
+from dra_driver.errors import DeviceModelError, ForeignMigInstances, MigFailed
+from dra_driver.gpus.info import GpuInfo, MigInstance, MigPlacement, MigProfile
+
+if TYPE_CHECKING:  # the NVML side is imported by whoever builds the backend
+    from dra_driver.gpus.migmanager import MigSlot
+
+
+@dataclass(frozen=True)
+class DynamicSlot:
+    """What a dynamic MIG device stands for: a GPU-instance profile at a placement."""
+
+    profile: MigProfile
+    placement: MigPlacement
+
+    @property
+    def memory_slices(self) -> frozenset[int]:
+        return frozenset(range(self.placement.start, self.placement.start + self.placement.size))
+
+
+def dynamic_slots(gpu: GpuInfo) -> dict[str, DynamicSlot]:
+    """Device name -> slot, for every placement of every GPU-instance profile of ``gpu``."""
+    return {
+        mig_device_name(
+            parent_minor=gpu.minor,
+            profile=profile.name,
+            profile_id=profile.profile_id,
+            placement_start=placement.start,
+        ): DynamicSlot(profile, placement)
+        for profile in gpu.mig_profiles
+        for placement in profile.placements
+    }
+
+
+def slot_of(gpu: GpuInfo, name: str) -> DynamicSlot | None:
+    """The slot a dynamic device ``name`` of ``gpu`` stands for; None when it is not one."""
+    try:
+        minor, profile_id, start, _ = parse_mig_device_name(name)
+    except DeviceModelError:
+        return None
+    if minor != gpu.minor:
+        return None
+    for profile in gpu.mig_profiles:
+        if profile.profile_id == profile_id:
+            for placement in profile.placements:
+                if placement.start == start:
+                    return DynamicSlot(profile, placement)
+    return None
+
+
+def _memory_slices(gpu: GpuInfo, name: str) -> frozenset[int] | None:
+    """The memory slices of ``gpu`` the device ``name`` takes (the full GPU: all of them)."""
+    if name == gpu_device_name(gpu.minor):
+        return frozenset(
+            s for p in gpu.mig_profiles for pl in p.placements
+            for s in range(pl.start, pl.start + pl.size)
+        )  # fmt: skip
+    slot = slot_of(gpu, name)
+    return None if slot is None else slot.memory_slices
+
+
+def overlaps(gpu: GpuInfo, wanted: str, held: str) -> bool:
+    """Whether two devices of ``gpu`` (dynamic MIG devices, or the full GPU) share memory
+    slices, so both cannot be prepared at once. Devices of other GPUs never do."""
+    a, b = _memory_slices(gpu, wanted), _memory_slices(gpu, held)
+    return a is not None and b is not None and bool(a & b)
+
+
+def instance_of(slot: DynamicSlot, found: MigSlot) -> MigInstance:
+    """The MIG device a created instance is, as discovery would report it."""
+    assert found.compute_instance_id is not None and found.uuid is not None
+    return MigInstance(
+        uuid=found.uuid,
+        gpu_instance_id=found.gpu_instance_id,
+        compute_instance_id=found.compute_instance_id,
+        profile=slot.profile,
+        placement=slot.placement,
+        memory_bytes=slot.profile.memory_bytes,
+        multiprocessors=slot.profile.multiprocessors,
+    )
+
+
+class MigBackend(Protocol):
+    """The NVML side (gpus/migmanager.MigManager)."""
+
+    def instances(self, gpu_uuid: str, profile_ids: Iterable[int]) -> tuple[MigSlot, ...]: ...
+
+    def create(
+        self, gpu_uuid: str, *, profile_id: int, start: int, size: int, slices: int, name: str
+    ) -> tuple[MigSlot, bool]: ...
+
+    def destroy(self, gpu_uuid: str, *, profile_id: int, start: int, name: str) -> bool: ...
+
+    def processes(self, gpu_uuid: str, *, gpu_instance_id: int | None) -> tuple[int, ...]: ...
+
+    def close(self) -> None: ...
+
+
+class DynamicMig:
+    """Creates and destroys the instances of dynamic MIG devices (thread-safe as its backend)."""
+
+    def __init__(self, backend: MigBackend) -> None:
+        self.backend = backend
+
+    def existing(self, gpu: GpuInfo) -> dict[str, MigSlot]:
+        """Device name -> instance, for every GPU instance of ``gpu`` now."""
+        found = self.backend.instances(gpu.uuid, (p.profile_id for p in gpu.mig_profiles))
+        by_id = {p.profile_id: p for p in gpu.mig_profiles}
+        return {
+            mig_device_name(
+                parent_minor=gpu.minor,
+                profile=by_id[s.profile_id].name,
+                profile_id=s.profile_id,
+                placement_start=s.start,
+            ): s
+            for s in found
+        }
+
+    def check_foreign(
+        self, gpu: GpuInfo, name: str, *, recorded: Callable[[], frozenset[str]]
+    ) -> None:
+        """ForeignMigInstances when ``gpu`` has an instance outside ``recorded()`` (read after
+        the instances are listed, as in :meth:`create`). Prepare asks before it records the
+        claim, so that no record ever names an instance this driver did not create."""
+        present = self.existing(gpu)
+        self._refuse_foreign(gpu, name, present, recorded())
+
+    @staticmethod
+    def _refuse_foreign(
+        gpu: GpuInfo, name: str, present: dict[str, MigSlot], owned: frozenset[str]
+    ) -> None:
+        foreign = tuple(sorted(set(present) - owned))
+        if foreign:
+            raise ForeignMigInstances(
+                f"cannot prepare {name}: GPU {gpu_device_name(gpu.minor)} has MIG instances "
+                f"this driver did not create ({', '.join(foreign)}); its MIG devices are not "
+                "prepared in dynamic MIG mode until they are removed",
+                devices=foreign,
+            )
+
+    def create(
+        self, gpu: GpuInfo, name: str, *, recorded: Callable[[], frozenset[str]]
+    ) -> MigInstance:
+        """Create (or complete, or find) the instance of dynamic device ``name``; idempotent.
+
+        ``recorded()``: the device names the claim records name that may own an instance (for
+        a new prepare, those of the other claims; for a prepared claim, all of them, its own
+        included). It is read after the GPU's instances are listed: a claim is recorded before
+        its instance is made, so an instance seen then is named by a record read after. An
+        instance outside them was not made by this driver: the GPU is refused (a device that
+        exists and no other claim holds included). So is creating one while processes run on
+        the full GPU (outside MIG instances).
+        """
+        slot = slot_of(gpu, name)
+        if slot is None:
+            raise MigFailed(f"{name} is not a MIG placement of GPU {gpu_device_name(gpu.minor)}")
+        present = self.existing(gpu)
+        owned = recorded()
+        mine = present.get(name)
+        if (
+            mine is not None
+            and name in owned
+            and mine.uuid
+            and mine.compute_instance_id is not None
+        ):
+            return instance_of(slot, mine)  # made already: nothing to check or change
+        self._refuse_foreign(gpu, name, present, owned)
+        if name not in present:
+            pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
+            if pids:
+                raise MigFailed(
+                    f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} runs processes "
+                    f"outside MIG instances (PIDs {', '.join(map(str, pids))}); it is not "
+                    "repartitioned while they run"
+                )
+        found, _ = self.backend.create(
+            gpu.uuid,
+            profile_id=slot.profile.profile_id,
+            start=slot.placement.start,
+            size=slot.placement.size,
+            slices=slot.profile.slice_count,
+            name=name,
+        )
+        if found.uuid is None or found.compute_instance_id is None:
+            raise MigFailed(f"created {name}, but NVML does not list its MIG device")
+        return instance_of(slot, found)
+
+    def destroy(self, gpu: GpuInfo, name: str) -> bool:
+        """Destroy the instance of dynamic device ``name`` (a half-made one too); False when
+        there is none. Refused (MigFailed) while processes run in it. The caller makes sure a
+        record names ``name``: an instance no record names is never passed here."""
+        slot = slot_of(gpu, name)
+        if slot is None:
+            return False
+        found = self.existing(gpu).get(name)
+        if found is None:
+            return False
+        pids = self.backend.processes(gpu.uuid, gpu_instance_id=found.gpu_instance_id)
+        if pids:
+            raise MigFailed(
+                f"cannot destroy {name}: processes run in it (PIDs "
+                f"{', '.join(map(str, pids))}); it is destroyed once they end"
+            )
+        return self.backend.destroy(
+            gpu.uuid, profile_id=slot.profile.profile_id, start=slot.placement.start, name=name
+        )
