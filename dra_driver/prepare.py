@@ -1756,8 +1756,9 @@ def _not_created(device: str) -> str:
     GPU in MIG mode (not prepared: this driver does not take a GPU out of MIG mode)."""
     if "-mig-" in device:
         return (
-            ": no such MIG device exists (a GPU with MIG devices this driver did not create "
-            "offers only those, as static MIG devices, until they are removed)"
+            ": no such MIG device exists (under --mig-mode dynamic, a GPU with MIG devices "
+            "this driver did not create offers only those, as static MIG devices, until they "
+            "are removed)"
         )
     return (
         " as a whole GPU (a GPU in MIG mode is prepared only through its MIG devices: this "

@@ -5,6 +5,7 @@ Re-discovery applies one change to prepare, the health stream and the slices."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -85,12 +86,14 @@ def _scrape(port: int) -> tuple[str, str]:
 
 
 @as_a_pod
-def test_the_agent_in_dynamic_mig_mode_publishes_partitions_and_refuses_to_prepare_them(
+def test_the_agent_in_dynamic_mig_mode_creates_a_prepared_partition_and_keeps_a_foreign_gpu_static(
     tmp_path: Path,
 ) -> None:
     """MIG_MODE=dynamic as the chart's DaemonSet sets it: a GPU in MIG mode without MIG devices is
     partitionable, one with a MIG device the driver did not create stays static (and the log says
-    so); a placement that does not exist is refused at prepare, that claim only."""
+    so). Prepare creates the allocated placement's MIG device (in the simulated node's state,
+    with its capability nodes in the CDI spec) and unprepare destroys it; the foreign GPU's
+    existing MIG device is prepared as a static one."""
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
         api.add_node("gpu-node-1")
@@ -134,11 +137,34 @@ def test_the_agent_in_dynamic_mig_mode_publishes_partitions_and_refuses_to_prepa
                     ),
                     timeout=10,
                 )  # fmt: skip
-            refused = answer.claims[claims[0]["metadata"]["uid"]].error
-            assert (
-                "creating MIG devices on prepare (--mig-mode dynamic) is not supported" in refused
-            )
-            assert answer.claims[claims[1]["metadata"]["uid"]].error == ""
+            uids = [c["metadata"]["uid"] for c in claims]
+            assert [answer.claims[u].error for u in uids] == ["", ""]
+            state = tmp_path / "plugins" / "gpu.nvidia.com" / "simulated-mig.json"
+
+            def created() -> list[tuple[int, int]]:
+                gpus = json.loads(state.read_text())["gpus"]
+                return sorted(
+                    (gi["profile_id"], gi["start"]) for instances in gpus.values()
+                    for gi in instances
+                )  # fmt: skip
+
+            assert created() == [(9, 4), (19, 0)]  # the new 3g.40gb, the foreign 1g.10gb
+            (spec,) = [p for p in (tmp_path / "cdi").iterdir() if uids[0] in p.name]
+            assert "/dev/nvidia-caps/nvidia-cap" in spec.read_text()
+            with grpc.insecure_channel(f"unix://{dra}") as channel:
+                undone = v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                    v1.NodeUnprepareResourcesRequest(
+                        claims=[
+                            v1.Claim(namespace="default", name=c["metadata"]["name"],
+                                     uid=c["metadata"]["uid"])
+                            for c in claims
+                        ]
+                    ),
+                    timeout=10,
+                )  # fmt: skip
+            assert [undone.claims[u].error for u in uids] == ["", ""]
+            assert created() == [(19, 0)]  # destroyed; the foreign one is never touched
+            assert not spec.exists()
         finally:
             agent.send_signal(signal.SIGTERM)
             _, stderr = agent.communicate(timeout=20)
@@ -327,7 +353,9 @@ class Recorder:
     def __init__(self, calls: list[tuple[str, object]], name: str, fail: DraError | None) -> None:
         self._calls, self._name, self._fail = calls, name, fail
 
-    def set_inventory(self, inventory: Inventory) -> None:
+    def set_inventory(
+        self, inventory: Inventory, *, static_gpus: frozenset[str] | None = None
+    ) -> None:
         self._calls.append((self._name, inventory))
         if self._fail is not None and len(self._calls) == 1:
             raise self._fail

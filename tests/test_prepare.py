@@ -1037,7 +1037,7 @@ def test_the_stand_in_nvidia_smi_refuses_what_the_real_one_would(env: Env) -> No
 # -- dynamic MIG: devices published before they exist --------------------------------------------
 
 
-def test_a_dynamic_mig_placement_that_does_not_exist_fails_only_its_claim_saying_why(
+def test_a_mig_placement_that_does_not_exist_fails_only_its_claim_saying_why(
     env: Env,
 ) -> None:
     placement = "gpu-4-mig-1g5gb-19-6"  # published in dynamic mode; no such MIG device exists
@@ -1049,7 +1049,7 @@ def test_a_dynamic_mig_placement_that_does_not_exist_fails_only_its_claim_saying
 
     failed = outcomes[dynamic["metadata"]["uid"]]
     assert f"node1/{placement}, which this node does not have: no such MIG device" in failed.error
-    assert "creating MIG devices on prepare (--mig-mode dynamic) is not supported" in failed.error
+    assert "a GPU with MIG devices this driver did not create offers only those" in failed.error
     assert not failed.devices
     refused = outcomes[whole["metadata"]["uid"]]
     assert "node1/gpu-4, which this node does not have as a whole GPU" in refused.error
