@@ -101,9 +101,9 @@ def gpu_targets(inventory: Inventory, *, mig_mode: MigMode = "static") -> tuple[
     """The GPUs of ``inventory`` with the names devices.py publishes for them.
 
     With ``mig_mode="dynamic"`` a GPU in MIG mode also has its own name ``gpu-<minor>`` among
-    its devices: a partitionable GPU publishes its whole device, and ``devices.with_taints``
-    gives the whole device's taints to every placement, created or not. (On a GPU dynamic mode
-    leaves static that name is not published, and its taints go nowhere.)"""
+    its devices: ``devices.with_taints`` gives that name's taints to every placement of the
+    partitionable GPU (through its counter set), created or not. (On a GPU dynamic mode leaves
+    static no device consumes its counter set, and those taints go nowhere.)"""
     targets = []
     for gpu in inventory.gpus:
         migs = {

@@ -8,10 +8,10 @@ MIG modes (``--mig-mode``): in ``static`` mode a GPU in MIG mode offers the MIG 
 exist. In ``dynamic`` mode (partitionable devices, KEP-4815; nvidia-compat.md "Dynamic MIG") a GPU
 in MIG mode whose existing MIG devices were all created by this driver offers one counter set
 ``gpu-<minor>-counter-set`` (its largest profile's capacities as counters plus one
-``memory-slice-<i>`` counter per memory slice), the whole GPU (consuming every counter; not on
-Ampere, where leaving MIG mode needs a GPU reset) and one device per GPU-instance profile and
-placement (consuming the profile's capacities and the memory slices the placement covers). A GPU
-with a MIG device the driver did not create keeps the static behaviour.
+``memory-slice-<i>`` counter per memory slice) and one device per GPU-instance profile and
+placement (consuming the profile's capacities and the memory slices the placement covers); not
+the whole GPU, which this driver could not prepare without changing MIG mode. A GPU with a MIG
+device the driver did not create keeps the static behaviour.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def with_taints(node_devices: NodeDevices, taints: Mapping[str, tuple[Taint, ...
 
     A device of a partitionable GPU (dynamic MIG: it consumes from ``gpu-<minor>-counter-set``)
     that has no taints of its own in ``taints`` gets those of its GPU, ``taints["gpu-<minor>"]``:
-    a lost GPU taints its whole device and every placement, created or not.
+    a lost GPU taints every placement, created or not.
     """
 
     def wanted(device: Device) -> tuple[Taint, ...]:
@@ -174,9 +174,6 @@ _INT64 = (-(2**63), 2**63 - 1)
 MigMode = Literal["static", "dynamic"]
 MIG_MODES: tuple[MigMode, ...] = ("static", "dynamic")
 COUNTER_SET_SUFFIX = "-counter-set"
-# Leaving MIG mode needs a GPU reset on these architectures, so their whole GPU is not offered
-# while MIG mode is on (NVIDIA's driver: supportsMIGModeToggle).
-_MIG_TOGGLE_NEEDS_RESET = frozenset({"Ampere"})
 
 
 def node_devices(
@@ -436,12 +433,13 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
 
     Counters: per capacity the largest value any of its GPU-instance profiles has, and one
     ``memory-slice-<i>`` per memory slice, up to the end of the furthest placement (NVIDIA's
-    driver takes the largest placement size; both are 8 on A100, H100 and H200). Devices: the
-    whole GPU first (capacities and consumption = every counter; left out on Ampere), then every
+    driver takes the largest placement size; both are 8 on A100, H100 and H200). Devices: every
     profile's every placement, smallest memory first, so that first fit picks the smallest
     partition that satisfies a selector. A placement device has no ``uuid`` (the MIG device
     does not exist until a claim gets it) and carries the static MIG device's ``memorySlice<i>``
-    capacities too, so placement selectors work in both modes.
+    capacities too, so placement selectors work in both modes. The whole GPU is not offered
+    (NVIDIA's driver offers it, consuming every counter, and takes the GPU out of MIG mode to
+    prepare it; this driver never changes MIG mode, so it could not prepare it).
     """
     if not gpu.mig_profiles:
         raise DeviceModelError(f"GPU {gpu_device_name(gpu.minor)} reports no MIG profiles")
@@ -453,19 +451,9 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
         for placement in profile.placements:
             slices = max(slices, placement.start + placement.size)
     cs_name = counter_set_name(gpu.minor)
-    whole = _capacity_json(largest)
-    every = _counters(whole, start=0, size=slices)
+    every = _counters(_capacity_json(largest), start=0, size=slices)
     common = _common_attributes(gpu)
     devices: list[Device] = []
-    if gpu.architecture not in _MIG_TOGGLE_NEEDS_RESET:
-        devices.append(
-            Device(
-                name=gpu_device_name(gpu.minor),
-                attributes={"type": "gpu", "uuid": gpu.uuid, **common},
-                capacity=whole,
-                consumes_counters=(CounterConsumption(counter_set=cs_name, counters=every),),
-            )
-        )
     placements = sorted(
         ((profile, placement) for profile in gpu.mig_profiles for placement in profile.placements),
         key=lambda pp: (pp[0].memory_bytes, pp[0].slice_count, pp[0].profile_id, pp[1].start),

@@ -70,7 +70,7 @@ def test_in_dynamic_mig_mode_a_gpu_in_mig_mode_is_watched_under_its_own_name_too
     assert mig.devices == ("gpu-1", "gpu-1-mig-3g20gb-9-0")
 
 
-def test_a_lost_partitionable_gpu_taints_its_whole_device_and_every_placement() -> None:
+def test_a_lost_partitionable_gpu_taints_every_placement() -> None:
     inventory = simulated_inventory("h100:1:mig=3g.40gb,h100:1:mig", node_name="n")
     lost, healthy = inventory.gpus
     managed = frozenset({"gpu-0-mig-3g40gb-9-0"})
@@ -85,7 +85,7 @@ def test_a_lost_partitionable_gpu_taints_its_whole_device_and_every_placement() 
     tainted = with_taints(published, b.taints())
 
     on_lost = [d for d in tainted.devices if d.name.startswith("gpu-0")]
-    assert len(on_lost) == 26  # the whole GPU and 25 placements, one of them created
+    assert len(on_lost) == 25  # 25 placements, one of them created
     assert all(d.taints and d.taints[0] == taint("gpu-lost") for d in on_lost)
     assert all(not d.taints for d in tainted.devices if d.name.startswith("gpu-1"))
 

@@ -81,7 +81,7 @@ def test_a_gpu_in_mig_mode_gets_one_counter_set_with_nvidias_counters() -> None:
     assert dict(counter_set.counters) == H100_COUNTERS
 
 
-def test_every_profile_at_every_placement_is_a_device_next_to_the_whole_gpu() -> None:
+def test_every_profile_at_every_placement_is_a_device_and_the_whole_gpu_is_not() -> None:
     inv = inventory("h100:1:mig")
     (gpu,) = inv.gpus
     expected = {
@@ -94,12 +94,12 @@ def test_every_profile_at_every_placement_is_a_device_next_to_the_whole_gpu() ->
 
     names = [d.name for d in dynamic(inv).devices]
 
-    assert names[0] == "gpu-0"
-    assert set(names[1:]) == expected
+    assert "gpu-0" not in names  # not preparable without leaving MIG mode: not offered
+    assert set(names) == expected and len(names) == len(expected)
     # 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements on an H100, NVML's placement tables
     assert len(expected) == 25
     assert {"gpu-0-mig-1g10gb-me-20-6", "gpu-0-mig-3g40gb-9-4", "gpu-0-mig-7g80gb-0-0"} <= expected
-    for name in names[1:]:
+    for name in names:
         parent, _, start, _ = parse_mig_device_name(name)
         assert (parent, start) == (0, int(name.rpartition("-")[2]))
 
@@ -118,17 +118,22 @@ def test_placements_come_smallest_memory_first_so_first_fit_picks_the_smallest()
     ]
 
 
-def test_the_whole_gpu_consumes_every_counter_and_keeps_its_gpu_attributes() -> None:
+def test_the_counter_set_holds_the_largest_profiles_capacities_and_every_memory_slice() -> None:
     published = dynamic(inventory("h100:1:mig"))
-    whole = by_name(published)["gpu-0"]
-    (consumption,) = whole.consumes_counters
+    (counter_set,) = published.counter_sets
+    counters = dict(counter_set.counters)
 
-    assert consumption.counter_set == "gpu-0-counter-set"
-    assert dict(consumption.counters) == dict(published.counter_sets[0].counters)
-    assert whole.attributes["type"] == "gpu"
-    assert str(whole.attributes["uuid"]).startswith("GPU-")
-    assert whole.capacity["memory"] == "81152Mi"
-    assert whole.capacity["multiprocessors"] == "132"
+    assert counter_set.name == "gpu-0-counter-set"
+    assert counters["memory"] == "81152Mi"  # the 7g.80gb profile's, as NVIDIA's driver has it
+    assert counters["multiprocessors"] == "132"
+    assert [n for n in counters if n.startswith("memory-slice-")] == [
+        f"memory-slice-{i}" for i in range(8)
+    ]
+    # the largest placement consumes it all: nothing else fits next to a 7g.80gb
+    (full,) = by_name(published)["gpu-0-mig-7g80gb-0-0"].consumes_counters
+    assert {n: v for n, v in full.counters.items() if v != "0"} == {
+        n: v for n, v in counters.items() if v != "0"
+    }
 
 
 def test_a_placement_consumes_its_profiles_capacities_and_the_memory_slices_it_covers() -> None:
@@ -280,8 +285,8 @@ def test_eight_h100_in_dynamic_mode_fit_the_limits_and_pass_the_strict_schema(
     shapes = [
         (len(o["spec"].get("devices", ())), len(o["spec"].get("sharedCounters", ()))) for o in objs
     ]
-    assert shapes == [(0, 8), (64, 0), (64, 0), (64, 0), (16, 0)]
-    assert sum(d for d, _ in shapes) == 8 * 26
+    assert shapes == [(0, 8), (64, 0), (64, 0), (64, 0), (8, 0)]
+    assert sum(d for d, _ in shapes) == 8 * 25
     for obj in objs:
         kubernetes_validate.validate(obj, kubernetes_version, strict=True)
         assert validate_slice(obj) == []

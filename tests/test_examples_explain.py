@@ -27,7 +27,7 @@ from dra_driver.scheduling.explain import main, simulated_slices
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.rglob("*.yaml"))
 DYNAMIC_MIG = EXAMPLES / "dynamic-mig"
-DYNAMIC_MIG_NODE = ["--simulate", "h100:2:mig", "--mig-mode", "dynamic", "--node", "node1"]
+DYNAMIC_MIG_NODE = ["--simulate", "h100:2:mig,h100:1", "--mig-mode", "dynamic", "--node", "node1"]
 KEYS = ("devices", "count", "requests", "consumable-shares")
 
 
@@ -211,7 +211,7 @@ def test_template_deployment_gives_each_replica_a_claim_with_a_gpu_of_its_own(
 
 
 def on_dynamic_mig_node(claim: Path, *extra: str) -> tuple[bool, dict[str, Any]]:
-    return explain(claim, "--simulate", "h100:2:mig", "--mig-mode", "dynamic", *extra)
+    return explain(claim, *DYNAMIC_MIG_NODE[:4], *extra)
 
 
 def test_dynamic_3g40gb_takes_the_other_placement_and_names_who_holds_a_slice(
@@ -223,7 +223,7 @@ def test_dynamic_3g40gb_takes_the_other_placement_and_names_who_holds_a_slice(
     assert ok and [r["device"] for r in results(result)] == ["gpu-0-mig-3g40gb-9-4"]
 
     full = allocated_file(
-        tmp_path, "full", ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1"]
+        tmp_path, "full", ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-1g10gb-19-6", "gpu-1-mig-7g80gb-0-0"]
     )
     ok, result = on_dynamic_mig_node(claim, "--allocated", str(full))
     assert not ok
@@ -235,7 +235,7 @@ def test_dynamic_3g40gb_takes_the_other_placement_and_names_who_holds_a_slice(
     )
     assert why["gpu-1-mig-3g40gb-9-4"][0].startswith(
         "3g.40gb at placement 4 needs memory-slice-4..7 of gpu-1-counter-set; "
-        "memory-slice-4..7 are used by gpu-1 of claim default/full"
+        "memory-slice-4..7 are used by gpu-1-mig-7g80gb-0-0 of claim default/full"
     )
 
 
@@ -248,7 +248,7 @@ def test_dynamic_any_20gib_gets_a_1g20gb_when_asked_for_19gib(tmp_path: Path) ->
     assert ok and [r["device"] for r in results(result)] == ["gpu-0-mig-1g20gb-15-0"]
 
 
-def test_dynamic_whole_gpu_takes_gpu_0_once_no_mig_device_holds_a_slice_of_it(
+def test_dynamic_whole_gpu_gets_the_gpu_not_in_mig_mode_never_a_partitionable_one(
     tmp_path: Path,
 ) -> None:
     docs = [
@@ -259,4 +259,4 @@ def test_dynamic_whole_gpu_takes_gpu_0_once_no_mig_device_holds_a_slice_of_it(
     alone = tmp_path / "whole.yaml"
     alone.write_text(yaml.safe_dump_all(docs))
     ok, result = on_dynamic_mig_node(alone)
-    assert ok and [r["device"] for r in results(result)] == ["gpu-0"]
+    assert ok and [r["device"] for r in results(result)] == ["gpu-2"]

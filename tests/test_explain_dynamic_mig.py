@@ -122,21 +122,24 @@ def test_a_refused_placement_names_the_memory_slice_in_use_and_its_holder() -> N
     assert reasons["gpu-0-mig-3g40gb-9-0"][0] == f"in use by {NS}/big"
 
 
-def test_the_whole_gpu_consumes_every_counter() -> None:
+def test_the_full_size_placement_consumes_every_memory_slice_and_no_whole_gpu_is_offered() -> None:
     one_slice = held(mig_claim("small", profile_is("1g.10gb")), "gpu-0-mig-1g10gb-19-0")
-    # a single MIG device keeps the whole GPU from being allocated, on this GPU only
-    assert devices_of(run(gpu_claim("whole"), one_slice, spec="h100:2:mig")) == ["gpu-1"]
-    refused = run(gpu_claim("whole"), one_slice)
+    # a single MIG device keeps the 7g.80gb placement of that GPU from being allocated
+    full = mig_claim("full", profile_is("7g.80gb"))
+    assert devices_of(run(full, one_slice, spec="h100:2:mig")) == ["gpu-1-mig-7g80gb-0-0"]
+    refused = run(full, one_slice)
     assert not refused.satisfiable
     (diagnosis,) = refused.nodes[0].diagnoses
-    (verdict,) = [v for v in diagnosis.verdicts if v.device == "gpu-0"]
+    (verdict,) = [v for v in diagnosis.verdicts if v.device == "gpu-0-mig-7g80gb-0-0"]
     assert (
-        "needs memory-slice-0..7 of gpu-0-counter-set; memory-slice-0 is used by "
-        f"gpu-0-mig-1g10gb-19-0 of claim {NS}/small" in verdict.reasons
+        "7g.80gb at placement 0 needs memory-slice-0..7 of gpu-0-counter-set; memory-slice-0 is "
+        f"used by gpu-0-mig-1g10gb-19-0 of claim {NS}/small" in verdict.reasons
     )
-    # and the whole GPU, allocated, leaves no placement
-    whole = held(gpu_claim("whole"), "gpu-0")
-    assert not run(mig_claim("c", profile_is("1g.10gb")), whole).satisfiable
+    # and the 7g.80gb, allocated, leaves no placement
+    taken = held(mig_claim("full", profile_is("7g.80gb")), "gpu-0-mig-7g80gb-0-0")
+    assert not run(mig_claim("c", profile_is("1g.10gb")), taken).satisfiable
+    # a GPU in dynamic MIG mode is not offered whole (this driver never leaves MIG mode)
+    assert not run(gpu_claim("whole")).satisfiable
 
 
 def test_two_media_extension_placements_never_share_a_gpu() -> None:

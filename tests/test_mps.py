@@ -40,6 +40,7 @@ from dra_driver.localapi import FakeKubeApi
 from dra_driver.localkubelet import DeploymentKubelet
 from dra_driver.mpsdaemon import MpsDaemons
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.shares import DISABLED, SharesMode
 from dra_driver.timeslice import NvidiaSmi
 from tests.claimdata import ClaimStore, allocated_claim, opaque
 
@@ -79,6 +80,7 @@ class Env:
     store: ClaimStore
     preparers: list[Preparer]
     start_timeout_s: float = 10.0
+    consumable_shares: SharesMode = DISABLED
 
     @property
     def preparer(self) -> Preparer:
@@ -126,6 +128,7 @@ class Env:
             claims=self.store,
             timeslicer=NvidiaSmi(self.fake.root, timeout_s=5),
             mps_daemons=daemons,
+            consumable_shares=self.consumable_shares,
         )
         self.preparers.append(preparer)
         return preparer
