@@ -302,6 +302,9 @@ def test_shares_integer_example_packs_four_replicas_to_a_gpu(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("name", ["shares-memory.yaml", "shares-integer.yaml"])
-def test_the_share_examples_say_that_the_agent_refuses_sharing_for_now(name: str) -> None:
+def test_the_share_examples_say_that_sharing_needs_mps_as_the_agent_does(name: str) -> None:
+    """The agent refuses --consumable-shares without MPS (tests/test_chart.py), and each share
+    is a client of its device's MPS daemon (tests/test_mps_shares.py): the headers say so."""
     text = (EXAMPLES / name).read_text()
-    assert "refuses to start with sharing on" in text
+    assert "with MPS on (chart value mps.enabled, the default)" in text
+    assert "MPS daemon" in text and "refuses" not in text
