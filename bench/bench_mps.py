@@ -1,48 +1,39 @@
-"""MPS sharing: prepare that starts an MPS control daemon, and 8 GPUs used by 64 MPS claims.
+"""MPS sharing: prepare that starts an MPS control daemon, and 8 GPUs shared by 64 claims.
 
-The agent's Preparer in-process, with real MPS daemons as the tests run them: a Deployment
-created through the real Kubernetes client over HTTP to dra_driver/localapi.py, run by the
-stand-in kubelet (dra_driver/localkubelet.py) as a process of its own; the fake driver root's
-stand-in nvidia-cuda-mps-control (-f and the client) and nvidia-smi (compute mode); the shm
-tmpfs a real mount (root only). Claims come from an in-memory source.
+The agent's Preparer in process with real MPS daemons, as the tests run them (bench/mpsnode.py:
+a Deployment per daemon through the real Kubernetes client to the local API server, run by the
+stand-in kubelet as a process of its own; stand-in nvidia-cuda-mps-control and nvidia-smi; the
+shm tmpfs a real mount, so root only), with ``--consumable-shares compute``. Claims come from an
+in-memory source.
 
 Rows:
 * prepare of one claim whose GpuConfig asks for MPS (with a thread percentage and a memory
   limit), alone on the node: compute mode, directories, tmpfs, Deployment, waiting for the
   daemon to answer, limits, CDI spec, checkpoint: p50 <= 150 ms (20 runs, each unprepared);
-* 8 GPUs used by 64 MPS claims: 8 rounds of 8 claims (one per GPU: until consumable-capacity
-  shares land, an MPS claim holds its GPU), each round prepared in one batch and unprepared in
-  one; every claim must succeed, and afterwards no daemon process, Deployment, mount, directory
-  or EXCLUSIVE_PROCESS compute mode may be left.
+* 8 GPUs shared by 64 claims: 8 consumable shares (KEP-5075) per GPU, each with its own
+  consumedCapacity (memory and compute), prepared in one batch (the first share of each GPU
+  starts its shared daemon through mpsshares.MpsShareEnforcer) and unprepared in one (the last
+  share of each GPU stops it). Every claim must succeed, exactly one daemon per GPU must have
+  been started and running, and afterwards no daemon process, Deployment, mount, directory or
+  EXCLUSIVE_PROCESS compute mode may be left.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
+from bench.mpsnode import mps_node, need_root, ref
 from bench.table import Row, print_table
-from dra_driver import cdi
-from dra_driver.checkpoint import Checkpoint, ClaimLocks
-from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
-from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.localkubelet import DeploymentKubelet
-from dra_driver.mpsdaemon import MpsDaemons
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.timeslice import NvidiaSmi
-from tests.claimdata import ClaimStore, allocated_claim, opaque
+from dra_driver.shares import parse_mode
+from tests.claimdata import allocated_claim, new_uid, opaque
 
 SPEC = "h100:8"
+GPUS = 8
 RUNS = 20
-ROUNDS = 8
+SHARES_PER_GPU = 8
 TARGET_S = 0.150
-VENDOR = "k8s.gpu.nvidia.com"
 
 
 def _config() -> dict[str, Any]:
@@ -61,118 +52,71 @@ def _config() -> dict[str, Any]:
     )
 
 
-def _ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-
-
-def _mounts_under(path: Path) -> list[str]:
-    prefix = str(path) + "/"
-    lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    return [line.split(" ")[4] for line in lines if line.split(" ")[4].startswith(prefix)]
+def _share(name: str, device: str, k: int) -> dict[str, Any]:
+    """Share ``k`` of ``device``: (4 + k) GiB and 5 + 2k percent, so 60 GiB and 96 % in all."""
+    claim = allocated_claim(name=name, devices=[device])
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    result["shareID"] = new_uid()
+    result["consumedCapacity"] = {"memory": f"{4 + k}Gi", "compute": str(5 + 2 * k)}
+    return claim
 
 
 def main() -> int:
-    if os.geteuid() != 0:
-        print("bench_mps: needs root (it mounts a tmpfs per daemon)")
+    if not need_root("bench_mps"):
         return 1
-    logging.getLogger("dra_driver").setLevel(logging.CRITICAL)
-    inventory = simulated_inventory(SPEC, node_name="node1")
-    with tempfile.TemporaryDirectory(prefix="bmps-", dir="/tmp") as d:
-        tmp = Path(d)
-        fake = make_fake_driver(tmp, gpu_uuids=[g.uuid for g in inventory.gpus])
-        (tmp / "boot").write_text("boot-1\n")
-        api = FakeKubeApi().start()
-        kube = KubeClient.from_config(kubeconfig=api.write_kubeconfig(tmp / "kubeconfig"))
-        kubelet = DeploymentKubelet(api, node_name="node1", log_dir=tmp / "pods").start()
-        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot")
-        checkpoint.open()
-        locks = ClaimLocks(tmp / "plugin/claims.lock")
-        locks.open()
-        store = ClaimStore()
-        preparer = Preparer(
-            driver_name="gpu.nvidia.com",
-            node_name="node1",
-            cdi_vendor=VENDOR,
-            targets=device_targets(inventory),
-            files=cdi.find_driver_files(
-                driver_root=fake.root,
-                driver_version=inventory.gpus[0].driver_version,
-                proc_root=fake.proc_root,
-            ),
-            specs=specs,
-            checkpoint=checkpoint,
-            locks=locks,
-            claims=store,
-            timeslicer=NvidiaSmi(fake.root),
-            mps_daemons=MpsDaemons(
-                api=kube,
-                namespace="gpu-dra",
-                node_name="node1",
-                driver_name="gpu.nvidia.com",
-                image="gpu-dra:bench",
-                base=tmp / "plugin/mps",
-                driver_root=fake.root,
-                host_driver_root=fake.root,
-            ),
-        )
-        try:
-            single: list[float] = []
-            for i in range(RUNS):
-                claim = store.add(
-                    allocated_claim(name=f"one-{i}", devices=[f"gpu-{i % 8}"], configs=[_config()])
-                )
-                began = time.perf_counter()
-                preparer.prepare(_ref(claim))
-                single.append(time.perf_counter() - began)
-                preparer.unprepare(_ref(claim))
-            failures = 0
-            batch_s: list[float] = []
-            for r in range(ROUNDS):
-                claims = [
-                    store.add(
-                        allocated_claim(name=f"r{r}-{g}", devices=[f"gpu-{g}"], configs=[_config()])
-                    )
-                    for g in range(8)
-                ]
-                began = time.perf_counter()
-                outcomes = preparer.prepare_batch([_ref(c) for c in claims])
-                batch_s.append(time.perf_counter() - began)
-                failures += sum(1 for o in outcomes.values() if o.error)
-                running = len(kubelet.running())
-                failures += 8 - running if running < 8 else 0
-                outcomes = preparer.unprepare_batch([_ref(c) for c in claims])
-                failures += sum(1 for o in outcomes.values() if o.error)
-            deadline = time.monotonic() + 10
-            while kubelet.running() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            leftover = (
-                len(kubelet.running())
-                + len(api.objects("deployments"))
-                + len(_mounts_under(tmp))
-                + len(list((tmp / "plugin/mps").iterdir()))
-                + sum(1 for m in fake.compute_modes().values() if m != "DEFAULT")
+    # A claim's own daemon: sharing off (with it on, a whole-GPU allocation is refused).
+    with mps_node(SPEC) as node:
+        single: list[float] = []
+        for i in range(RUNS):
+            claim = node.store.add(
+                allocated_claim(name=f"one-{i}", devices=[f"gpu-{i % GPUS}"], configs=[_config()])
             )
-        finally:
-            preparer.close()
-            kubelet.stop()
-            kube.close()
-            api.stop()
+            began = time.perf_counter()
+            node.preparer.prepare(ref(claim))
+            single.append(time.perf_counter() - began)
+            node.preparer.unprepare(ref(claim))
+        before = node.leftovers()
+    with mps_node(SPEC, consumable_shares=parse_mode("compute")) as node:
+        claims = [
+            node.store.add(_share(f"s{g}-{k}", f"gpu-{g}", k))
+            for g in range(GPUS)
+            for k in range(SHARES_PER_GPU)
+        ]
+        began = time.perf_counter()
+        outcomes = node.preparer.prepare_batch([ref(c) for c in claims])
+        prepare_s = time.perf_counter() - began
+        errors = [o.error for o in outcomes.values() if o.error]
+        running = len(node.kubelet.running())
+        started = node.daemon_starts()
+        began = time.perf_counter()
+        outcomes = node.preparer.unprepare_batch([ref(c) for c in claims])
+        unprepare_s = time.perf_counter() - began
+        errors += [o.error for o in outcomes.values() if o.error]
+        after = node.leftovers()
+    failures = len(errors)
+    if errors:
+        print(f"first error of {failures}: {errors[0]}")
+    left = sum(before.values()) + sum(after.values())
     p50 = statistics.median(single)
+    n = GPUS * SHARES_PER_GPU
     rows = [
         Row(f"prepare starting an MPS daemon (p50 of {RUNS})", p50 * 1000, "ms", "<= 150 ms",
             p50 <= TARGET_S),
         Row(f"same, p90 of {RUNS}", statistics.quantiles(single, n=10)[-1] * 1000, "ms", ""),
-        Row("8 claims on 8 GPUs prepared in one batch (median of 8 rounds)",
-            statistics.median(batch_s) * 1000, "ms", ""),
-        Row("64 MPS claims on 8 GPUs: failed prepares, unprepares or daemons", failures, "",
-            "== 0", failures == 0),
-        Row("left after: daemons, Deployments, mounts, directories, exclusive GPUs", leftover,
-            "", "== 0", leftover == 0),
+        Row(f"{n} shares of {GPUS} GPUs prepared in one batch (8 shared daemons started)",
+            prepare_s * 1000, "ms", ""),
+        Row(f"the same {n} shares unprepared in one batch (8 daemons stopped)", unprepare_s * 1000,
+            "ms", ""),
+        Row(f"{n} shares: failed prepares or unprepares", failures, "", "== 0", failures == 0),
+        Row("shared daemons started / running after the prepares", started, "",
+            f"== {GPUS} / {GPUS}", started == GPUS and running == GPUS),
+        Row("left after: " + ", ".join(after), left, "", "== 0", left == 0),
     ]  # fmt: skip
-    return 0 if print_table("MPS: prepare with a daemon, 64 claims on 8 GPUs", rows) else 1
+    if left:
+        print(f"left before the shares: {before}; after: {after}")
+    if running != GPUS:
+        print(f"daemons running after the prepares: {running}")
+    return 0 if print_table(f"MPS: prepare with a daemon, {n} shares of {GPUS} GPUs", rows) else 1
 
 
 if __name__ == "__main__":

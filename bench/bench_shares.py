@@ -3,16 +3,19 @@ exclusive prepare of a whole GPU, through the same Preparer.
 
 Target (issue 11): p50 of a share's prepare within 1 ms of an exclusive prepare's.
 
-In process, not through the agent's sockets: the agent refuses ``--consumable-shares`` until the
-MPS daemon module is connected as its share enforcer (docs/publishing.md), so here the preparer
-gets tests/shareenforcer.py's RecordingEnforcer. Everything else is the real prepare path:
-simulated GPUs and the fake driver root, the claim read from an in-memory source (no API
-latency: what is compared is the agent's own work), the CDI spec and the checkpoint written with
-fsync under a temporary directory. The exclusive prepares go to a preparer with sharing off, the
-shares to one with sharing on over a directory of its own, in the same process. Each GPU's daemon
-is acquired by a claim holding a share of it for the whole run, so the measured shares take the
-fast path (no PrepareStarted record, no enforcer call). Exclusive and share prepares alternate,
-each followed by its unprepare, so both see the same disk and the same load.
+In process, not through the agent's sockets: the agent's Preparer with the real share enforcer
+(mpsshares.MpsShareEnforcer over mpsdaemon.MpsDaemons), whose daemons run as the tests run them
+(bench/mpsnode.py: a Deployment per daemon through the real Kubernetes client to the local API
+server, run by the stand-in kubelet as a process of its own, the stand-in
+nvidia-cuda-mps-control, a real tmpfs: root only), with ``--consumable-shares memory``.
+Everything else is the real prepare path: simulated GPUs and the fake driver root, the claim read
+from an in-memory source (no API latency: what is compared is the agent's own work), the CDI spec
+and the checkpoint written with fsync under a temporary directory. The exclusive prepares go to a
+preparer with sharing off over a directory of its own, in the same process. Each GPU's shared
+daemon is started by a claim holding a share of it for the whole run, so the measured shares take
+the fast path (no PrepareStarted record, no enforcer call; checked: no daemon is started or
+stopped while they run). Exclusive and share prepares alternate, each followed by its unprepare,
+so both see the same disk and the same load.
 """
 
 from __future__ import annotations
@@ -24,22 +27,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.mpsnode import mps_node, need_root, ref
 from bench.table import Row, print_table
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimLocks
 from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare import Preparer, device_targets
 from dra_driver.shares import parse_mode
 from tests.claimdata import ClaimStore, allocated_claim, new_uid
-from tests.shareenforcer import RecordingEnforcer
 
 SIMULATE = "h100:8"
 TARGET_MS = 1.0
-
-
-def _ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
 def _share(name: str, device: str, memory: str) -> dict[str, Any]:
@@ -50,8 +48,8 @@ def _share(name: str, device: str, memory: str) -> dict[str, Any]:
     return claim
 
 
-def _preparer(tmp: Path, store: ClaimStore, enforcer: RecordingEnforcer | None) -> Preparer:
-    """A Preparer over ``tmp``: shares of every GPU with an enforcer, else whole GPUs only."""
+def _exclusive_preparer(tmp: Path, store: ClaimStore) -> Preparer:
+    """A Preparer over ``tmp`` with sharing off: whole GPUs only."""
     inventory = simulated_inventory(SIMULATE, node_name="node1")
     make_fake_driver(tmp, gpu_uuids=[g.uuid for g in inventory.gpus])
     (tmp / "boot_id").write_text("boot-1\n")
@@ -76,8 +74,6 @@ def _preparer(tmp: Path, store: ClaimStore, enforcer: RecordingEnforcer | None) 
         checkpoint=checkpoint,
         locks=locks,
         claims=store,
-        consumable_shares=parse_mode("unlimited" if enforcer else "disabled"),
-        share_enforcer=enforcer,
     )
 
 
@@ -85,21 +81,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_shares", description=__doc__)
     parser.add_argument("--rounds", type=int, default=300, help="prepares of each kind")
     args = parser.parse_args(argv)
-    store = ClaimStore()
-    enforcer = RecordingEnforcer()
+    if not need_root("bench_shares"):
+        return 1
     # Two agents' state side by side in one process: sharing off (whole GPUs) and on.
     with (
         tempfile.TemporaryDirectory(prefix="bench-whole-") as whole_tmp,
-        tempfile.TemporaryDirectory(prefix="bench-shares-") as shares_tmp,
+        mps_node(SIMULATE, consumable_shares=parse_mode("memory")) as node,
     ):
-        exclusive = _preparer(Path(whole_tmp), store, None)
-        shared = _preparer(Path(shares_tmp), store, enforcer)
+        store = node.store
+        exclusive = _exclusive_preparer(Path(whole_tmp), store)
+        shared = node.preparer
         try:
-            # One long-lived share per GPU: every GPU's daemon runs from now on.
-            for i in range(8):
-                holder = store.add(_share(f"holder-{i}", f"gpu-{i}", "1Gi"))
-                shared.prepare(_ref(holder))
-            acquired = len(enforcer.calls)
+            # One long-lived share per GPU: every GPU's shared daemon runs from now on.
+            holders = [store.add(_share(f"holder-{i}", f"gpu-{i}", "1Gi")) for i in range(8)]
+            for holder in holders:
+                shared.prepare(ref(holder))
+            daemons = node.kubelet.running()
+            starts = node.daemon_starts()
+            if len(daemons) != 8:
+                print(f"bench_shares: {len(daemons)} shared daemons run, not 8")
+                return 1
             whole_ms: list[float] = []
             share_ms: list[float] = []
             for n in range(args.rounds):
@@ -110,22 +111,41 @@ def main(argv: list[str] | None = None) -> int:
                     (shared, share, share_ms),
                 ):
                     began = time.perf_counter()
-                    preparer.prepare(_ref(claim))
+                    preparer.prepare(ref(claim))
                     times.append((time.perf_counter() - began) * 1000)
-                    preparer.unprepare(_ref(claim))
-            assert len(enforcer.calls) == acquired, "a measured share started a daemon"
+                    preparer.unprepare(ref(claim))
+            # the same daemons (same PIDs), none started again: the measured shares took the
+            # fast path and none stopped a daemon another share still had
+            now = node.kubelet.running()
+            churn = node.daemon_starts() - starts + sum(now.get(k) != p for k, p in daemons.items())
+            for holder in holders:
+                shared.unprepare(ref(holder))
         finally:
             exclusive.close()
-            shared.close()
+        left = node.leftovers()
     whole_p50 = statistics.median(whole_ms)
     share_p50 = statistics.median(share_ms)
     difference = share_p50 - whole_p50
     ok = print_table(
         f"prepare of a share on a GPU whose daemon runs vs an exclusive prepare "
-        f"({args.rounds} each, in process; noisy on a shared machine)",
+        f"({args.rounds} each, in process, real MPS daemons; noisy on a shared machine)",
         [
             Row("exclusive prepare p50", whole_p50, "ms", ""),
             Row("share prepare p50", share_p50, "ms", ""),
+            Row(
+                "shared daemons started or stopped while the shares were measured",
+                churn,
+                "",
+                "== 0",
+                churn == 0,
+            ),
+            Row(
+                "left after: " + ", ".join(left),
+                sum(left.values()),
+                "",
+                "== 0",
+                sum(left.values()) == 0,
+            ),
             Row(
                 "share p50 - exclusive p50",
                 difference,
