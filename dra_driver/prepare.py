@@ -912,7 +912,8 @@ class Preparer:
                 share_id=result.get("shareID"),
                 consumed=result.get("consumedCapacity"),
                 device=target.name,
-                shareable_device=self._shares_mode.enabled,
+                # as shares.shareable publishes it: a dynamic MIG placement stays whole
+                shareable_device=self._shares_mode.enabled and target.dynamic is None,
             )
         except ValueError as exc:
             raise PrepareError(f"{where}: {exc}") from None

@@ -26,11 +26,11 @@ import pytest
 
 from dra_driver import cdi, mps
 from dra_driver.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimLocks
-from dra_driver.devices import mig_device_name
-from dra_driver.errors import MpsFailed
+from dra_driver.devices import mig_device_name, node_devices
+from dra_driver.errors import MpsFailed, PrepareError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import MPS_CONTROL_FAIL, FakeDriver, make_fake_driver
-from dra_driver.gpus.info import GpuInfo
+from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.migmanager import MigManager, MigSlot
 from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
@@ -39,8 +39,9 @@ from dra_driver.localkubelet import DeploymentKubelet
 from dra_driver.miginstances import DynamicMig
 from dra_driver.mpsdaemon import MpsDaemons
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.shares import DISABLED, SharesMode, parse_mode, shareable
 from dra_driver.timeslice import NvidiaSmi
-from tests.claimdata import ClaimStore, allocated_claim
+from tests.claimdata import ClaimStore, allocated_claim, new_uid
 from tests.test_mps import NAMESPACE, mounts_under, mps_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
@@ -98,7 +99,11 @@ class Env:
     store: ClaimStore
     preparer: Preparer
     mig: RecordingMig
-    gpu: GpuInfo
+    inventory: Inventory
+
+    @property
+    def gpu(self) -> GpuInfo:
+        return self.inventory.gpus[1]
 
     @property
     def mps_base(self) -> Path:
@@ -124,7 +129,9 @@ class Env:
 
 
 @contextlib.contextmanager
-def dynamic_mps_node(*, start_timeout_s: float = 10.0) -> Iterator[Env]:
+def dynamic_mps_node(
+    *, start_timeout_s: float = 10.0, consumable_shares: SharesMode = DISABLED
+) -> Iterator[Env]:
     # a short path: a Unix socket's path has at most 107 bytes
     with (
         tempfile.TemporaryDirectory(prefix="mpsmig-", dir="/tmp") as d,
@@ -174,8 +181,9 @@ def dynamic_mps_node(*, start_timeout_s: float = 10.0) -> Iterator[Env]:
             timeslicer=NvidiaSmi(fake.root, timeout_s=5),
             mps_daemons=daemons,
             mig=DynamicMig(recording),
+            consumable_shares=consumable_shares,
         )
-        env = Env(tmp, fake, api, kubelet, store, preparer, recording, inventory.gpus[1])
+        env = Env(tmp, fake, api, kubelet, store, preparer, recording, inventory)
         recording.seen = env.seen
         try:
             yield env
@@ -290,4 +298,34 @@ def test_a_daemon_that_fails_to_start_rolls_back_and_destroys_the_instance() -> 
         slot = env.instances()[THREE_G_AT_4]
         assert env.daemon_calls(uid)[-4] == f"start {slot.uuid}"
         env.preparer.unprepare(env.ref(claim))
+        assert env.instances() == {} and env.deployments() == []
+
+
+def test_with_consumable_shares_a_placement_is_prepared_whole_as_it_is_published() -> None:
+    # the published side: shares.shareable leaves a placement (it consumes counters) whole
+    with dynamic_mps_node(consumable_shares=parse_mode("compute")) as env:
+        published = shareable(
+            node_devices(env.inventory, driver_name="gpu.nvidia.com", mig_mode="dynamic"),
+            parse_mode("compute"),
+        )
+        by_name = {d.name: d for d in published.devices}
+        assert not by_name[THREE_G_AT_4].allow_multiple_allocations
+        assert by_name["gpu-0"].allow_multiple_allocations
+        # so the scheduler allocates it without a shareID, and prepare takes it so: the
+        # instance is made, the claim's own MPS daemon serves it
+        claim = mig_mps_claim(env)
+        uid = claim["metadata"]["uid"]
+        (device,) = env.preparer.prepare(env.ref(claim))
+        assert device.device == THREE_G_AT_4
+        slot = env.instances()[THREE_G_AT_4]
+        assert env.daemon_calls(uid)[0] == f"start {slot.uuid}"
+        env.preparer.unprepare(env.ref(claim))
+        assert env.instances() == {} and env.deployments() == []
+        # a shareID on it names a share this node does not publish: refused, nothing made
+        share = allocated_claim(name="share", devices=[THREE_G_AT_4])
+        (result,) = share["status"]["allocation"]["devices"]["results"]
+        result["shareID"], result["consumedCapacity"] = new_uid(), {"memory": "1Gi"}
+        env.store.add(share)
+        with pytest.raises(PrepareError, match="does not publish the device with"):
+            env.preparer.prepare(env.ref(share))
         assert env.instances() == {} and env.deployments() == []
