@@ -12,9 +12,19 @@
 6. Ends with ``gpu-dra status`` of the node, read from the agent's ``/metrics``: every GPU and MIG
    device with the claim and pod holding it and its simulated readings; then unprepares the
    claim, stops the agent with SIGTERM and says that both sockets are gone.
+7. Sharing and dynamic MIG (local API server only, and root only: each MPS daemon gets a tmpfs):
+   starts the agent again on ``SHARING_SIMULATE`` with ``--consumable-shares compute``, MPS on
+   (``--mps-image``; the stand-in kubelet of localkubelet.py runs its daemon Deployments as
+   processes) and ``--mig-mode dynamic``. Two claims of 20Gi with 30% and 50% of the compute are
+   allocated shares of gpu-0 by the explain allocator (shareIDs and consumedCapacity are the
+   scheduler's) and a third the 3g.40gb placement of the GPU in MIG mode; one
+   NodePrepareResources over dra.sock prepares all three. It shows gpu-0's one MPS daemon
+   (Deployment and process), each share's CDI device and MPS limits, and the MIG instance
+   prepare created; then unprepares them and shows the daemon and the instance gone.
 
 Against a real cluster (``KUBECONFIG`` set) steps 1-4 publish to that cluster and step 5 only
-explains the allocation: writing a claim's allocation is the scheduler's job there.
+explains the allocation: writing a claim's allocation is the scheduler's job there. Step 7 is
+skipped there: it would create Deployments and claims in that cluster.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from dra_driver._proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as dra_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.cdi import CdiSpecDir
 from dra_driver.deviceclasses import default_device_classes
 from dra_driver.errors import MetricsUnavailable
 from dra_driver.kube import KubeClient
@@ -49,7 +60,10 @@ DEMO_NODE = "demo-node"
 # The demo node: four H100 (two per PCIe root), an A100 80GB in MIG mode with pre-created
 # instances, and an L4. Every example in examples/resourceclaims/ must be satisfiable on it.
 DEMO_SIMULATE = "h100:4,a100-80gb:1:mig=3g.40gb+2g.20gb+1g.10gb+1g.10gb,l4:1"
+# Step 7's node: an H100 to share, and an H100 in MIG mode without MIG devices (dynamic MIG).
+SHARING_SIMULATE = "h100:1,h100:1:mig"
 DRIVER = "gpu.nvidia.com"
+MPS_NAMESPACE = "gpu-dra"
 REPO = Path(__file__).resolve().parent.parent
 
 # What a user would write: one GPU with at least 40 GiB of memory.
@@ -69,6 +83,58 @@ DEMO_CLAIM: dict[str, Any] = {
                                 "cel": {
                                     "expression": "device.capacity['gpu.nvidia.com'].memory"
                                     ".compareTo(quantity('40Gi')) >= 0"
+                                }
+                            }
+                        ],
+                    },
+                }
+            ]
+        }
+    },
+}
+
+
+def _share_claim(name: str, compute_percent: int) -> dict[str, Any]:
+    """20Gi of GPU memory and ``compute_percent`` of its compute, as consumable shares."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "capacity": {
+                                "requests": {"memory": "20Gi", "compute": str(compute_percent)}
+                            },
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+# A MIG device of profile 3g.40gb: under --mig-mode dynamic, created by prepare.
+MIG_CLAIM: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "demo-mig", "namespace": "default"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "mig",
+                    "exactly": {
+                        "deviceClassName": "mig.nvidia.com",
+                        "selectors": [
+                            {
+                                "cel": {
+                                    "expression": "device.attributes['gpu.nvidia.com'].profile"
+                                    " == '3g.40gb'"
                                 }
                             }
                         ],
@@ -131,15 +197,11 @@ def main() -> int:
             print(f"    serving at {fake_api.url}")
         driver_root = _fake_driver_root(workdir)
         metrics_port = free_port()
-        plugins, registry, cdi_root = workdir / "plugins", workdir / "registry", workdir / "cdi"
         _step(f"Starting the node agent on simulated GPUs: --simulate {DEMO_SIMULATE}")
-        command = [
-            sys.executable, "-m", "dra_driver",
-            "--node-name", node, "--simulate", DEMO_SIMULATE, "--kubeconfig", str(kubeconfig),
-            "--nvidia-driver-root", str(driver_root),
-            "--kubelet-plugins-directory-path", str(plugins),
-            "--kubelet-registrar-directory-path", str(registry),
-            "--cdi-root", str(cdi_root), "--healthcheck-port", "0", "--log-format", "text",
+        command, plugins, registry, cdi_root = _agent_command(
+            node, DEMO_SIMULATE, kubeconfig=kubeconfig, driver_root=driver_root, workdir=workdir
+        )
+        command += [
             "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
             # Quick health checks and a short flapping limit keep the health step short.
             "--health-check-interval", "0.5", "--health-min-change-interval", "1",
@@ -164,7 +226,20 @@ def main() -> int:
         if agent.returncode not in (0, -signal.SIGTERM):
             print(f"agent exited with {agent.returncode}", file=sys.stderr)
             return 1
-        return rc
+        if rc != 0:
+            return rc
+        _step(
+            "Sharing and dynamic MIG: the agent with --consumable-shares, MPS, --mig-mode dynamic"
+        )
+        if fake_api is None:
+            print("    skipped against a real cluster: it would create MPS daemon Deployments and")
+            print("    claims there (it runs with the local API server only: unset KUBECONFIG)")
+            return 0
+        if os.geteuid() != 0:
+            print("    skipped: not root. Each MPS control daemon gets a tmpfs mounted on its shm")
+            print("    directory, which needs root (run `sudo make demo` to see this step)")
+            return 0
+        return _sharing(workdir / "sharing", fake_api=fake_api, driver_root=driver_root)
     return 0
 
 
@@ -270,6 +345,238 @@ def _run(
     print(f"    and SIGTERM: exit code {agent.returncode}; registration socket exists: "
           f"{reg_socket.exists()}, DRA socket exists: {dra_socket.exists()}")  # fmt: skip
     return 0 if not answer.claims[request.uid].error else 1
+
+
+def _agent_command(
+    node: str, simulate: str, *, kubeconfig: Path, driver_root: Path, workdir: Path
+) -> tuple[list[str], Path, Path, Path]:
+    """The agent's command line over ``workdir``: (argv, plugins, registry, CDI root)."""
+    plugins, registry, cdi_root = workdir / "plugins", workdir / "registry", workdir / "cdi"
+    command = [
+        sys.executable, "-m", "dra_driver",
+        "--node-name", node, "--simulate", simulate, "--kubeconfig", str(kubeconfig),
+        "--nvidia-driver-root", str(driver_root),
+        "--kubelet-plugins-directory-path", str(plugins),
+        "--kubelet-registrar-directory-path", str(registry),
+        "--cdi-root", str(cdi_root), "--healthcheck-port", "0", "--log-format", "text",
+    ]  # fmt: skip
+    return command, plugins, registry, cdi_root
+
+
+def _register(reg_socket: Path) -> None:
+    """What the kubelet does with a new plugin: GetInfo, then NotifyRegistrationStatus."""
+    with grpc.insecure_channel(f"unix://{reg_socket}") as channel:
+        registration = reg_grpc.RegistrationStub(channel)
+        registration.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        registration.NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+
+
+def _allocated(claim: dict[str, Any], allocation: dict[str, Any], node: str) -> dict[str, Any]:
+    """``claim`` with the scheduler's write: its allocation on ``node``, reserved for a pod."""
+    out: dict[str, Any] = json.loads(json.dumps(claim))
+    out["metadata"]["uid"] = str(uuid.uuid4())
+    out["status"] = {
+        "allocation": {
+            **allocation,
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [
+            {
+                "resource": "pods",
+                "name": f"{claim['metadata']['name']}-pod",
+                "uid": str(uuid.uuid4()),
+            }
+        ],
+    }
+    return out
+
+
+def _sharing(workdir: Path, *, fake_api: Any, driver_root: Path) -> int:
+    """Step 7: shares of gpu-0 enforced by one MPS daemon, and a dynamic MIG device, prepared
+    and unprepared through the real agent (local API server, root)."""
+    from dra_driver.localkubelet import DeploymentKubelet  # noqa: PLC0415  (local demo only)
+
+    node = DEMO_NODE
+    workdir.mkdir()
+    kubeconfig = workdir.parent / "kubeconfig"
+    command, plugins, registry, cdi_root = _agent_command(
+        node, SHARING_SIMULATE, kubeconfig=kubeconfig, driver_root=driver_root, workdir=workdir
+    )
+    command += [
+        "--consumable-shares", "compute", "--mig-mode", "dynamic",
+        "--mps-image", "gpu-dra:demo", "--pod-namespace", MPS_NAMESPACE,
+    ]  # fmt: skip
+    print("    " + " ".join(command[2:]))
+    print("    (the stand-in kubelet of dra_driver/localkubelet.py runs the Deployments the agent")
+    print("    creates for MPS control daemons, as processes of the fake driver root's daemon)")
+    kubelet = DeploymentKubelet(fake_api, node_name=node, log_dir=workdir / "pods").start()
+    log_path = workdir / "agent.log"
+    with log_path.open("w") as log_file:
+        agent = subprocess.Popen(command, stderr=log_file)
+    kube = KubeClient.from_config(kubeconfig=kubeconfig)
+    shown = False
+    try:
+        rc = _prepare_shared(agent, kube=kube, kubelet=kubelet, fake_api=fake_api, node=node,
+                             plugins=plugins, registry=registry, cdi_root=cdi_root)  # fmt: skip
+        shown = True
+    finally:
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=15)
+        kubelet.stop()
+        kube.close()
+        _unmount_left(workdir)
+        if not shown:
+            _step("Agent log (structured logs, --log-format text)")
+            print(log_path.read_text().rstrip())
+    if agent.returncode not in (0, -signal.SIGTERM):
+        print(f"agent exited with {agent.returncode}", file=sys.stderr)
+        return 1
+    return rc
+
+
+def _prepare_shared(
+    agent: subprocess.Popen[bytes],
+    *,
+    kube: KubeClient,
+    kubelet: Any,
+    fake_api: Any,
+    node: str,
+    plugins: Path,
+    registry: Path,
+    cdi_root: Path,
+) -> int:
+    def shareable_slices() -> list[dict[str, Any]] | None:
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited with {agent.returncode}; see its log below")
+        items = list(kube.list_slices(driver_name=DRIVER, node_name=node).items)
+        devices = [d for item in items for d in item["spec"].get("devices") or ()]
+        if any(d["name"] == "gpu-0" and d.get("allowMultipleAllocations") for d in devices):
+            return items
+        return None
+
+    slices = _wait_for("the agent's shareable gpu-0 in the stored slices", shareable_slices)
+    time.sleep(0.3)  # let a multi-slice pool finish
+    slices = shareable_slices() or slices
+    reg_socket = registry / f"{DRIVER}-reg.sock"
+    _wait_for("the registration socket", reg_socket.exists)
+    _register(reg_socket)
+    devices = [d for item in slices for d in item["spec"].get("devices") or ()]
+    shared = [d["name"] for d in devices if d.get("allowMultipleAllocations")]
+    whole = [d["name"] for d in devices if not d.get("allowMultipleAllocations")]
+    print(f"    published {len(devices)} devices: {', '.join(shared)} with "
+          f"allowMultipleAllocations (consumable shares); {len(whole)} MIG placements of gpu-1 "
+          "(dynamic MIG, allocated whole)")  # fmt: skip
+
+    _step("Scheduler (gpu-dra explain's allocator): two 20Gi shares (30% and 50% of the compute) "
+          "and a 3g.40gb MIG device")  # fmt: skip
+    wanted = [_share_claim("demo-share-a", 30), _share_claim("demo-share-b", 50), MIG_CLAIM]
+    result = explain.allocate(wanted, default_device_classes(DRIVER), slices, node=node)
+    if result.chosen is None:
+        print("    not satisfiable on this node")
+        return 1
+    allocations = [a["allocation"] for a in explain.result_json(result)["allocation"]["claims"]]
+    claims = [_allocated(c, a, node) for c, a in zip(wanted, allocations, strict=True)]
+    for claim in claims:
+        for r in claim["status"]["allocation"]["devices"]["results"]:
+            share = (f" shareID={r['shareID']} consumedCapacity={r['consumedCapacity']}"
+                     if r.get("shareID") else "")  # fmt: skip
+            print(f"    {claim['metadata']['name']}: {r['pool']}/{r['device']}{share}")
+        fake_api.add_claim(claim)  # the scheduler's write, done by hand here
+    requests = [
+        dra_pb2.Claim(namespace="default", name=c["metadata"]["name"], uid=c["metadata"]["uid"])
+        for c in claims
+    ]
+    dra_socket = plugins / DRIVER / "dra.sock"
+    specs = CdiSpecDir(cdi_root, vendor=f"k8s.{DRIVER}")
+    _step(f"Kubelet: NodePrepareResources of the three claims over {dra_socket}")
+    with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+        dra = dra_grpc.DRAPluginStub(channel)
+        try:
+            started = time.perf_counter()
+            answer = dra.NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(claims=requests), timeout=45
+            )
+            took_ms = (time.perf_counter() - started) * 1000
+            errors = [answer.claims[r.uid].error for r in requests if answer.claims[r.uid].error]
+            print(f"    {len(requests)} claims prepared in {took_ms:.0f} ms; errors: {errors}")
+            print(f"    MPS daemon Deployments: {_deployments(fake_api)}; daemon processes "
+                  f"running: {sorted(name for _, name in kubelet.running())}")  # fmt: skip
+            for r, claim in zip(requests, claims, strict=True):
+                path = specs.path_for(r.uid)
+                if path.exists():
+                    _show_share_spec(claim["metadata"]["name"], json.loads(path.read_text()))
+            print(f"    MIG instances now: {_mig_instances(plugins)}")
+        finally:  # the daemon and the instance outlive the agent: always unprepare
+            undone = dra.NodeUnprepareResources(
+                dra_pb2.NodeUnprepareResourcesRequest(claims=requests), timeout=45
+            )
+        errors += [undone.claims[r.uid].error for r in requests if undone.claims[r.uid].error]
+    _step("Kubelet: NodeUnprepareResources of the three claims")
+    _wait_for("the MPS daemon to stop", lambda: not kubelet.running(), timeout_s=10)
+    print(f"    errors: {errors}; MPS daemon Deployments: {_deployments(fake_api)}; daemon "
+          f"processes running: {sorted(n for _, n in kubelet.running())}")  # fmt: skip
+    print(f"    MIG instances now: {_mig_instances(plugins)}; CDI specs left: "
+          f"{[p.name for p in cdi_root.glob('*.json')]}")  # fmt: skip
+    return 0 if not errors else 1
+
+
+def _unmount_left(workdir: Path) -> None:
+    """Unmount what a failed step left under ``workdir`` (an MPS daemon's tmpfs), so the demo's
+    directory can be removed; says so, as nothing should be left."""
+    prefix = str(workdir) + "/"
+    for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+        mount = line.split(" ")[4]
+        if mount.startswith(prefix):
+            print(f"    left mounted, unmounting: {mount}", file=sys.stderr)
+            subprocess.run(["umount", "--lazy", mount], check=False)
+
+
+def _deployments(fake_api: Any) -> list[str]:
+    return [d["metadata"]["name"] for d in fake_api.objects("deployments")]
+
+
+def _show_share_spec(claim: str, spec: dict[str, Any]) -> None:
+    """A claim's CDI devices: name, MPS environment, MIG capability nodes."""
+    for device in spec["devices"]:
+        edits = device["containerEdits"]
+        print(f"    {claim}: CDI device {device['name']}")
+        for line in edits.get("env") or ():
+            if line.startswith("CUDA_MPS_"):
+                print(f"        {line}")
+        caps = [n["path"] for n in edits.get("deviceNodes") or () if "nvidia-caps" in n["path"]]
+        if caps:
+            print(f"        MIG capability device nodes (of the instance prepare made): {caps}")
+
+
+def _mig_instances(plugins: Path) -> list[str]:
+    """The MIG instances of the simulated node now, as the agent's NVML sees them: discovery
+    in this process over the simulated MIG state the agent keeps (config.py)."""
+    from dra_driver.config import simulated_mig_state_path  # noqa: PLC0415
+    from dra_driver.devices import mig_device_name  # noqa: PLC0415
+    from dra_driver.gpus import nvml  # noqa: PLC0415
+    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+
+    state = simulated_mig_state_path(plugins / DRIVER)
+    with simulated_nvml(SHARING_SIMULATE, node_name=DEMO_NODE, state_path=state) as sim:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=sim.sysfs_root)
+    return [
+        mig_device_name(
+            parent_minor=gpu.minor,
+            profile=m.profile.name,
+            profile_id=m.profile.profile_id,
+            placement_start=m.placement.start,
+        )
+        + f" ({m.uuid})"
+        for gpu in inventory.gpus
+        for m in gpu.mig_instances
+    ]
 
 
 def _show_status(metrics_url: str, log_path: Path, *, claim: str | None) -> None:

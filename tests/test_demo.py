@@ -3,6 +3,7 @@ ends with ``gpu-dra status`` of the simulated node."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -47,12 +48,58 @@ def test_the_demo_publishes_prepares_and_unprepares_through_the_real_agent() -> 
     assert '"cdiVersion": "0.5.0"' in out
     assert "CDI specs left: []" in out
     assert "exit code 0; registration socket exists: False, DRA socket exists: False" in out
-    # It ends with `gpu-dra status` of the node, read from the agent's /metrics while the claim
-    # holds gpu-0: the claim and pod, the simulated readings, MIG devices without utilisation.
-    last = out.split("==> ")[-1]
-    assert last.startswith("gpu-dra status --metrics-url http://127.0.0.1:")
-    rows = {line.split()[1]: line.split() for line in last.splitlines()[2:] if "demo-node" in line}
+    # `gpu-dra status` of the node, read from the agent's /metrics while the claim holds
+    # gpu-0: the claim and pod, the simulated readings, MIG devices without utilisation.
+    status = out.split("==> gpu-dra status --metrics-url http://127.0.0.1:")[1].split("==> ")[0]
+    rows = {
+        line.split()[1]: line.split() for line in status.splitlines()[2:] if "demo-node" in line
+    }
     assert len(rows) == 10  # 6 GPUs (one in MIG mode) and 4 MIG devices
     assert rows["gpu-0"][4:6] == ["default/demo-gpu", "demo-pod"]
     assert rows["gpu-0"][6].endswith("%") and rows["gpu-0"][-1] == "W"
     assert rows["gpu-4"][2:5] == ["gpu", "(MIG", "mode)"]
+    # It ends with sharing and dynamic MIG (MPS needs root for the daemons' tmpfs).
+    sharing = out.split("==> Sharing and dynamic MIG")[1]
+    if os.geteuid() != 0:
+        assert "skipped: not root" in sharing
+        return
+    _check_sharing(sharing)
+
+
+def _check_sharing(out: str) -> None:
+    """Two shares of gpu-0 (the scheduler's shareIDs) served by one MPS daemon, each with its
+    own limits, and a dynamic MIG device created on prepare; all gone after unprepare."""
+    assert "gpu-0 with allowMultipleAllocations" in out
+    share_ids = {}
+    for claim, compute in (("demo-share-a", "30"), ("demo-share-b", "50")):
+        found = re.search(
+            rf"{claim}: demo-node/gpu-0 shareID=([0-9a-f-]{{36}}) "
+            rf"consumedCapacity={{'memory': '20Gi', 'compute': '{compute}'}}",
+            out,
+        )
+        assert found is not None, out
+        share_ids[claim] = found.group(1)
+    assert share_ids["demo-share-a"] != share_ids["demo-share-b"]
+    assert "demo-mig: demo-node/gpu-1-mig-3g40gb-9-0\n" in out
+    prepared, unprepared = out.split("NodePrepareResources of the three")[1].split(
+        "NodeUnprepareResources of the three"
+    )
+    assert re.search(r"3 claims prepared in \d+ ms; errors: \[\]", prepared)
+    one_daemon = "['mps-shares-gpu-0']"
+    assert f"Deployments: {one_daemon}; daemon processes running: {one_daemon}" in prepared
+    for (claim, share_id), compute in zip(share_ids.items(), ("30", "50"), strict=True):
+        device = re.search(
+            rf"{claim}: CDI device [0-9a-f-]{{36}}-gpu-0-share-{share_id}\n"
+            r"        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-[0-9a-f-]{36}=20480M\n"
+            rf"        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}\n",
+            prepared,
+        )
+        assert device is not None, prepared
+    assert re.search(
+        r"demo-mig: CDI device [0-9a-f-]{36}-gpu-1-mig-3g40gb-9-0\n.*MIG capability device "
+        r"nodes .*\['/dev/nvidia-caps/nvidia-cap\d+', '/dev/nvidia-caps/nvidia-cap\d+'\]",
+        prepared,
+    )
+    assert "MIG instances now: ['gpu-1-mig-3g40gb-9-0 (MIG-" in prepared
+    assert "errors: []; MPS daemon Deployments: []; daemon processes running: []" in unprepared
+    assert "MIG instances now: []; CDI specs left: []" in unprepared
