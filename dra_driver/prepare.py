@@ -954,12 +954,7 @@ class Preparer:
         prepare in flight or this process's acquisitions have a share of."""
         with self._share_lock:
             names = set(self._share_running).union(*self._share_claims.values())
-        names.update(
-            d.device
-            for record in self.checkpoint.snapshot().values()
-            for d in record.devices
-            if d.share_id is not None
-        )
+        names.update(self._recorded_shared_devices())
         return {shares.share_owner(name) for name in names}
 
     def _share_capacity(self, target: DeviceTarget) -> dict[str, str]:
@@ -1229,6 +1224,16 @@ class Preparer:
             self._roll_back_quietly(ref.uid)
             raise
 
+    def _recorded_shared_devices(self, *, but: str | None = None) -> set[str]:
+        """The devices a recorded claim (other than ``but``) holds a share of."""
+        return {
+            d.device
+            for record in self.checkpoint.snapshot().values()
+            if record.uid != but
+            for d in record.devices
+            if d.share_id is not None
+        }
+
     def _release_shares(self, record: ClaimRecord) -> None:
         """Release the shared MPS daemon of each device ``record`` (just removed) had a share
         of, where no other recorded claim and no prepare in flight has a share of it any more.
@@ -1238,13 +1243,7 @@ class Preparer:
             return
         targets = self._current.targets
         with self._share_lock:
-            busy = {
-                d.device
-                for other in self.checkpoint.snapshot().values()
-                if other.uid != record.uid
-                for d in other.devices
-                if d.share_id is not None
-            }
+            busy = self._recorded_shared_devices(but=record.uid)
             for uid, devices in self._share_claims.items():
                 if uid != record.uid:
                     busy |= devices
@@ -1269,22 +1268,12 @@ class Preparer:
         if self._share_enforcer is None:
             return 0
         targets = self._current.targets
-        wanted = {
-            d.device
-            for record in self.checkpoint.snapshot().values()
-            for d in record.devices
-            if d.share_id is not None and d.device in targets
-        }
+        wanted = {name for name in self._recorded_shared_devices() if name in targets}
         done = 0
         for name in sorted(wanted - self._share_running):
             # Under the lock, re-checked: an unprepare may have released it since the snapshot.
             with self._share_lock:
-                still = any(
-                    d.device == name and d.share_id is not None
-                    for record in self.checkpoint.snapshot().values()
-                    for d in record.devices
-                )
-                if not still or name in self._share_running:
+                if name not in self._recorded_shared_devices() or name in self._share_running:
                     continue
                 try:
                     self._share_enforcer.acquire(
