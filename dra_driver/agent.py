@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from dra_driver import devices, log, shares
+from dra_driver import devices, log, migoff, shares
 from dra_driver.config import Config
 from dra_driver.devicehealth import HealthPolicy
 from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk
@@ -48,6 +48,7 @@ from dra_driver.health import Heartbeat, ProbeServer, SocketChecker, heartbeat_p
 from dra_driver.healthmonitor import HealthMonitor
 from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import EventType, KubeClient
+from dra_driver.migoff import MARKS_DIRECTORY, MigOffMarks
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publisher import Publisher
@@ -72,6 +73,13 @@ class Discovery:
     def __init__(self, config: Config, stack: ExitStack) -> None:
         self._driver_root = config.driver_root_in_container
         self._sysfs_root = nvml.DEFAULT_SYSFS_ROOT
+        # Dynamic MIG: GPUs taken out of MIG mode for a whole-GPU claim are shown as the
+        # partitionable GPUs they were (migoff.py).
+        self._mig_off = (
+            MigOffMarks(config.checkpoint_path.parent / MARKS_DIRECTORY)
+            if config.mig_mode == "dynamic"
+            else None
+        )
         self._simulated: SimulatedNvmlLibrary | None = None
         if config.simulate:
             from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
@@ -101,7 +109,10 @@ class Discovery:
     def discover(self) -> Inventory:
         """Run discovery once. NoGpusFound yields an empty inventory (an empty pool is published,
         telling the scheduler the driver runs but has nothing to offer). Other DiscoveryErrors
-        are raised, and remembered for readiness until a pass succeeds."""
+        are raised, and remembered for readiness until a pass succeeds. In dynamic MIG mode a
+        GPU this driver took out of MIG mode is shown as it was (migoff.overlay; its mark read
+        before and after NVML, so a mark made or removed during the pass is not missed)."""
+        marked = self._mig_off.read() if self._mig_off is not None else {}
         try:
             inventory = nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
         except NoGpusFound as exc:
@@ -112,6 +123,8 @@ class Discovery:
             self.last_error = str(exc)
             raise
         self.last_error = None
+        if self._mig_off is not None:
+            inventory = migoff.overlay(inventory, {**marked, **self._mig_off.read()})
         for failure in inventory.failures:
             logger.error(
                 "a GPU failed its NVML queries; a new one is not published, a known one stays "

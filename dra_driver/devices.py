@@ -9,9 +9,10 @@ exist. In ``dynamic`` mode (partitionable devices, KEP-4815; nvidia-compat.md "D
 in MIG mode whose existing MIG devices were all created by this driver offers one counter set
 ``gpu-<minor>-counter-set`` (its largest profile's capacities as counters plus one
 ``memory-slice-<i>`` counter per memory slice) and one device per GPU-instance profile and
-placement (consuming the profile's capacities and the memory slices the placement covers); not
-the whole GPU, which this driver could not prepare without changing MIG mode. A GPU with a MIG
-device the driver did not create keeps the static behaviour.
+placement (consuming the profile's capacities and the memory slices the placement covers), and
+on GPUs that change MIG mode without a reset (Hopper and newer) the whole GPU ``gpu-<minor>``,
+consuming every counter: preparing it takes the GPU out of MIG mode (docs/plugin.md "Dynamic
+MIG"). A GPU with a MIG device the driver did not create keeps the static behaviour.
 """
 
 from __future__ import annotations
@@ -197,16 +198,20 @@ def node_devices(
         raise DeviceModelError(f"MIG mode {mig_mode!r} is not one of {', '.join(MIG_MODES)}")
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
+    # Partitionable GPUs after the others: the scheduler takes the first device that fits, so a
+    # whole-GPU claim gets a GPU not in MIG mode before one that must leave MIG mode for it.
+    partitionable: list[Device] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
         if mig_mode == "dynamic" and is_partitionable(gpu, managed_mig=managed_mig):
             counter_set, partitions = partitionable_gpu(gpu)
             counter_sets.append(counter_set)
-            devices.extend(partitions)
+            partitionable.extend(partitions)
         elif gpu.mig_enabled:
             instances = sorted(gpu.mig_instances, key=lambda m: (m.placement.start, m.uuid))
             devices.extend(_mig_device(gpu, mig) for mig in instances)
         else:
             devices.append(_gpu_device(gpu))
+    devices.extend(partitionable)
     seen: set[str] = set()
     for device in devices:
         validate_device(device)
@@ -428,6 +433,18 @@ def _counters(capacity: Mapping[str, str], *, start: int, size: int) -> dict[str
     return counters
 
 
+# Architectures that leave and enter MIG mode without a GPU reset (when nothing runs on the GPU):
+# NVIDIA's driver toggles MIG mode at allocation time on Hopper and newer only (A100 and A30 need
+# a reset, so their MIG mode stays as the administrator set it).
+MIG_TOGGLE_ARCHITECTURES = frozenset({"Hopper", "Blackwell"})
+
+
+def whole_gpu_offered(gpu: GpuInfo) -> bool:
+    """Whether a partitionable GPU also offers itself whole (dynamic MIG): its architecture
+    changes MIG mode without a GPU reset."""
+    return gpu.architecture in MIG_TOGGLE_ARCHITECTURES
+
+
 def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
     """The counter set and devices of a GPU in dynamic MIG mode (nvidia-compat.md "Dynamic MIG").
 
@@ -437,9 +454,10 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
     profile's every placement, smallest memory first, so that first fit picks the smallest
     partition that satisfies a selector. A placement device has no ``uuid`` (the MIG device
     does not exist until a claim gets it) and carries the static MIG device's ``memorySlice<i>``
-    capacities too, so placement selectors work in both modes. The whole GPU is not offered
-    (NVIDIA's driver offers it, consuming every counter, and takes the GPU out of MIG mode to
-    prepare it; this driver never changes MIG mode, so it could not prepare it).
+    capacities too, so placement selectors work in both modes. The whole GPU comes first (as a
+    GPU not in MIG mode is published, with its ``uuid``), consuming every counter, where
+    :func:`whole_gpu_offered` says so: preparing it takes the GPU out of MIG mode, which GPUs
+    before Hopper cannot do without a reset (NVIDIA's driver does not toggle them either).
     """
     if not gpu.mig_profiles:
         raise DeviceModelError(f"GPU {gpu_device_name(gpu.minor)} reports no MIG profiles")
@@ -454,6 +472,14 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
     every = _counters(_capacity_json(largest), start=0, size=slices)
     common = _common_attributes(gpu)
     devices: list[Device] = []
+    if whole_gpu_offered(gpu):
+        whole = _gpu_device(gpu)
+        devices.append(
+            replace(
+                whole,
+                consumes_counters=(CounterConsumption(counter_set=cs_name, counters=every),),
+            )
+        )
     placements = sorted(
         ((profile, placement) for profile in gpu.mig_profiles for placement in profile.placements),
         key=lambda pp: (pp[0].memory_bytes, pp[0].slice_count, pp[0].profile_id, pp[1].start),

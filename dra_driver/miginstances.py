@@ -30,6 +30,7 @@ from dra_driver.gpus.info import GpuInfo, MigInstance, MigPlacement, MigProfile
 
 if TYPE_CHECKING:  # the NVML side is imported by whoever builds the backend
     from dra_driver.gpus.migmanager import MigSlot
+    from dra_driver.migoff import MigOffMarks
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,10 @@ class MigBackend(Protocol):
     def destroy(self, gpu_uuid: str, *, profile_id: int, start: int, name: str) -> bool: ...
 
     def processes(self, gpu_uuid: str, *, gpu_instance_id: int | None) -> tuple[int, ...]: ...
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool, *, why: str) -> None: ...
+
+    def mig_mode(self, gpu_uuid: str) -> tuple[bool, bool]: ...
 
     def close(self) -> None: ...
 
@@ -230,3 +235,67 @@ class DynamicMig:
         return self.backend.destroy(
             gpu.uuid, profile_id=slot.profile.profile_id, start=slot.placement.start, name=name
         )
+
+    def leave_mig_mode(
+        self,
+        gpu: GpuInfo,
+        name: str,
+        marks: MigOffMarks,
+        *,
+        recorded: Callable[[], frozenset[str]],
+    ) -> None:
+        """Take ``gpu`` out of MIG mode for its whole-GPU device ``name``; idempotent (a GPU
+        already out of MIG mode is left so, and marked). Refused (MigFailed) while the GPU has
+        MIG instances (ForeignMigInstances for those ``recorded()`` does not name) or runs
+        processes; NVML's refusal (a GPU that needs a reset, processes) leaves it in MIG mode.
+        The mark (migoff.py) is written durably before the mode changes."""
+        current, _ = self.backend.mig_mode(gpu.uuid)
+        if current:
+            present = self.existing(gpu)
+            self._refuse_foreign(gpu, name, present, recorded())
+            if present:
+                raise MigFailed(
+                    f"cannot prepare {name}: GPU {gpu_device_name(gpu.minor)} has MIG devices "
+                    f"({', '.join(sorted(present))}); it leaves MIG mode only when it has none"
+                )
+            pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
+            if pids:
+                raise MigFailed(
+                    f"cannot prepare {name}: GPU {gpu_device_name(gpu.minor)} runs processes "
+                    f"(PIDs {', '.join(map(str, pids))}); it does not leave MIG mode while "
+                    "they run"
+                )
+        try:
+            marks.write(gpu)
+        except OSError as exc:
+            raise MigFailed(
+                f"cannot prepare {name}: cannot mark GPU {gpu_device_name(gpu.minor)} as taken "
+                f"out of MIG mode ({marks.path(gpu.uuid)}): {exc}"
+            ) from exc
+        if current:
+            self.backend.set_mig_mode(
+                gpu.uuid, False, why=f"taking GPU {gpu_device_name(gpu.minor)} out of MIG mode"
+            )
+
+    def enter_mig_mode(self, gpu: GpuInfo, marks: MigOffMarks) -> bool:
+        """Put ``gpu`` back into MIG mode and remove its mark; idempotent. False when it was in
+        MIG mode already. MigFailed while processes run on it (the mark stays: try again)."""
+        current, _ = self.backend.mig_mode(gpu.uuid)
+        if not current:
+            pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
+            if pids:
+                raise MigFailed(
+                    f"cannot put GPU {gpu_device_name(gpu.minor)} back into MIG mode: processes "
+                    f"run on it (PIDs {', '.join(map(str, pids))})"
+                )
+            self.backend.set_mig_mode(
+                gpu.uuid, True, why=f"putting GPU {gpu_device_name(gpu.minor)} back into MIG mode"
+            )
+        try:
+            marks.remove(gpu.uuid)
+        except OSError as exc:
+            raise MigFailed(
+                f"GPU {gpu_device_name(gpu.minor)} is back in MIG mode, but its mark "
+                f"{marks.path(gpu.uuid)} cannot be removed: {exc}"
+            ) from exc
+        return not current

@@ -66,7 +66,7 @@ from dra_driver.checkpoint import (
     Phase,
     PreparedDevice,
 )
-from dra_driver.devices import gpu_device_name, mig_device_name
+from dra_driver.devices import gpu_device_name, mig_device_name, whole_gpu_offered
 from dra_driver.errors import (
     CdiError,
     CheckpointError,
@@ -86,6 +86,7 @@ from dra_driver.errors import (
 )
 from dra_driver.fsutil import fsync_dir
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
+from dra_driver.migoff import MARKS_DIRECTORY, MigOffMarks
 
 if TYPE_CHECKING:
     from dra_driver import deviceconfig
@@ -118,13 +119,15 @@ class ClaimRef:
 @dataclass(frozen=True)
 class DeviceTarget:
     """A device of ours that a claim can be allocated: a full GPU, an existing MIG device, or
-    (``--mig-mode=dynamic``) a MIG placement, whose instance (``mig``) may not exist yet."""
+    (``--mig-mode=dynamic``) a MIG placement, whose instance (``mig``) may not exist yet, or the
+    whole GPU of a partitionable GPU (``leaves_mig``: prepared out of MIG mode)."""
 
     name: str
     type: Literal["gpu", "mig"]
     gpu: GpuInfo
     mig: MigInstance | None = None
     dynamic: miginstances.DynamicSlot | None = None  # a dynamic MIG device: created on prepare
+    leaves_mig: bool = False  # the whole GPU of a GPU in dynamic MIG mode
 
     def nodes(self, files: cdi.DriverFiles) -> tuple[cdi.DeviceNode, ...]:
         if self.mig is None:
@@ -147,9 +150,9 @@ def device_targets(
     Same names as devices.node_devices publishes: full GPUs not in MIG mode, existing MIG
     devices of GPUs in MIG mode; with ``mig_mode`` dynamic, a GPU in MIG mode offers instead
     every placement of every GPU-instance profile (an instance that exists
-    is the dynamic device of its name, so a re-discovery never adds a second one). The whole
-    GPU of a GPU in MIG mode is not one: NVIDIA's driver takes the GPU out of MIG mode for it,
-    which this driver does not do (docs/plugin.md "Dynamic MIG"). ``static_gpus`` (GPU device
+    is the dynamic device of its name, so a re-discovery never adds a second one) and, where
+    devices.whole_gpu_offered says so, the whole GPU, which prepare takes out of MIG mode
+    (docs/plugin.md "Dynamic MIG"). ``static_gpus`` (GPU device
     names): GPUs in MIG mode that stay static in dynamic mode because they have MIG devices the
     driver did not create (dynamicmig.ManagedMig.left_static): their existing MIG devices are
     targets, as published.
@@ -170,6 +173,9 @@ def device_targets(
                 ): mig
                 for mig in gpu.mig_instances
             }
+            if whole_gpu_offered(gpu):
+                name = gpu_device_name(gpu.minor)
+                targets[name] = DeviceTarget(name, "gpu", gpu, leaves_mig=True)
             for name, slot in miginstances.dynamic_slots(gpu).items():
                 targets[name] = DeviceTarget(name, "mig", gpu, existing.get(name), slot)
             continue
@@ -374,8 +380,12 @@ class Preparer:
         # _mps_adopted: the daemons of prepared claims were adopted since this process started.
         self._mps = mps_daemons
         self._mps_adopted = False
-        # Dynamic MIG (None: static; dynamic devices are then never targets).
+        # Dynamic MIG (None: static; dynamic devices are then never targets). The marks of GPUs
+        # taken out of MIG mode for a whole-GPU claim (migoff.py); _mig_mode_lock serialises
+        # every MIG mode change with the look at the claims that decides it.
         self._mig = mig
+        self.mig_off = MigOffMarks(checkpoint.path.parent / MARKS_DIRECTORY)
+        self._mig_mode_lock = threading.Lock()
         # Consumable shares (shares.py): the devices this node publishes as shareable, and the
         # enforcer that runs a device's shared MPS daemon (None: shares are refused). Under
         # _share_lock: the devices whose daemon this process acquired, and the shared devices
@@ -510,14 +520,10 @@ class Preparer:
             uncreated = any(p.target.dynamic is not None and p.target.mig is None for p in planned)
             daemon = None if uncreated else self._plan_mps(ref, planned)
             devices = tuple(self._answer(ref, p) for p in planned)
-            if any(p.interval is not None for p in planned):
-                # Changes the node beyond the spec: PrepareStarted first (docs/plugin.md,
-                # "Durability"), naming the intervals (the devices' configs) so that a
-                # rollback knows which GPUs to restore.
-                self._set_time_slices(ref, planned, devices)
             if self._mig is not None:
-                # Dynamic MIG: PrepareStarted, then the instances (docs/plugin.md "Dynamic MIG"),
-                # before an MPS daemon that serves one of them is started.
+                # Dynamic MIG: PrepareStarted, then the instances, or a whole GPU out of MIG
+                # mode (docs/plugin.md "Dynamic MIG"), before a time slice or an MPS daemon on
+                # them.
                 planned = self._create_instances(ref, planned, devices, self._mig)
                 if uncreated:
                     try:
@@ -525,6 +531,11 @@ class Preparer:
                     except BaseException:
                         self._roll_back_quietly(ref.uid)
                         raise
+            if any(p.interval is not None for p in planned):
+                # Changes the node beyond the spec: PrepareStarted first (docs/plugin.md,
+                # "Durability"), naming the intervals (the devices' configs) so that a
+                # rollback knows which GPUs to restore.
+                self._set_time_slices(ref, planned, devices)
             if daemon is not None:
                 self._start_mps(ref, planned, devices, daemon)
             if any(p.share is not None for p in planned):
@@ -693,12 +704,15 @@ class Preparer:
         devices: tuple[PreparedDevice, ...],
         mig: miginstances.DynamicMig,
     ) -> list[_Planned]:
-        """Create the instances of the claim's dynamic MIG devices (recorded ``PrepareStarted``
-        first, durably, so that every instance made is named by a record), or check that a full
-        GPU in MIG mode has none. Returns ``planned`` with the created instances. On failure
-        the claim is rolled back (its instances destroyed). Claim lock held."""
+        """Create the instances of the claim's dynamic MIG devices and take the GPUs it holds
+        whole out of MIG mode (recorded ``PrepareStarted`` first, durably, so that every
+        instance made and every GPU out of MIG mode is named by a record). Returns ``planned``
+        with the created instances. On failure the claim is rolled back (its instances
+        destroyed, its GPUs back in MIG mode). Claim lock held. An admin-access claim of a
+        whole GPU changes nothing: it shares the GPU with its other users as it is."""
         dynamic = [p for p in planned if p.target.dynamic is not None]
-        if not dynamic:
+        whole = [p for p in planned if p.target.leaves_mig and not p.admin_access]
+        if not dynamic and not whole:
             return planned
 
         def others() -> frozenset[str]:
@@ -714,6 +728,13 @@ class Preparer:
             mig.check_foreign(p.target.gpu, p.target.name, recorded=others)
         self._record(self._record_op(ref, planned, devices, phase=PREPARE_STARTED))
         try:
+            for p in whole:
+                with self._mig_mode_lock:
+                    mig.leave_mig_mode(p.target.gpu, p.target.name, self.mig_off, recorded=others)
+                log.info(
+                    "took a GPU out of MIG mode",
+                    extra={"claim_uid": ref.uid, "device": p.target.name},
+                )
             made = {
                 p.target.name: replace(
                     p.target, mig=mig.create(p.target.gpu, p.target.name, recorded=others)
@@ -755,7 +776,7 @@ class Preparer:
         self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
     ) -> list[_SpecTarget]:
         """A prepared claim's targets with their instances, creating (completing) any that is
-        gone or half-made."""
+        gone or half-made; a GPU it holds whole is (still, or again) out of MIG mode."""
         assert self._mig is not None
         have = []
         for device in record.devices:
@@ -767,6 +788,11 @@ class Preparer:
                     target.gpu, target.name, recorded=self.recorded_device_names
                 )
                 target = replace(target, mig=instance)
+            elif target.leaves_mig and not device.admin_access:
+                with self._mig_mode_lock:
+                    self._mig.leave_mig_mode(
+                        target.gpu, target.name, self.mig_off, recorded=self.recorded_device_names
+                    )
             have.append((target, _recorded_share(device)))
         return have
 
@@ -794,7 +820,8 @@ class Preparer:
         if self._mig is not None:
             record = self.checkpoint.get(uid)
             if record is not None and any(
-                d.device in self._current.targets and self._current.targets[d.device].dynamic
+                d.device in self._current.targets
+                and self._current.targets[d.device].dynamic is not None
                 for d in record.devices
             ):
                 # Dynamic MIG: spec, instance, then the record (docs/plugin.md "Dynamic MIG"):
@@ -808,7 +835,9 @@ class Preparer:
                 self._destroy_instances(record)
                 self.checkpoint.transact(lambda claims: claims.discard(uid), durable=False)
                 self._pods.pop(uid, None)
+                self._restore_time_slices(record)
                 self._release_shares(record)
+                self._restore_mig_modes(record)
                 log.info("unprepared claim", extra={"claim_uid": uid})
                 return
         # Nothing here is synced before the kubelet hears of success (docs/plugin.md,
@@ -826,10 +855,13 @@ class Preparer:
         if record is not None:
             # After the record: a crash before this leaves a GPU marked as maybe not Default
             # and no claim asking for it, which reconcile sets back. A failure never fails
-            # the unprepare (logged; reconcile retries). The same holds for an MPS daemon.
+            # the unprepare (logged; reconcile retries). The same holds for an MPS daemon,
+            # and for a whole GPU of dynamic MIG going back into MIG mode (after the daemon
+            # that ran on it stopped; its mark, migoff.py, is the trace a crash leaves).
             self._restore_time_slices(record)
             self._release_shares(record)
             self._stop_mps(record)
+            self._restore_mig_modes(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
     # -- steps -------------------------------------------------------------------------------
@@ -1179,13 +1211,64 @@ class Preparer:
         """Undo a half-done prepare (lock held): the spec first, then its MPS daemon, then its
         dynamic MIG instances (MigFailed keeps the record, for a later try), then the record,
         then the time slices it asked for (set back to what the remaining claims ask, else
-        Default) and the shared MPS daemons of its shares no other claim uses."""
+        Default), the shared MPS daemons of its shares no other claim uses, and the GPUs it
+        took out of MIG mode (back in)."""
         self.specs.remove(record.uid)
         self._stop_mps(record)  # before the MIG instances its daemon may serve
         self._destroy_instances(record, keep)
         self.checkpoint.transact(lambda claims: claims.discard(record.uid))
         self._restore_time_slices(record)
         self._release_shares(record)
+        self._restore_mig_modes(record)
+
+    # -- whole GPUs of dynamic MIG -------------------------------------------------------------
+
+    def _whole_gpu_holders(self) -> set[str]:
+        """UUIDs of the GPUs a recorded claim (either phase, admin access aside) holds whole
+        under dynamic MIG: the GPUs that may be out of MIG mode."""
+        targets = self._current.targets
+        return {
+            targets[d.device].gpu.uuid
+            for r in self.checkpoint.snapshot().values()
+            for d in r.devices
+            if not d.admin_access and d.device in targets and targets[d.device].leaves_mig
+        }
+
+    def _restore_mig_modes(self, record: ClaimRecord) -> None:
+        """Put the GPUs ``record`` (just removed) held whole back into MIG mode, unless another
+        claim holds one; failures are logged, and reconcile tries again (the mark stays)."""
+        targets = self._current.targets
+        gpus = {
+            targets[d.device].gpu.uuid: targets[d.device].gpu
+            for d in record.devices
+            if not d.admin_access and d.device in targets and targets[d.device].leaves_mig
+        }
+        if gpus:
+            self._sync_mig_modes(gpus)
+
+    def _sync_mig_modes(self, gpus: Mapping[str, GpuInfo]) -> int:
+        """Put each GPU of ``gpus`` (UUID -> GPU) that no recorded claim holds whole back into
+        MIG mode and remove its mark. Returns how many went back; failures are logged."""
+        assert self._mig is not None
+        done = 0
+        with self._mig_mode_lock:
+            held = self._whole_gpu_holders()
+            for uuid, gpu in sorted(gpus.items()):
+                if uuid in held:
+                    continue
+                try:
+                    if self._mig.enter_mig_mode(gpu, self.mig_off):
+                        done += 1
+                        log.info(
+                            "put a GPU back into MIG mode",
+                            extra={"device": gpu_device_name(gpu.minor), "gpu_uuid": uuid},
+                        )
+                except MigFailed as exc:
+                    log.error(
+                        "cannot put a GPU back into MIG mode; reconcile will retry",
+                        extra={"gpu_uuid": uuid, "error": str(exc)},
+                    )
+        return done
 
     # -- consumable shares -------------------------------------------------------------------
 
@@ -1508,6 +1591,7 @@ class Preparer:
         # ask (at start every GPU a claim asks a non-default interval of, or marked; then
         # only those whose last change failed).
         done["time_slices_set"] = self._sync_slices(None, strict=False)
+        done["mig_modes_restored"] = self._sync_marked_gpus()
         done["mps_daemons_adopted"], done["mps_daemons_removed"] = self._sync_mps()
         done["share_daemons_acquired"] = self._sync_shares()
         live = self.checkpoint.snapshot()  # claims another instance unprepared
@@ -1515,6 +1599,27 @@ class Preparer:
             if uid not in live:
                 self._pods.pop(uid, None)
         return done
+
+    def _sync_marked_gpus(self) -> int:
+        """Marked GPUs (taken out of MIG mode) that no recorded claim holds whole go back into
+        MIG mode: what a crash after a claim's record went, or a reboot, left."""
+        if self._mig is None:
+            return 0
+        marked = self.mig_off.uuids()
+        if not marked:
+            return 0
+        gpus = {
+            t.gpu.uuid: t.gpu
+            for t in self._current.targets.values()
+            if t.leaves_mig and t.gpu.uuid in marked
+        }
+        for uuid in sorted(marked - gpus.keys()):
+            log.warning(
+                "a GPU marked as taken out of MIG mode is not a partitionable GPU of this node "
+                "now; its mark stays until it is",
+                extra={"gpu_uuid": uuid, "mark": str(self.mig_off.path(uuid))},
+            )
+        return self._sync_mig_modes(gpus)
 
     def _recorded_daemon(self, record: ClaimRecord) -> tuple[mps.MpsDaemon, mps.Limits] | None:
         """The MPS daemon a recorded claim asked for (None: none, or its devices are gone)."""
@@ -1743,7 +1848,8 @@ def _recorded_share(device: PreparedDevice) -> shares.Share | None:
 def _not_created(device: str) -> str:
     """Why a device named like ours can be missing under dynamic MIG: a placement of a GPU
     that stays static (it has MIG devices this driver did not create), or the whole GPU of a
-    GPU in MIG mode (not prepared: this driver does not take a GPU out of MIG mode)."""
+    GPU in MIG mode that is not offered whole (static MIG mode, a GPU left static, or one
+    that cannot leave MIG mode without a reset)."""
     if "-mig-" in device:
         return (
             ": no such MIG device exists (under --mig-mode dynamic, a GPU with MIG devices "
@@ -1751,8 +1857,9 @@ def _not_created(device: str) -> str:
             "are removed)"
         )
     return (
-        " as a whole GPU (a GPU in MIG mode is prepared only through its MIG devices: this "
-        "driver does not take a GPU out of MIG mode)"
+        " as a whole GPU (a GPU in MIG mode is prepared whole only under --mig-mode dynamic, "
+        "when it has no MIG devices this driver did not create and leaves MIG mode without a "
+        "reset: Hopper and newer)"
     )
 
 

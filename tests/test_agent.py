@@ -120,11 +120,12 @@ def test_the_agent_in_dynamic_mig_mode_creates_a_prepared_partition_and_keeps_a_
             sets = [cs["name"] for s in stored for cs in s["spec"].get("sharedCounters", ())]
             names = [d["name"] for s in stored for d in s["spec"].get("devices", ())]
             assert sets == ["gpu-0-counter-set"]
-            assert len(names) == 26 and "gpu-0" not in names  # 25 placements + gpu-1's MIG device
-            assert "gpu-0-mig-3g40gb-9-4" in names and names[-1] == "gpu-1-mig-1g10gb-19-0"
+            # gpu-1's (static) MIG device first, then the whole gpu-0 and its 25 placements
+            assert len(names) == 27 and names[:2] == ["gpu-1-mig-1g10gb-19-0", "gpu-0"]
+            assert "gpu-0-mig-3g40gb-9-4" in names
             claims = [
                 api.add_claim(allocated_claim(name=n, node="gpu-node-1", devices=[d]))
-                for n, d in (("dyn", "gpu-0-mig-3g40gb-9-4"), ("static", names[-1]))
+                for n, d in (("dyn", "gpu-0-mig-3g40gb-9-4"), ("static", names[0]))
             ]
             with grpc.insecure_channel(f"unix://{dra}") as channel:
                 answer = v1_grpc.DRAPluginStub(channel).NodePrepareResources(

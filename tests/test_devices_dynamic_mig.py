@@ -81,7 +81,7 @@ def test_a_gpu_in_mig_mode_gets_one_counter_set_with_nvidias_counters() -> None:
     assert dict(counter_set.counters) == H100_COUNTERS
 
 
-def test_every_profile_at_every_placement_is_a_device_and_the_whole_gpu_is_not() -> None:
+def test_every_profile_at_every_placement_is_a_device_after_the_whole_gpu() -> None:
     inv = inventory("h100:1:mig")
     (gpu,) = inv.gpus
     expected = {
@@ -94,14 +94,38 @@ def test_every_profile_at_every_placement_is_a_device_and_the_whole_gpu_is_not()
 
     names = [d.name for d in dynamic(inv).devices]
 
-    assert "gpu-0" not in names  # not preparable without leaving MIG mode: not offered
-    assert set(names) == expected and len(names) == len(expected)
+    assert names[0] == "gpu-0"  # the whole GPU first, as a GPU not in MIG mode is named
+    assert set(names[1:]) == expected and len(names) == len(expected) + 1
     # 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements on an H100, NVML's placement tables
     assert len(expected) == 25
     assert {"gpu-0-mig-1g10gb-me-20-6", "gpu-0-mig-3g40gb-9-4", "gpu-0-mig-7g80gb-0-0"} <= expected
-    for name in names:
+    for name in names[1:]:
         parent, _, start, _ = parse_mig_device_name(name)
         assert (parent, start) == (0, int(name.rpartition("-")[2]))
+
+
+def test_the_whole_gpu_consumes_every_counter_and_is_published_as_a_gpu() -> None:
+    inv = inventory("h100:1:mig,h100:1")
+    published = dynamic(inv)
+    whole = by_name(published)["gpu-0"]
+    plain = by_name(published)["gpu-1"]
+
+    (consumption,) = whole.consumes_counters
+    assert consumption.counter_set == "gpu-0-counter-set"
+    assert dict(consumption.counters) == H100_COUNTERS == dict(published.counter_sets[0].counters)
+    # the same attributes and capacity a GPU not in MIG mode has (claims select it the same way)
+    assert whole.attributes["type"] == "gpu" and whole.attributes["uuid"] == inv.gpus[0].uuid
+    assert set(whole.attributes) == set(plain.attributes)
+    assert dict(whole.capacity) == dict(plain.capacity)
+    assert not plain.consumes_counters
+
+
+def test_an_ampere_gpu_is_not_offered_whole_it_cannot_leave_mig_mode_without_a_reset() -> None:
+    published = dynamic(inventory("a100-80gb:1:mig"))
+    names = [d.name for d in published.devices]
+
+    assert "gpu-0" not in names
+    assert names and all("-mig-" in n for n in names)
 
 
 def test_placements_come_smallest_memory_first_so_first_fit_picks_the_smallest() -> None:
@@ -285,8 +309,8 @@ def test_eight_h100_in_dynamic_mode_fit_the_limits_and_pass_the_strict_schema(
     shapes = [
         (len(o["spec"].get("devices", ())), len(o["spec"].get("sharedCounters", ()))) for o in objs
     ]
-    assert shapes == [(0, 8), (64, 0), (64, 0), (64, 0), (8, 0)]
-    assert sum(d for d, _ in shapes) == 8 * 25
+    assert shapes == [(0, 8), (64, 0), (64, 0), (64, 0), (16, 0)]
+    assert sum(d for d, _ in shapes) == 8 * (1 + 25)  # the whole GPU and its 25 placements
     for obj in objs:
         kubernetes_validate.validate(obj, kubernetes_version, strict=True)
         assert validate_slice(obj) == []

@@ -248,7 +248,7 @@ def test_dynamic_any_20gib_gets_a_1g20gb_when_asked_for_19gib(tmp_path: Path) ->
     assert ok and [r["device"] for r in results(result)] == ["gpu-0-mig-1g20gb-15-0"]
 
 
-def test_dynamic_whole_gpu_gets_the_gpu_not_in_mig_mode_never_a_partitionable_one(
+def test_dynamic_whole_gpu_gets_the_gpu_not_in_mig_mode_before_a_partitionable_one(
     tmp_path: Path,
 ) -> None:
     docs = [
@@ -260,3 +260,15 @@ def test_dynamic_whole_gpu_gets_the_gpu_not_in_mig_mode_never_a_partitionable_on
     alone.write_text(yaml.safe_dump_all(docs))
     ok, result = on_dynamic_mig_node(alone)
     assert ok and [r["device"] for r in results(result)] == ["gpu-2"]
+    # gpu-2 taken: the whole GPU of a GPU in MIG mode, the first one with nothing allocated
+    taken = allocated_file(tmp_path, "taken", ["gpu-2", "gpu-0-mig-1g10gb-19-6"])
+    ok, result = on_dynamic_mig_node(alone, "--allocated", str(taken))
+    assert ok and [r["device"] for r in results(result)] == ["gpu-1"]
+    # every GPU busy: refused, and the why names the MIG device that holds a counter of gpu-1
+    busy = allocated_file(
+        tmp_path, "busy", ["gpu-2", "gpu-0-mig-1g10gb-19-6", "gpu-1-mig-1g10gb-19-0"]
+    )
+    ok, result = on_dynamic_mig_node(alone, "--allocated", str(busy))
+    assert not ok
+    text = json.dumps(result)
+    assert "memory-slice-0 is used by gpu-1-mig-1g10gb-19-0 of claim default/busy" in text

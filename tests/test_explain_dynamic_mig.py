@@ -122,7 +122,7 @@ def test_a_refused_placement_names_the_memory_slice_in_use_and_its_holder() -> N
     assert reasons["gpu-0-mig-3g40gb-9-0"][0] == f"in use by {NS}/big"
 
 
-def test_the_full_size_placement_consumes_every_memory_slice_and_no_whole_gpu_is_offered() -> None:
+def test_the_full_size_placement_consumes_every_memory_slice() -> None:
     one_slice = held(mig_claim("small", profile_is("1g.10gb")), "gpu-0-mig-1g10gb-19-0")
     # a single MIG device keeps the 7g.80gb placement of that GPU from being allocated
     full = mig_claim("full", profile_is("7g.80gb"))
@@ -138,8 +138,33 @@ def test_the_full_size_placement_consumes_every_memory_slice_and_no_whole_gpu_is
     # and the 7g.80gb, allocated, leaves no placement
     taken = held(mig_claim("full", profile_is("7g.80gb")), "gpu-0-mig-7g80gb-0-0")
     assert not run(mig_claim("c", profile_is("1g.10gb")), taken).satisfiable
-    # a GPU in dynamic MIG mode is not offered whole (this driver never leaves MIG mode)
-    assert not run(gpu_claim("whole")).satisfiable
+
+
+def test_the_whole_gpu_consumes_every_counter_of_its_gpu() -> None:
+    # free GPU: the whole GPU is offered (prepare takes it out of MIG mode)
+    assert devices_of(run(gpu_claim("whole"))) == ["gpu-0"]
+    # one MIG device on gpu-0: the whole gpu-0 no longer fits, gpu-1 does
+    one_slice = held(mig_claim("small", profile_is("1g.10gb")), "gpu-0-mig-1g10gb-19-3")
+    assert devices_of(run(gpu_claim("whole"), one_slice, spec="h100:2:mig")) == ["gpu-1"]
+    refused = run(gpu_claim("whole"), one_slice)
+    assert not refused.satisfiable
+    (diagnosis,) = refused.nodes[0].diagnoses
+    (verdict,) = [v for v in diagnosis.verdicts if v.device == "gpu-0"]
+    assert any(
+        "memory-slice-3" in reason and f"gpu-0-mig-1g10gb-19-3 of claim {NS}/small" in reason
+        for reason in verdict.reasons
+    ), verdict.reasons
+    # the whole GPU allocated: no placement of it is left
+    whole = held(gpu_claim("whole"), "gpu-0")
+    assert not run(mig_claim("c", profile_is("1g.10gb")), whole).satisfiable
+    assert devices_of(run(mig_claim("c", profile_is("1g.10gb")), whole, spec="h100:2:mig")) == [
+        "gpu-1-mig-1g10gb-19-0"
+    ]
+
+
+def test_an_ampere_gpu_in_dynamic_mig_mode_is_not_offered_whole() -> None:
+    assert not run(gpu_claim("whole"), spec="a100-80gb:1:mig").satisfiable
+    assert run(mig_claim("c", profile_is("1g.10gb")), spec="a100-80gb:1:mig").satisfiable
 
 
 def test_two_media_extension_placements_never_share_a_gpu() -> None:

@@ -200,7 +200,7 @@ def test_eight_h100_in_dynamic_mig_mode_are_published_and_a_restart_writes_nothi
     devices = node_devices(inventory, driver_name=DRIVER, mig_mode="dynamic")
     first = start(devices)
     assert first.wait_synced(5), first.status().last_error
-    assert len(device_names(kubeapi)) == 8 * 25
+    assert len(device_names(kubeapi)) == 8 * (1 + 25)  # each whole GPU and its placements
     assert sorted(len(s["spec"].get("sharedCounters", ())) for s in kubeapi.slices()) == [
         0,
         0,
