@@ -112,9 +112,16 @@ class Discovery:
         are raised, and remembered for readiness until a pass succeeds. In dynamic MIG mode a
         GPU this driver took out of MIG mode is shown as it was (migoff.overlay; its mark read
         before and after NVML, so a mark made or removed during the pass is not missed)."""
-        marked = self._mig_off.read() if self._mig_off is not None else {}
+
+        def nvml_inventory() -> Inventory:
+            return nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
+
         try:
-            inventory = nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
+            inventory = (
+                nvml_inventory()
+                if self._mig_off is None
+                else migoff.discover_with_marks(nvml_inventory, self._mig_off)
+            )
         except NoGpusFound as exc:
             self.last_error = None  # NVML answered: there are no GPUs
             logger.warning("no GPUs found; publishing an empty pool", extra={"reason": str(exc)})
@@ -123,8 +130,6 @@ class Discovery:
             self.last_error = str(exc)
             raise
         self.last_error = None
-        if self._mig_off is not None:
-            inventory = migoff.overlay(inventory, {**marked, **self._mig_off.read()})
         for failure in inventory.failures:
             logger.error(
                 "a GPU failed its NVML queries; a new one is not published, a known one stays "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -148,3 +148,13 @@ def overlay(inventory: Inventory, marks: Mapping[str, tuple[MigProfile, ...]]) -
     if shown == inventory.gpus:
         return inventory
     return replace(inventory, gpus=shown)
+
+
+def discover_with_marks(discover: Callable[[], Inventory], marks: MigOffMarks) -> Inventory:
+    """``discover()`` (NVML) with the marks laid over it (:func:`overlay`). The marks are read
+    before and after NVML is asked, so a GPU seen out of MIG mode is shown as it was even when
+    its mark was made during the pass (prepare marks before the mode changes) or removed during
+    it (unprepare removes the mark after the GPU is back)."""
+    before = marks.read()
+    inventory = discover()
+    return overlay(inventory, {**before, **marks.read()})

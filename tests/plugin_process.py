@@ -20,6 +20,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+from dra_driver import migoff
 from dra_driver.config import Config
 from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import simulated_inventory
@@ -54,7 +55,11 @@ def child(settings: dict[str, str], crash: str) -> None:
                     state_path=config.simulated_mig_state_path,
                 )
             )
-            inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+            # GPUs taken out of MIG mode for a whole-GPU claim shown as they were, as in the agent
+            inventory = migoff.discover_with_marks(
+                lambda: nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root),
+                migoff.MigOffMarks(config.checkpoint_path.parent / migoff.MARKS_DIRECTORY),
+            )
             if crash:
                 die_at(node.library, crash)
         plugin = KubeletPlugin(

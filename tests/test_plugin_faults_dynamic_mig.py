@@ -58,17 +58,18 @@ def device(claim: str) -> str:
     )
 
 
-@pytest.fixture
-def plugin_process(kubeapi: FakeKubeApi) -> Iterator[PluginProcess]:
+@contextlib.contextmanager
+def dynamic_plugin(kubeapi: FakeKubeApi, simulate: str) -> Iterator[PluginProcess]:
     import tempfile  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="dra-dynmig-", dir="/tmp") as d:
         tmp = Path(d)
-        fake = make_fake_driver(tmp, gpu_uuids=[g.uuid for g in INVENTORY.gpus])
+        inventory = simulated_inventory(simulate, node_name="node1")
+        fake = make_fake_driver(tmp, gpu_uuids=[g.uuid for g in inventory.gpus])
         (tmp / "boot_id").write_text("boot-1\n")
         assert kubeapi.kubeconfig_path is not None
         settings = {
-            "simulate": SIMULATE,
+            "simulate": simulate,
             "mig_mode": "dynamic",
             "kubeconfig": str(kubeapi.kubeconfig_path),
             "driver_root": str(fake.root),
@@ -79,8 +80,16 @@ def plugin_process(kubeapi: FakeKubeApi) -> Iterator[PluginProcess]:
             "cdi": str(tmp / "cdi"),
         }
         process = PluginProcess(settings, tmp)
+        try:
+            yield process
+        finally:
+            process.close()
+
+
+@pytest.fixture
+def plugin_process(kubeapi: FakeKubeApi) -> Iterator[PluginProcess]:
+    with dynamic_plugin(kubeapi, SIMULATE) as process:
         yield process
-        process.close()
 
 
 def instances(settings: dict[str, str]) -> dict[str, bool]:
@@ -212,3 +221,69 @@ def test_kill_9_during_concurrent_dynamic_mig_prepares_and_unprepares_leaks_noth
     prepare_all(plugin_process, claims)
     assert check_instances(plugin_process.settings) == {device(n) for n in DEVICES}
     assert time.monotonic() - started < 120
+
+
+# --- the whole GPU: out of MIG mode on prepare, back on unprepare ------------------------------
+
+WHOLE_GPU_SIMULATE = "h100:2:mig"
+WHOLE_GPU_INVENTORY = simulated_inventory(WHOLE_GPU_SIMULATE, node_name="node1")
+
+
+def mig_modes(settings: dict[str, str]) -> dict[str, bool]:
+    """GPU device name -> whether it is in MIG mode now, from the node's MIG state file."""
+    path = Path(settings["plugins"]) / "gpu.nvidia.com/simulated-mig.json"
+    modes = json.loads(path.read_text()).get("mig_mode", {}) if path.exists() else {}
+    return {
+        f"gpu-{g.minor}": bool(modes.get(g.uuid, {}).get("current", True))
+        for g in WHOLE_GPU_INVENTORY.gpus
+    }
+
+
+def check_mig_modes(settings: dict[str, str]) -> set[str]:
+    """A GPU is out of MIG mode exactly while a prepared claim holds it whole, and marked exactly
+    then; returns the whole GPUs prepared claims hold."""
+    records = check_node(settings)
+    held = {d.device for r in records.values() for d in r.devices if "-mig-" not in d.device}
+    off = {name for name, on in mig_modes(settings).items() if not on}
+    assert off == held, f"GPUs out of MIG mode {sorted(off)}, held whole {sorted(held)}"
+    marks = Path(settings["plugins"]) / "gpu.nvidia.com/mig-off"
+    marked = {p.stem for p in marks.glob("*.json")} if marks.exists() else set()
+    by_uuid = {g.uuid: f"gpu-{g.minor}" for g in WHOLE_GPU_INVENTORY.gpus}
+    assert {by_uuid[u] for u in marked} == off, f"marks {sorted(marked)}, out of MIG mode {off}"
+    return held
+
+
+def test_kill_9_around_every_mig_mode_change_leaves_a_gpu_out_of_mig_mode_only_for_its_claim(
+    kubeapi: FakeKubeApi,
+) -> None:
+    whole = kubeapi.add_claim(allocated_claim(name="whole", devices=["gpu-0"]))
+    other = kubeapi.add_claim(allocated_claim(name="other", devices=["gpu-1"]))
+    with dynamic_plugin(kubeapi, WHOLE_GPU_SIMULATE) as plugin:
+        plugin.spawn()
+        prepare_all(plugin, [other])  # gpu-1 stays out of MIG mode throughout
+        for when in ("before", "after"):
+            point = f"nvmlDeviceSetMigMode:{when}"
+            for unprepare in (False, True):
+                plugin.kill()
+                if unprepare:
+                    plugin.spawn()
+                    prepare_all(plugin, [whole])
+                    plugin.kill()
+                plugin.spawn(crash=point)
+                call(plugin, [whole], unprepare=unprepare)
+                died_at_the_crash_point(plugin, point)
+                plugin.spawn()  # its start-up repair runs before it serves
+                held = check_mig_modes(plugin.settings)
+                assert "gpu-1" in held, (point, unprepare)
+                # the kubelet goes on: the prepare is retried, or the unprepare
+                if unprepare:
+                    call(plugin, [whole], unprepare=True)
+                    assert check_mig_modes(plugin.settings) == {"gpu-1"}, point
+                else:
+                    prepare_all(plugin, [whole])
+                    assert check_mig_modes(plugin.settings) == {"gpu-0", "gpu-1"}, point
+                    call(plugin, [whole], unprepare=True)
+                    assert check_mig_modes(plugin.settings) == {"gpu-1"}, point
+        call(plugin, [other], unprepare=True)
+        assert check_mig_modes(plugin.settings) == set()
+        assert all(mig_modes(plugin.settings).values())

@@ -1,0 +1,324 @@
+"""The whole GPU of a partitionable GPU (dynamic MIG) through prepare.Preparer: prepare takes the
+GPU out of MIG mode behind a durable mark, unprepare puts it back, discovery keeps showing the
+partitionable GPU meanwhile, and every crash leftover is repaired.
+
+Real parts: the simulated NVML library through pynvml and gpus/migmanager.py (the MIG mode the
+agent sets is the one discovery reads back), the checkpoint and CDI spec directory on disk. The
+kill -9 loop through nvmlDeviceSetMigMode is in tests/test_plugin_faults_dynamic_mig.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver import cdi, migoff
+from dra_driver.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    PreparedDevice,
+)
+from dra_driver.devices import mig_device_name, node_devices
+from dra_driver.errors import DeviceConflict, ForeignMigInstances, PrepareError
+from dra_driver.gpus import nvml
+from dra_driver.gpus.fakedriver import make_fake_driver
+from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.migmanager import MigManager
+from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
+from dra_driver.miginstances import DynamicMig
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from tests.claimdata import ClaimStore, allocated_claim
+
+VENDOR = "k8s.gpu.nvidia.com"
+SPEC = "h100:2:mig,h100:1"  # gpu-0 and gpu-1 partitionable, gpu-2 not in MIG mode
+WHOLE = "gpu-0"
+ONE_G_AT_3 = mig_device_name(parent_minor=0, profile="1g.10gb", profile_id=19, placement_start=3)
+
+
+@dataclass
+class Env:
+    node: SimulatedNode
+    preparer: Preparer
+    store: ClaimStore
+    specs: cdi.CdiSpecDir
+    checkpoint: Checkpoint
+    manager: MigManager
+    files: cdi.DriverFiles
+
+    def ref(self, claim: dict[str, Any]) -> ClaimRef:
+        meta = claim["metadata"]
+        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+    def raw(self) -> Inventory:
+        return nvml.discover(driver_root=Path("/"), sysfs_root=self.node.sysfs_root)
+
+    def inventory(self) -> Inventory:
+        """What the agent's discovery shows: NVML's answer with the marks laid over it."""
+        return migoff.overlay(self.raw(), self.preparer.mig_off.read())
+
+    def rediscover(self) -> None:
+        self.preparer.set_targets(device_targets(self.inventory(), "dynamic"), self.files)
+
+    def mig_mode(self, minor: int = 0) -> tuple[bool, bool]:
+        gpu = next(g for g in self.raw().gpus if g.minor == minor)
+        return self.manager.mig_mode(gpu.uuid)
+
+    def marked(self) -> frozenset[str]:
+        return self.preparer.mig_off.uuids()
+
+    def uuid(self, minor: int = 0) -> str:
+        return next(g.uuid for g in self.raw().gpus if g.minor == minor)
+
+
+@contextmanager
+def open_env(tmp: Path, store: ClaimStore | None = None) -> Iterator[Env]:
+    """A Preparer in dynamic MIG mode over ``tmp``; a second one over the same ``tmp`` is the
+    agent restarted (the simulated node keeps its MIG state in ``tmp``)."""
+    state = tmp / "plugin/simulated-mig.json"
+    with simulated_nvml(SPEC, node_name="node1", state_path=state) as node:
+        raw = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        if not (tmp / "driver-root").exists():
+            make_fake_driver(tmp, gpu_uuids=[g.uuid for g in raw.gpus])
+            (tmp / "boot_id").write_text("boot-1\n")
+        files = cdi.find_driver_files(
+            driver_root=tmp / "driver-root",
+            driver_version=raw.gpus[0].driver_version,
+            proc_root=tmp / "proc",
+        )
+        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
+        specs.ensure()
+        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
+        checkpoint.open()
+        locks = ClaimLocks(tmp / "plugin/claims.lock")
+        locks.open()
+        manager = MigManager()
+        marks = migoff.MigOffMarks(tmp / "plugin" / migoff.MARKS_DIRECTORY)
+        inventory = migoff.overlay(raw, marks.read())
+        preparer = Preparer(
+            driver_name="gpu.nvidia.com",
+            node_name="node1",
+            cdi_vendor=VENDOR,
+            targets=device_targets(inventory, "dynamic"),
+            files=files,
+            specs=specs,
+            checkpoint=checkpoint,
+            locks=locks,
+            claims=store or ClaimStore(),
+            mig=DynamicMig(manager),
+        )
+        try:
+            yield Env(node, preparer, preparer.claims, specs, checkpoint, manager, files)  # type: ignore[arg-type]
+        finally:
+            preparer.close()
+            checkpoint.close()
+            locks.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    with open_env(tmp_path) as e:
+        yield e
+
+
+def spec_nodes(env: Env, uid: str) -> list[str]:
+    spec = json.loads(env.specs.path_for(uid).read_bytes())
+    (device,) = spec["devices"]
+    return [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+
+
+def published(inventory: Inventory) -> Any:
+    return node_devices(inventory, driver_name="gpu.nvidia.com", mig_mode="dynamic")
+
+
+def test_the_whole_gpu_of_a_partitionable_hopper_gpu_is_a_target_that_leaves_mig_mode(
+    env: Env,
+) -> None:
+    targets = device_targets(env.inventory(), "dynamic")
+    assert targets["gpu-0"].leaves_mig and targets["gpu-1"].leaves_mig
+    assert not targets["gpu-2"].leaves_mig  # not in MIG mode: a plain GPU
+    assert targets["gpu-0"].type == "gpu" and targets["gpu-0"].dynamic is None
+    assert "gpu-0" not in device_targets(env.inventory(), "static")  # static: MIG devices only
+
+
+def test_prepare_takes_the_gpu_out_of_mig_mode_and_unprepare_puts_it_back(env: Env) -> None:
+    before = env.inventory()
+    claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+    uid = claim["metadata"]["uid"]
+
+    (device,) = env.preparer.prepare(env.ref(claim))
+
+    assert device.device == WHOLE
+    assert env.mig_mode(0) == (False, False) and env.mig_mode(1) == (True, True)
+    assert env.marked() == {env.uuid(0)}
+    record = env.checkpoint.get(uid)
+    assert record is not None and record.phase == PREPARE_COMPLETED
+    assert spec_nodes(env, uid) == ["/dev/nvidia0"]  # the whole GPU, as out of MIG mode
+    # NVML shows a plain GPU now; discovery (with the mark) shows the partitionable GPU it was,
+    # so what is published and what prepare accepts do not change
+    raw_gpu = env.raw().gpus[0]
+    assert not raw_gpu.mig_enabled and not raw_gpu.mig_profiles
+    assert published(env.inventory()) == published(before)
+    env.rediscover()
+    assert env.preparer.targets["gpu-0"].leaves_mig
+    assert env.preparer.prepare(env.ref(claim)) == (device,)  # idempotent
+
+    env.preparer.unprepare(env.ref(claim))
+
+    assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+    assert env.checkpoint.get(uid) is None and not env.specs.path_for(uid).exists()
+    assert env.raw() == before  # MIG mode on, the same profiles, no instances
+    env.preparer.unprepare(env.ref(claim))  # again: nothing to do
+
+
+def test_the_whole_gpu_and_its_placements_exclude_each_other(env: Env) -> None:
+    small = env.store.add(allocated_claim(name="small", devices=[ONE_G_AT_3]))
+    whole = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+    env.preparer.prepare(env.ref(small))
+    with pytest.raises(DeviceConflict, match=f"{WHOLE} overlaps device {ONE_G_AT_3}"):
+        env.preparer.prepare(env.ref(whole))
+    assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+    assert env.checkpoint.get(whole["metadata"]["uid"]) is None
+    env.preparer.unprepare(env.ref(small))
+
+    env.preparer.prepare(env.ref(whole))
+    with pytest.raises(DeviceConflict, match=f"{ONE_G_AT_3} overlaps device {WHOLE}"):
+        env.preparer.prepare(env.ref(small))
+    assert env.mig_mode(0) == (False, False)
+
+
+def test_a_gpu_with_a_foreign_instance_or_processes_never_leaves_mig_mode(env: Env) -> None:
+    gpu = env.raw().gpus[0]
+    claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+    env.manager.create(gpu.uuid, profile_id=19, start=3, size=1, slices=1, name="by hand")
+    with pytest.raises(ForeignMigInstances, match=f"did not create \\({ONE_G_AT_3}\\)"):
+        env.preparer.prepare(env.ref(claim))
+    assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+    assert env.checkpoint.get(claim["metadata"]["uid"]) is None
+    assert list(DynamicMig(env.manager).existing(gpu)) == [ONE_G_AT_3]  # never touched
+    env.manager.destroy(gpu.uuid, profile_id=19, start=3, name="by hand")
+
+    env.node.library.put_process(gpu.uuid, 4242)
+    outcome = env.preparer.prepare_batch([env.ref(claim)])[claim["metadata"]["uid"]]
+    assert outcome.error_type == "mig" and "runs processes (PIDs 4242)" in outcome.error
+    assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+    env.node.library.end_processes(gpu.uuid)
+    env.preparer.prepare(env.ref(claim))
+    assert env.mig_mode(0) == (False, False)
+
+
+def test_processes_keep_the_gpu_out_of_mig_mode_until_they_end(env: Env) -> None:
+    claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+    env.preparer.prepare(env.ref(claim))
+    env.node.library.put_process(env.uuid(0), 99)  # the pod's process has not ended yet
+    env.preparer.unprepare(env.ref(claim))  # succeeds: the record is gone, the GPU is not back
+    assert env.checkpoint.get(claim["metadata"]["uid"]) is None
+    assert env.mig_mode(0) == (False, False) and env.marked() == {env.uuid(0)}
+    assert env.preparer.reconcile()["mig_modes_restored"] == 0  # still running: left marked
+    env.node.library.end_processes(env.uuid(0))
+    assert env.preparer.reconcile()["mig_modes_restored"] == 1
+    assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+
+
+def test_an_admin_access_claim_of_the_whole_gpu_changes_no_mig_mode(env: Env) -> None:
+    small = env.store.add(allocated_claim(name="small", devices=[ONE_G_AT_3]))
+    env.preparer.prepare(env.ref(small))
+    admin = allocated_claim(name="admin", devices=[WHOLE])
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    env.store.add(admin)
+    (device,) = env.preparer.prepare(env.ref(admin))
+    assert device.admin_access and env.mig_mode(0) == (True, True)
+    assert env.marked() == frozenset()
+    env.preparer.unprepare(env.ref(admin))
+    env.preparer.unprepare(env.ref(small))
+    assert env.mig_mode(0) == (True, True)
+
+
+def test_a_claim_left_prepare_started_is_rolled_back_into_mig_mode(env: Env) -> None:
+    """As a kill -9 after the GPU left MIG mode and before PrepareCompleted leaves it."""
+    claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+    uid = claim["metadata"]["uid"]
+    gpu = env.inventory().gpus[0]
+    env.checkpoint.transact(
+        lambda claims: claims.__setitem__(
+            uid,
+            ClaimRecord(
+                uid=uid, namespace="default", name="whole", phase=PREPARE_STARTED,
+                devices=(PreparedDevice(request="gpu", pool="node1", device=WHOLE,
+                                        cdi_device_ids=()),),
+            ),
+        )
+    )  # fmt: skip
+    DynamicMig(env.manager).leave_mig_mode(gpu, WHOLE, env.preparer.mig_off, recorded=frozenset)
+    assert env.mig_mode(0) == (False, False)
+
+    assert env.preparer.reconcile()["rolled_back"] == 1
+
+    assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+    assert env.checkpoint.get(uid) is None
+
+
+def test_a_mark_no_claim_stands_for_puts_the_gpu_back_at_the_next_repair(tmp_path: Path) -> None:
+    """A kill -9 after an unprepare removed the record, before the GPU went back: the restart
+    finds the mark alone."""
+    store = ClaimStore()
+    with open_env(tmp_path, store) as env:
+        claim = store.add(allocated_claim(name="whole", devices=[WHOLE]))
+        env.preparer.prepare(env.ref(claim))
+        env.checkpoint.transact(lambda claims: claims.discard(claim["metadata"]["uid"]))
+    with open_env(tmp_path, store) as env:
+        # the restarted agent's discovery shows the partitionable GPU (from the mark)
+        assert env.preparer.targets["gpu-0"].leaves_mig
+        assert env.mig_mode(0) == (False, False)
+        assert env.preparer.reconcile()["mig_modes_restored"] == 1
+        assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+
+
+def test_a_prepared_whole_gpu_survives_a_restart_and_is_completed_if_put_back(
+    tmp_path: Path,
+) -> None:
+    store = ClaimStore()
+    with open_env(tmp_path, store) as env:
+        claim = store.add(allocated_claim(name="whole", devices=[WHOLE]))
+        (device,) = env.preparer.prepare(env.ref(claim))
+    with open_env(tmp_path, store) as env:
+        assert env.preparer.reconcile()["mig_modes_restored"] == 0
+        assert env.mig_mode(0) == (False, False)  # the claim still holds it
+        assert env.preparer.prepare(env.ref(claim)) == (device,)
+        # put back into MIG mode behind the agent's back (or an unprepare killed after it):
+        # the claim is completed again
+        env.manager.set_mig_mode(env.uuid(0), True, why="by hand")
+        env.preparer.reconcile()
+        assert env.mig_mode(0) == (False, False) and env.marked() == {env.uuid(0)}
+        env.preparer.unprepare(env.ref(claim))
+        assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
+
+
+def test_an_ampere_gpu_in_mig_mode_is_never_prepared_whole(tmp_path: Path) -> None:
+    with simulated_nvml("a100-80gb:1:mig", node_name="node1") as node:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+    assert "gpu-0" not in device_targets(inventory, "dynamic")
+
+
+def test_a_mark_that_cannot_be_read_is_reported_and_the_gpu_shown_as_nvml_says(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+    env.preparer.prepare(env.ref(claim))
+    env.preparer.mig_off.path(env.uuid(0)).write_text("{not json")
+    assert env.preparer.mig_off.read() == {}
+    assert "cannot read the mark" in caplog.text
+    assert not env.inventory().gpus[0].mig_enabled  # shown as NVML says
+    assert env.marked() == {env.uuid(0)}  # but still found by the repair
+    with pytest.raises(PrepareError):  # and nothing else is prepared on it meanwhile
+        env.rediscover()
+        small = env.store.add(allocated_claim(name="small", devices=[ONE_G_AT_3]))
+        env.preparer.prepare(env.ref(small))
