@@ -86,6 +86,12 @@ class RecordingMig:
     def processes(self, gpu_uuid: str, *, gpu_instance_id: int | None) -> tuple[int, ...]:
         return self.manager.processes(gpu_uuid, gpu_instance_id=gpu_instance_id)
 
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool, *, why: str) -> None:
+        self.manager.set_mig_mode(gpu_uuid, enabled, why=why)
+
+    def mig_mode(self, gpu_uuid: str) -> tuple[bool, bool]:
+        return self.manager.mig_mode(gpu_uuid)
+
     def close(self) -> None:
         self.manager.close()
 

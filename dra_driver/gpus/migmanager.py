@@ -7,6 +7,10 @@ Every NVML error becomes a MigFailed naming the device, the call and what NVML's
 a claim's error says why (insufficient resources, in use, not supported). pynvml must already
 hold a library (a real one loaded by discovery, or simulated GPUs): this module loads none.
 
+It also switches a GPU's MIG mode (set_mig_mode, for the whole GPU of a MIG-mode GPU in dynamic
+MIG mode): NVML changes the mode at once only where no GPU reset is needed and nothing runs on
+the GPU; otherwise the change stays pending, and set_mig_mode takes it back and says why.
+
 Instances are found by what the driver knows of them, the GPU, the GPU-instance profile and the
 placement start (exactly what a dynamic device's name encodes), never by ids remembered across
 a crash: after a kill -9 at any step the next start finds the half-made instance (a GPU instance
@@ -48,6 +52,21 @@ _MEANINGS = {
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission: the agent needs CAP_SYS_ADMIN for MIG "
     "management",
     pynvml.NVML_ERROR_GPU_IS_LOST: "the GPU is lost",
+}
+# What nvmlDeviceSetMigMode's own return codes mean (nvml.h: NOT_SUPPORTED for a GPU without MIG
+# mode; IN_USE is how simulated GPUs refuse MIG mode off while GPU instances exist, a case nvml.h
+# does not document).
+_MODE_MEANINGS = {
+    pynvml.NVML_ERROR_IN_USE: "in use: MIG instances exist on the GPU",
+    pynvml.NVML_ERROR_NOT_SUPPORTED: "not supported: the GPU has no MIG mode",
+}
+# Why a mode change did not become current, by its activation status (nvml.h: RESET_REQUIRED
+# where the change needs a reset, IN_USE when the GPU is not idle).
+_ACTIVATION = {
+    pynvml.NVML_ERROR_RESET_REQUIRED: "it needs a GPU reset (Ampere GPUs such as the A100 and "
+    "A30 change MIG mode only through one, and this driver never resets a GPU)",
+    pynvml.NVML_ERROR_IN_USE: "processes run on the GPU (NVML changes MIG mode only on an idle "
+    "GPU)",
 }
 _NO_INSTANCE = 0xFFFFFFFF  # a process's gpuInstanceId outside any MIG instance
 _MAX_INSTANCES = 16  # more than any profile's instanceCount (nvmlDeviceGetGpuInstances sizing)
@@ -179,6 +198,45 @@ class MigManager:
                 ) from exc
             return True
 
+    def mig_mode(self, gpu_uuid: str) -> tuple[bool, bool]:
+        """The GPU's MIG mode: (current, pending). A GPU without MIG mode: (False, False)."""
+        with self._gpu(gpu_uuid, f"reading the MIG mode of GPU {gpu_uuid}") as handle:
+            return _mig_mode(handle)
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool, *, why: str) -> None:
+        """Make ``enabled`` the GPU's current MIG mode, or raise MigFailed saying why not.
+
+        Idempotent: nothing is switched when the current mode already is ``enabled``; a pending
+        mode that differs from it is then set back to it. When NVML leaves the change pending
+        (an Ampere GPU needs a reset; processes run on the GPU), the pending mode is set back to
+        the current one before MigFailed is raised, so that a later GPU reset or reboot does not
+        switch the mode behind the driver's back. ``why`` (what the switch is for) goes into the
+        error. NVML errors are MigFailed too. Serialised with this GPU's other MIG changes.
+        """
+        what = f"turning MIG mode {_on(enabled)} on GPU {gpu_uuid} ({why})"
+        with self._gpu(gpu_uuid, what) as handle:
+            current, pending = _mig_mode(handle)
+            if current == enabled:
+                if pending != current:
+                    _set_mig_mode(handle, current, what)
+                return
+            status = _set_mig_mode(handle, enabled, what)
+            current, pending = _mig_mode(handle)
+            if current == enabled:
+                return
+            reverted = ""
+            if pending != current:
+                try:
+                    _set_mig_mode(handle, current, what)
+                except MigFailed as exc:
+                    reverted = f"; setting the pending mode back to {_on(current)} failed: {exc}"
+            reason = _ACTIVATION.get(status) or (
+                "NVML reported success, yet the mode did not change"
+                if status == pynvml.NVML_SUCCESS
+                else str(pynvml.NVMLError(status))
+            )
+            raise MigFailed(f"{what}: MIG mode stays {_on(current)}: {reason}{reverted}")
+
     def processes(self, gpu_uuid: str, *, gpu_instance_id: int | None) -> tuple[int, ...]:
         """PIDs of the compute processes NVML lists on the GPU: those inside GPU instance
         ``gpu_instance_id``, or (None) those outside every MIG instance (on the full GPU)."""
@@ -189,6 +247,28 @@ class MigManager:
                 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
                 if int(p.gpuInstanceId) == wanted
             )
+
+
+def _on(enabled: bool) -> str:
+    return "on" if enabled else "off"
+
+
+def _mig_mode(handle: Any) -> tuple[bool, bool]:
+    try:
+        current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError_NotSupported:
+        return False, False  # nvml.h: NOT_SUPPORTED for a GPU without MIG mode
+    return current == pynvml.NVML_DEVICE_MIG_ENABLE, pending == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _set_mig_mode(handle: Any, enabled: bool, what: str) -> int:
+    """nvmlDeviceSetMigMode; its activation status (SUCCESS: the mode is current now)."""
+    mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+    try:
+        return int(pynvml.nvmlDeviceSetMigMode(handle, mode))
+    except pynvml.NVMLError as exc:
+        meaning = _MODE_MEANINGS.get(exc.value) or nvml_problem(exc)
+        raise MigFailed(f"{what}: nvmlDeviceSetMigMode failed: {meaning}") from exc
 
 
 def _full_compute_profile(slices: int) -> int:

@@ -412,6 +412,7 @@ _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 _VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 _TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
 _IN_USE: int = pynvml.NVML_ERROR_IN_USE
+_RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 _INSUFFICIENT_RESOURCES: int = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
 _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 
@@ -426,6 +427,7 @@ _ERROR_STRINGS = {
     _VERSION_MISMATCH: b"Argument version mismatch",
     _TIMEOUT: b"Timeout",
     _IN_USE: b"In use by another client",
+    _RESET_REQUIRED: b"GPU requires restart",
     _INSUFFICIENT_RESOURCES: b"Insufficient resources",
     _UNKNOWN: b"Unknown Error",
 }
@@ -734,8 +736,9 @@ class SimulatedNvmlLibrary:
             return rc
         if not gpu.spec.hardware.mig_capable:
             return _NOT_SUPPORTED
-        _target(current).value = int(gpu.spec.mig_enabled)
-        _target(pending).value = int(gpu.spec.mig_pending)
+        current_mode, pending_mode = self.mig.mode(gpu)
+        _target(current).value = int(current_mode)
+        _target(pending).value = int(pending_mode)
         return _SUCCESS
 
     def _compute_mode(self, handle: Any, mode: Any) -> int:
@@ -772,7 +775,7 @@ class SimulatedNvmlLibrary:
         # nvml.h: NOT_SUPPORTED "if device doesn't have MIG mode enabled or profile isn't
         # supported".
         profile = self._profile_by_index(gpu, _int(index))
-        if profile is None or not gpu.spec.mig_enabled:
+        if profile is None or not self.mig.enabled(gpu):
             return _NOT_SUPPORTED
         info.id = profile.profile_id
         info.isP2pSupported = 0
@@ -793,7 +796,7 @@ class SimulatedNvmlLibrary:
         if gpu is None or rc != _SUCCESS:
             return rc
         profile = self._profile_by_id(gpu, _int(profile_id))
-        if profile is None or not gpu.spec.mig_enabled:
+        if profile is None or not self.mig.enabled(gpu):
             return _NOT_SUPPORTED
         # nvml.h: with placements == NULL only the count is returned.
         if placements is not None:
@@ -817,7 +820,7 @@ class SimulatedNvmlLibrary:
         gpu, rc = self._gpu(handle)
         if gpu is None or rc != _SUCCESS:
             return rc
-        if not gpu.spec.mig_enabled:
+        if not self.mig.enabled(gpu):
             return _NOT_SUPPORTED
         i = _int(index)
         if i >= TOTAL_COMPUTE_SLICES:
@@ -875,7 +878,7 @@ class SimulatedNvmlLibrary:
         gpu, rc = self._gpu(handle)
         if gpu is None or rc != _SUCCESS:
             return rc
-        if not gpu.spec.mig_enabled:
+        if not self.mig.enabled(gpu):
             return _NOT_SUPPORTED
         instances = self.mig.view.instances[gpu.index]
         found = next((i for i in instances if i.id == _int(gpu_instance_id)), None)
@@ -976,7 +979,7 @@ class SimulatedNvmlLibrary:
     def _memory_used_bytes(
         self, gpu: SimulatedGpu, mig: SimulatedMig | None, *, total_bytes: int
     ) -> int:
-        if mig is None and gpu.spec.mig_enabled:
+        if mig is None and self.mig.enabled(gpu):
             used = sum(
                 self._memory_used_bytes(gpu, m, total_bytes=m.profile.memory_mib << 20)
                 for m in self.mig.devices(gpu)
@@ -1022,7 +1025,7 @@ class SimulatedNvmlLibrary:
         gpu, _, rc = self._telemetry_device(handle)
         if gpu is None or rc != _SUCCESS:
             return rc
-        if gpu.spec.mig_enabled:
+        if self.mig.enabled(gpu):
             return _NOT_SUPPORTED  # nvml.h: not supported on MIG-enabled GPUs
         load = self._load(gpu, None)
         rates = _target(ref)
@@ -1477,8 +1480,9 @@ class SimulatedHealth:
 # Modelled: the profiles' placement tables on the 8 memory slices, the per-profile instance
 # counts (which is what makes a ``+me`` profile exclusive: one instance of it per GPU), the 7
 # compute slices, the full-GPU-instance compute profile, and processes holding a compute
-# instance (SimulatedNvmlLibrary.processes: IN_USE). Not modelled: compute profiles smaller
-# than their GPU instance, permissions, and switching MIG mode.
+# instance (SimulatedNvmlLibrary.processes: IN_USE), and each GPU's MIG mode, current and
+# pending, switched with nvmlDeviceSetMigMode (see _set_mig_mode for what real NVML does there).
+# Not modelled: compute profiles smaller than their GPU instance, and permissions.
 
 _STATE_VERSION = 1
 # NVML_COMPUTE_INSTANCE_PROFILE_* of the compute profile that spans a whole GPU instance, by
@@ -1517,6 +1521,7 @@ class _MigView:
     """Every instance that exists, and the handle addresses that name them; never mutated."""
 
     instances: dict[int, tuple[SimulatedGpuInstance, ...]]  # GPU index -> by id
+    modes: dict[int, tuple[bool, bool]]  # GPU index -> MIG mode (current, pending)
     devices: dict[int, tuple[SimulatedMig, ...]]  # GPU index -> MIG devices, NVML's order
     mig_devices: dict[int, tuple[SimulatedGpu, SimulatedMig]]
     gpu_instances: dict[int, SimulatedGpuInstance]
@@ -1543,16 +1548,24 @@ def _placement(arg: Any) -> Any:
 class SimulatedMigInstances:
     """The GPU and compute instances of a simulated node, and the NVML functions that manage them.
 
+    It also holds each GPU's MIG mode (current, pending), starting from the spec's
+    (``mig``/``mig=``: on, on; ``mig-pending``: off, on) and changed by ``nvmlDeviceSetMigMode``.
+
     ``state_path``: a JSON file this node owns; read at start when it exists (it then replaces
-    the spec's layout for the GPUs it names), rewritten atomically (temporary file, rename; not
-    synced: it must outlive the agent process, and real instances do not outlive a reboot) on
-    every change, under the lock, before the change becomes visible. Format::
+    the spec's layout and modes for the GPUs it names), rewritten atomically (temporary file,
+    rename; not synced: it must outlive the agent process, and real instances do not outlive a
+    reboot) on every change, under the lock, before the change becomes visible. Format::
 
         {"version": 1, "gpus": {"<GPU UUID>": [{"gpu_instance_id": 2, "profile_id": 9,
-          "start": 0, "compute_instances": [{"compute_instance_id": 0, "profile_id": 2}]}]}}
+          "start": 0, "compute_instances": [{"compute_instance_id": 0, "profile_id": 2}]}]},
+         "mig_mode": {"<GPU UUID>": {"current": 1, "pending": 1}}}
 
-    GPUs of the node the file does not name start from the spec's layout; UUIDs of other nodes
-    are ignored. A file that cannot be read or names impossible instances is a
+    ``gpus`` names every GPU whose current MIG mode is on (an empty list: no instances);
+    ``mig_mode`` every MIG-capable GPU. Both keys are optional per GPU: a GPU ``mig_mode`` does
+    not name has the spec's modes (files written before the key existed), and a GPU ``gpus``
+    does not name has the spec's layout, or no instances when its recorded current mode is off.
+    UUIDs of other nodes are ignored. A file that cannot be read, or names impossible instances
+    or modes (instances on a GPU whose MIG mode is off, a mode for a GPU without MIG), is a
     SimulationSpecError at start.
     """
 
@@ -1577,9 +1590,18 @@ class SimulatedMigInstances:
             )
             for gpu in self._gpus
         }
+        modes = {gpu.index: (gpu.spec.mig_enabled, gpu.spec.mig_pending) for gpu in self._gpus}
         if state_path is not None and state_path.exists():
-            instances.update(self._read(state_path))
-        self.view = self._build_view(instances)
+            self._read(state_path, instances=instances, modes=modes)
+        self.view = self._build_view(instances, modes)
+
+    def mode(self, gpu: SimulatedGpu) -> tuple[bool, bool]:
+        """The GPU's MIG mode now: (current, pending)."""
+        return self.view.modes[gpu.index]
+
+    def enabled(self, gpu: SimulatedGpu) -> bool:
+        """Whether the GPU is in MIG mode now (its current mode)."""
+        return self.view.modes[gpu.index][0]
 
     # --- the view and handles ------------------------------------------------------------------
 
@@ -1601,10 +1623,15 @@ class SimulatedMigInstances:
         offset = _COMPUTE_INSTANCE_OFFSET + 0x10 * instance.id + ci.compute_instance_id
         return self._base(instance.gpu_index) + offset
 
-    def _build_view(self, instances: dict[int, tuple[SimulatedGpuInstance, ...]]) -> _MigView:
+    def _build_view(
+        self,
+        instances: dict[int, tuple[SimulatedGpuInstance, ...]],
+        modes: dict[int, tuple[bool, bool]],
+    ) -> _MigView:
         by_id = {i: tuple(sorted(found, key=lambda g: g.id)) for i, found in instances.items()}
         view = _MigView(
             instances=by_id,
+            modes=dict(modes),
             devices={
                 i: tuple(ci for gi in found for ci in gi.compute_instances)
                 for i, found in by_id.items()
@@ -1639,23 +1666,34 @@ class SimulatedMigInstances:
         gpu, rc = self._library._gpu(handle)
         if gpu is None or rc != _SUCCESS:
             return None, rc
-        if not gpu.spec.mig_enabled:
+        if not self.enabled(gpu):
             return None, _NOT_SUPPORTED
         return gpu, _SUCCESS
 
     # --- state changes ---------------------------------------------------------------------------
 
-    def _commit(self, gpu_index: int, instances: tuple[SimulatedGpuInstance, ...]) -> int:
-        """Make ``instances`` the GPU's instances: state file first, then the view (lock held)."""
+    def _commit(
+        self,
+        gpu_index: int,
+        instances: tuple[SimulatedGpuInstance, ...] | None = None,
+        *,
+        mode: tuple[bool, bool] | None = None,
+    ) -> int:
+        """Make ``instances`` the GPU's instances and ``mode`` its MIG mode (None: unchanged):
+        state file first, then the view (lock held)."""
         changed = dict(self.view.instances)
-        changed[gpu_index] = instances
+        modes = dict(self.view.modes)
+        if instances is not None:
+            changed[gpu_index] = instances
+        if mode is not None:
+            modes[gpu_index] = mode
         if self.state_path is not None:
             try:
-                self._write(self.state_path, changed)
+                self._write(self.state_path, changed, modes)
             except OSError as exc:
                 _log.error("simulated GPUs: cannot write MIG state %s: %s", self.state_path, exc)
                 return _UNKNOWN
-        self.view = self._build_view(changed)
+        self.view = self._build_view(changed, modes)
         return _SUCCESS
 
     def _refusal(self, gpu: SimulatedGpu, profile: GpuInstanceProfile, start: int) -> int:
@@ -1746,6 +1784,56 @@ class SimulatedMigInstances:
             return _NOT_SUPPORTED  # smaller compute profiles are not simulated
         return _SUCCESS
 
+    def _set_mig_mode(self, handle: Any, mode: Any, status_ref: Any) -> int:
+        """nvmlDeviceSetMigMode: set the pending MIG mode and try to activate it.
+
+        nvml.h (quoted in NVIDIA's cuda-python docs of ``device_set_mig_mode``): the return code
+        is NOT_SUPPORTED when the device does not support MIG mode and INVALID_ARGUMENT for a bad
+        device, mode or activation-status pointer; otherwise SUCCESS, and *activationStatus*
+        says whether the mode became current. Activation "may unbind or reset the device"; where
+        a reset is needed and cannot happen it is RESET_REQUIRED, and "if device unbind fails
+        because the device isn't idle, NVML_ERROR_IN_USE would be returned. The caller of this
+        API is expected to idle the device and retry". The pending mode is "the target mode
+        following the next activation trigger" (nvmlDeviceGetMigMode).
+
+        Which GPUs need the reset: NVIDIA's MIG user guide ("Deployment Considerations"):
+        "Setting MIG mode on the A100/A30 requires a GPU reset"; kubernetes-sigs/
+        dra-driver-nvidia-gpu (``supportsMIGModeToggle``) toggles it without a reset on Hopper
+        and newer only. So an Ampere GPU here only changes its pending mode (RESET_REQUIRED),
+        and a Hopper or newer one switches unless compute processes run on it (IN_USE, pending
+        changed). Disabling while GPU instances exist is refused with IN_USE as the return code,
+        nothing changed: nvml.h does not document that case; the upstream driver never tries it
+        (it disables MIG mode only once no MIG device is left), and instances cannot outlive the
+        mode they need.
+        """
+        gpu, rc = self._library._gpu(handle)
+        if gpu is None or rc != _SUCCESS:
+            return rc
+        if not gpu.spec.hardware.mig_capable:
+            return _NOT_SUPPORTED
+        wanted = _int(mode)
+        if wanted not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
+            return _INVALID_ARGUMENT
+        if status_ref is None:
+            return _INVALID_ARGUMENT
+        enable = wanted == pynvml.NVML_DEVICE_MIG_ENABLE
+        with self._lock:
+            current, _ = self.view.modes[gpu.index]
+            if not enable and self.view.instances[gpu.index]:
+                return _IN_USE
+            if enable == current:
+                status, changed = _SUCCESS, (current, enable)  # cancels a pending change
+            elif gpu.spec.hardware.architecture < pynvml.NVML_DEVICE_ARCH_HOPPER:
+                status, changed = _RESET_REQUIRED, (current, enable)
+            elif self._library.processes.get(gpu.uuid):  # (those in MIG devices: refused above)
+                status, changed = _IN_USE, (current, enable)
+            else:
+                status, changed = _SUCCESS, (enable, enable)
+            rc = self._commit(gpu.index, mode=changed)
+            if rc == _SUCCESS:
+                _target(status_ref).value = status
+            return rc
+
     # --- the NVML functions ----------------------------------------------------------------------
 
     def functions(self) -> dict[str, Callable[..., Any]]:
@@ -1763,6 +1851,7 @@ class SimulatedMigInstances:
             "nvmlGpuInstanceGetComputeInstances": self._nvml_compute_instances,
             "nvmlGpuInstanceGetComputeInstanceRemainingCapacity": self._nvml_ci_remaining,
             "nvmlComputeInstanceGetInfo_v2": self._nvml_ci_info,
+            "nvmlDeviceSetMigMode": self._set_mig_mode,
         }
 
     def _gpu_and_profile(
@@ -1949,10 +2038,15 @@ class SimulatedMigInstances:
 
     # --- the state file --------------------------------------------------------------------------
 
-    def _write(self, path: Path, instances: dict[int, tuple[SimulatedGpuInstance, ...]]) -> None:
-        """Replace ``path`` with ``instances``, atomically and durably (lock held)."""
+    def _write(
+        self,
+        path: Path,
+        instances: dict[int, tuple[SimulatedGpuInstance, ...]],
+        modes: dict[int, tuple[bool, bool]],
+    ) -> None:
+        """Replace ``path`` with ``instances`` and ``modes``, atomically (lock held)."""
         # Every GPU in MIG mode is written, those without instances too: none is a state.
-        state = {
+        state: dict[str, Any] = {
             "version": _STATE_VERSION,
             "gpus": {
                 gpu.uuid: [
@@ -1971,32 +2065,51 @@ class SimulatedMigInstances:
                     for gi in instances[gpu.index]
                 ]
                 for gpu in self._gpus
-                if gpu.spec.mig_enabled
+                if modes[gpu.index][0]
+            },
+            "mig_mode": {
+                gpu.uuid: {"current": int(modes[gpu.index][0]), "pending": int(modes[gpu.index][1])}
+                for gpu in self._gpus
+                if gpu.spec.hardware.mig_capable
             },
         }
         # Not synced: a crash of a process cannot lose a renamed file, and real MIG instances do
         # not survive what could (a power loss reboots the node, and a reboot clears them).
         replace_file(path, (json.dumps(state, indent=1) + "\n").encode(), durable=False)
 
-    def _read(self, path: Path) -> dict[int, tuple[SimulatedGpuInstance, ...]]:
-        """The instances ``path`` records for this node's GPUs; SimulationSpecError if invalid."""
+    def _read(
+        self,
+        path: Path,
+        *,
+        instances: dict[int, tuple[SimulatedGpuInstance, ...]],
+        modes: dict[int, tuple[bool, bool]],
+    ) -> None:
+        """Replace the spec's ``instances`` and ``modes`` with those ``path`` records for this
+        node's GPUs; SimulationSpecError if invalid."""
         try:
             state = json.loads(path.read_text())
             if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
                 raise ValueError(f"not a version {_STATE_VERSION} MIG state file")
             recorded = state["gpus"]
-            if not isinstance(recorded, dict):
-                raise ValueError("'gpus' is not an object")
-            return {
-                gpu.index: self._read_gpu(gpu, recorded[gpu.uuid])
-                for gpu in self._gpus
-                if gpu.uuid in recorded
-            }
+            recorded_modes = state.get("mig_mode", {})  # absent in files of older agents
+            if not isinstance(recorded, dict) or not isinstance(recorded_modes, dict):
+                raise ValueError("'gpus' or 'mig_mode' is not an object")
+            for gpu in self._gpus:
+                if gpu.uuid in recorded_modes:
+                    modes[gpu.index] = _read_mode(gpu, recorded_modes[gpu.uuid])
+                    if not modes[gpu.index][0]:
+                        instances[gpu.index] = ()  # the spec's layout needs MIG mode on
+                if gpu.uuid in recorded:
+                    instances[gpu.index] = self._read_gpu(
+                        gpu, recorded[gpu.uuid], enabled=modes[gpu.index][0]
+                    )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SimulationSpecError(f"simulated MIG state {path}: {exc}") from exc
 
-    def _read_gpu(self, gpu: SimulatedGpu, entries: Any) -> tuple[SimulatedGpuInstance, ...]:
-        if entries and not gpu.spec.mig_enabled:
+    def _read_gpu(
+        self, gpu: SimulatedGpu, entries: Any, *, enabled: bool
+    ) -> tuple[SimulatedGpuInstance, ...]:
+        if entries and not enabled:
             raise ValueError(f"GPU {gpu.index} has MIG instances but MIG mode is off")
         found: list[SimulatedGpuInstance] = []
         for entry in entries:
@@ -2028,6 +2141,18 @@ class SimulatedMigInstances:
             )
             found.append(_replace(instance, compute_instances=(mig,) if cis else ()))
         return tuple(found)
+
+
+def _read_mode(gpu: SimulatedGpu, entry: Any) -> tuple[bool, bool]:
+    """A GPU's ``mig_mode`` entry of the state file: (current, pending)."""
+    if not gpu.spec.hardware.mig_capable:
+        raise ValueError(f"GPU {gpu.index} ({gpu.spec.hardware.key}) has no MIG mode")
+    if not isinstance(entry, dict):
+        raise ValueError(f"GPU {gpu.index}: MIG mode {entry!r} is not an object")
+    current, pending = entry["current"], entry["pending"]
+    if any(type(value) is not int or value not in (0, 1) for value in (current, pending)):
+        raise ValueError(f"GPU {gpu.index}: MIG mode {entry!r} is not 0 or 1")
+    return bool(current), bool(pending)
 
 
 @dataclass(frozen=True)
