@@ -134,7 +134,10 @@ class DynamicMig:
         self.backend = backend
 
     def existing(self, gpu: GpuInfo) -> dict[str, MigSlot]:
-        """Device name -> instance, for every GPU instance of ``gpu`` now."""
+        """Device name -> instance, for every GPU instance of ``gpu`` now (none while the GPU
+        is out of MIG mode: taken out for a whole-GPU claim)."""
+        if not self.backend.mig_mode(gpu.uuid)[0]:
+            return {}
         found = self.backend.instances(gpu.uuid, (p.profile_id for p in gpu.mig_profiles))
         by_id = {p.profile_id: p for p in gpu.mig_profiles}
         return {
@@ -196,6 +199,12 @@ class DynamicMig:
         ):
             return instance_of(slot, mine)  # made already: nothing to check or change
         self._refuse_foreign(gpu, name, present, owned)
+        if not present and not self.backend.mig_mode(gpu.uuid)[0]:
+            raise MigFailed(
+                f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} is out of MIG mode (taken "
+                "out for a claim of the whole GPU; it goes back once that claim is unprepared and "
+                "no process runs on it)"
+            )
         if name not in present:
             pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
             if pids:

@@ -252,7 +252,7 @@ def test_a_claim_left_prepare_started_is_rolled_back_into_mig_mode(env: Env) -> 
             uid,
             ClaimRecord(
                 uid=uid, namespace="default", name="whole", phase=PREPARE_STARTED,
-                devices=(PreparedDevice(request="gpu", pool="node1", device=WHOLE,
+                devices=(PreparedDevice(request_names=("gpus",), pool="node1", device=WHOLE,
                                         cdi_device_ids=()),),
             ),
         )
@@ -318,7 +318,7 @@ def test_a_mark_that_cannot_be_read_is_reported_and_the_gpu_shown_as_nvml_says(
     assert "cannot read the mark" in caplog.text
     assert not env.inventory().gpus[0].mig_enabled  # shown as NVML says
     assert env.marked() == {env.uuid(0)}  # but still found by the repair
-    with pytest.raises(PrepareError):  # and nothing else is prepared on it meanwhile
-        env.rediscover()
-        small = env.store.add(allocated_claim(name="small", devices=[ONE_G_AT_3]))
-        env.preparer.prepare(env.ref(small))
+    env.rediscover()
+    small = env.store.add(allocated_claim(name="small", devices=[ONE_G_AT_3]))
+    with pytest.raises(PrepareError, match="which this node does not have"):
+        env.preparer.prepare(env.ref(small))  # no placement of it is prepared meanwhile
