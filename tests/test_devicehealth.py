@@ -85,7 +85,7 @@ def test_a_lost_partitionable_gpu_taints_every_placement() -> None:
     tainted = with_taints(published, b.taints())
 
     on_lost = [d for d in tainted.devices if d.name.startswith("gpu-0")]
-    assert len(on_lost) == 25  # 25 placements, one of them created
+    assert len(on_lost) == 26  # the whole GPU and 25 placements, one of them created
     assert all(d.taints and d.taints[0] == taint("gpu-lost") for d in on_lost)
     assert all(not d.taints for d in tainted.devices if d.name.startswith("gpu-1"))
 
