@@ -163,8 +163,9 @@ class MpsFailed(PrepareError):
 
 
 class MigFailed(PrepareError):
-    """A dynamic MIG device's GPU/compute instance could not be created or destroyed (NVML
-    refused, the GPU runs processes, or holds instances this driver did not create)."""
+    """A dynamic MIG device's GPU/compute instance could not be created or destroyed, or a GPU
+    could not leave or re-enter MIG mode for a whole-GPU claim (NVML refused, the GPU runs
+    processes, or holds instances this driver did not create)."""
 
 
 class ForeignMigInstances(MigFailed):
