@@ -20,7 +20,9 @@
    scheduler's) and a third the 3g.40gb placement of the GPU in MIG mode; one
    NodePrepareResources over dra.sock prepares all three. It shows gpu-0's one MPS daemon
    (Deployment and process), each share's CDI device and MPS limits, and the MIG instance
-   prepare created; then unprepares them and shows the daemon and the instance gone.
+   prepare created; then unprepares them and shows the daemon and the instance gone. Last, a
+   claim of the whole gpu-1 (in MIG mode): prepare takes it out of MIG mode, unprepare puts it
+   back.
 
 Against a real cluster (``KUBECONFIG`` set) steps 1-4 publish to that cluster and step 5 only
 explains the allocation: writing a claim's allocation is the scheduler's job there. Step 7 is
@@ -471,8 +473,8 @@ def _prepare_shared(
     shared = [d["name"] for d in devices if d.get("allowMultipleAllocations")]
     whole = [d["name"] for d in devices if not d.get("allowMultipleAllocations")]
     print(f"    published {len(devices)} devices: {', '.join(shared)} with "
-          f"allowMultipleAllocations (consumable shares); {len(whole)} MIG placements of gpu-1 "
-          "(dynamic MIG, allocated whole)")  # fmt: skip
+          f"allowMultipleAllocations (consumable shares); gpu-1 whole and {len(whole) - 1} MIG "
+          "placements of it (dynamic MIG, allocated whole)")  # fmt: skip
 
     _step("Scheduler (gpu-dra explain's allocator): two 20Gi shares (30% and 50% of the compute) "
           "and a 3g.40gb MIG device")  # fmt: skip
@@ -524,7 +526,70 @@ def _prepare_shared(
           f"processes running: {sorted(n for _, n in kubelet.running())}")  # fmt: skip
     print(f"    MIG instances now: {_mig_instances(plugins)}; CDI specs left: "
           f"{[p.name for p in cdi_root.glob('*.json')]}")  # fmt: skip
+    if errors:
+        return 1
+    return _whole_gpu(slices, fake_api=fake_api, node=node, plugins=plugins, specs=specs)
+
+
+def _whole_gpu(
+    slices: list[dict[str, Any]], *, fake_api: Any, node: str, plugins: Path, specs: CdiSpecDir
+) -> int:
+    """Step 7, last part: the whole gpu-1 (in MIG mode, dynamic) prepared out of MIG mode."""
+    _step("Scheduler: the whole gpu-1, a GPU in MIG mode (every counter of gpu-1-counter-set)")
+    devices = {d["name"]: d for item in slices for d in item["spec"].get("devices") or ()}
+    uuid_ = devices["gpu-1"]["attributes"]["uuid"]["string"]
+    wanted = json.loads(json.dumps(MIG_CLAIM))
+    wanted["metadata"]["name"] = "demo-whole-gpu"
+    request = wanted["spec"]["devices"]["requests"][0]
+    request["name"] = "gpu"
+    request["exactly"]["deviceClassName"] = "gpu.nvidia.com"
+    request["exactly"]["selectors"] = [
+        {"cel": {"expression": f"device.attributes['gpu.nvidia.com'].uuid == '{uuid_}'"}}
+    ]
+    result = explain.allocate([wanted], default_device_classes(DRIVER), slices, node=node)
+    if result.chosen is None:
+        print("    not satisfiable on this node")
+        return 1
+    (allocation,) = [a["allocation"] for a in explain.result_json(result)["allocation"]["claims"]]
+    claim = _allocated(wanted, allocation, node)
+    for r in claim["status"]["allocation"]["devices"]["results"]:
+        print(f"    {claim['metadata']['name']}: {r['pool']}/{r['device']}")
+    fake_api.add_claim(claim)
+    ref = dra_pb2.Claim(namespace="default", name="demo-whole-gpu", uid=claim["metadata"]["uid"])
+    dra_socket = plugins / DRIVER / "dra.sock"
+    _step("Kubelet: NodePrepareResources, then NodeUnprepareResources, of the whole gpu-1")
+    with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+        dra = dra_grpc.DRAPluginStub(channel)
+        try:
+            answer = dra.NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=45
+            )
+            errors = [answer.claims[ref.uid].error] if answer.claims[ref.uid].error else []
+            print(f"    prepared; errors: {errors}; gpu-1 in MIG mode: {_mig_mode(plugins)}")
+            path = specs.path_for(ref.uid)
+            if path.exists():
+                (device,) = json.loads(path.read_text())["devices"]
+                nodes = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+                print(f"    CDI device {device['name']}: device nodes {nodes}")
+        finally:  # the GPU stays out of MIG mode until unprepared: always unprepare
+            undone = dra.NodeUnprepareResources(
+                dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]), timeout=45
+            )
+        errors += [undone.claims[ref.uid].error] if undone.claims[ref.uid].error else []
+    print(f"    unprepared; errors: {errors}; gpu-1 in MIG mode: {_mig_mode(plugins)}")
     return 0 if not errors else 1
+
+
+def _mig_mode(plugins: Path) -> bool:
+    """Whether gpu-1 of the simulated node is in MIG mode now, as NVML says (not the marks)."""
+    from dra_driver.config import simulated_mig_state_path  # noqa: PLC0415
+    from dra_driver.gpus import nvml  # noqa: PLC0415
+    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+
+    state = simulated_mig_state_path(plugins / DRIVER)
+    with simulated_nvml(SHARING_SIMULATE, node_name=DEMO_NODE, state_path=state) as sim:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=sim.sysfs_root)
+    return next(g.mig_enabled for g in inventory.gpus if g.minor == 1)
 
 
 def _unmount_left(workdir: Path) -> None:

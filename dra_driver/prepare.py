@@ -129,6 +129,12 @@ class DeviceTarget:
     dynamic: miginstances.DynamicSlot | None = None  # a dynamic MIG device: created on prepare
     leaves_mig: bool = False  # the whole GPU of a GPU in dynamic MIG mode
 
+    @property
+    def partitioned(self) -> bool:
+        """Whether it is a device of a partitionable GPU (it consumes shared counters): a
+        placement or the whole GPU. Such a device is never shared (shares.shareable)."""
+        return self.dynamic is not None or self.leaves_mig
+
     def nodes(self, files: cdi.DriverFiles) -> tuple[cdi.DeviceNode, ...]:
         if self.mig is None:
             return cdi.gpu_nodes(files, minor=self.gpu.minor)
@@ -944,8 +950,8 @@ class Preparer:
                 share_id=result.get("shareID"),
                 consumed=result.get("consumedCapacity"),
                 device=target.name,
-                # as shares.shareable publishes it: a dynamic MIG placement stays whole
-                shareable_device=self._shares_mode.enabled and target.dynamic is None,
+                # as shares.shareable publishes it: a partitionable GPU's devices stay whole
+                shareable_device=self._shares_mode.enabled and not target.partitioned,
             )
         except ValueError as exc:
             raise PrepareError(f"{where}: {exc}") from None

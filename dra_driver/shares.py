@@ -201,7 +201,8 @@ def share_of_result(
         raise ValueError(
             f"device {device}: the allocation result has shareID {share_id}, but this node does "
             "not publish the device with allowMultipleAllocations (--consumable-shares is "
-            "disabled, or the device is a dynamic MIG placement, which stays whole)"
+            "disabled, or the device is a partitionable GPU's placement or whole GPU, which stay "
+            "whole)"
         )
     if not isinstance(share_id, str) or not _SHARE_ID.match(share_id):
         raise ValueError(f"device {device}: shareID {share_id!r} is not a lowercase UUID")

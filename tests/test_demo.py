@@ -103,3 +103,8 @@ def _check_sharing(out: str) -> None:
     assert "MIG instances now: ['gpu-1-mig-3g40gb-9-0 (MIG-" in prepared
     assert "errors: []; MPS daemon Deployments: []; daemon processes running: []" in unprepared
     assert "MIG instances now: []; CDI specs left: []" in unprepared
+    whole = out.split("NodePrepareResources, then NodeUnprepareResources, of the whole gpu-1")[1]
+    assert "demo-whole-gpu: demo-node/gpu-1\n" in out
+    assert "prepared; errors: []; gpu-1 in MIG mode: False" in whole
+    assert re.search(r"CDI device [0-9a-f-]{36}-gpu-1: device nodes \['/dev/nvidia1'", whole)
+    assert "unprepared; errors: []; gpu-1 in MIG mode: True" in whole

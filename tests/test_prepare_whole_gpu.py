@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver import cdi, migoff
+from dra_driver import cdi, migoff, shares
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -37,6 +37,7 @@ from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
 from dra_driver.miginstances import DynamicMig
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from tests.claimdata import ClaimStore, allocated_claim
+from tests.shareenforcer import RecordingEnforcer
 
 VENDOR = "k8s.gpu.nvidia.com"
 SPEC = "h100:2:mig,h100:1"  # gpu-0 and gpu-1 partitionable, gpu-2 not in MIG mode
@@ -80,7 +81,9 @@ class Env:
 
 
 @contextmanager
-def open_env(tmp: Path, store: ClaimStore | None = None) -> Iterator[Env]:
+def open_env(
+    tmp: Path, store: ClaimStore | None = None, *, consumable_shares: str = "disabled"
+) -> Iterator[Env]:
     """A Preparer in dynamic MIG mode over ``tmp``; a second one over the same ``tmp`` is the
     agent restarted (the simulated node keeps its MIG state in ``tmp``)."""
     state = tmp / "plugin/simulated-mig.json"
@@ -114,6 +117,8 @@ def open_env(tmp: Path, store: ClaimStore | None = None) -> Iterator[Env]:
             locks=locks,
             claims=store or ClaimStore(),
             mig=DynamicMig(manager),
+            consumable_shares=shares.parse_mode(consumable_shares),
+            share_enforcer=RecordingEnforcer(),
         )
         try:
             yield Env(node, preparer, preparer.claims, specs, checkpoint, manager, files)  # type: ignore[arg-type]
@@ -322,3 +327,23 @@ def test_a_mark_that_cannot_be_read_is_reported_and_the_gpu_shown_as_nvml_says(
     small = env.store.add(allocated_claim(name="small", devices=[ONE_G_AT_3]))
     with pytest.raises(PrepareError, match="which this node does not have"):
         env.preparer.prepare(env.ref(small))  # no placement of it is prepared meanwhile
+
+
+def test_with_consumable_shares_the_whole_gpu_of_a_partitionable_gpu_stays_whole(
+    tmp_path: Path,
+) -> None:
+    """As published (shares.shareable leaves devices that consume counters whole): the whole GPU
+    is prepared without a shareID, and a shareID on it is refused."""
+    with open_env(tmp_path, consumable_shares="memory") as env:
+        claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
+        (device,) = env.preparer.prepare(env.ref(claim))
+        assert device.share_id is None and env.mig_mode(0) == (False, False)
+        env.preparer.unprepare(env.ref(claim))
+        shared = allocated_claim(name="shared", devices=[WHOLE])
+        result = shared["status"]["allocation"]["devices"]["results"][0]
+        result["shareID"] = "c0905442-c822-5bf7-9e9f-e009fe9ec365"
+        result["consumedCapacity"] = {"memory": "20Gi"}
+        env.store.add(shared)
+        with pytest.raises(PrepareError, match="placement or whole GPU, which stay whole"):
+            env.preparer.prepare(env.ref(shared))
+        assert env.mig_mode(0) == (True, True)
