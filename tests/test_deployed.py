@@ -687,3 +687,55 @@ def test_the_deployed_agent_creates_and_destroys_a_dynamic_mig_device_on_the_nod
         if node is not None:
             node.stop()
         api.stop()
+
+
+def test_the_deployed_agent_takes_a_whole_gpu_out_of_mig_mode_with_its_mark_on_the_nodes_disk(
+    work: Path, builds: Builds
+) -> None:
+    """``mig.mode=dynamic`` on H100s: the pod's agent prepares the whole gpu-1 out of MIG mode,
+    its mark written under the node's plugin directory (a hostPath: it outlives the pod, as the
+    GPU's MIG mode does), and unprepare puts the GPU back and removes the mark."""
+    api = FakeKubeApi(tls_dir=work / "tls", token="agent-token").start()
+    node = None
+    try:
+        api.add_node(NODE)
+        claim = api.add_claim(allocated_claim(name="whole", node=NODE, devices=["gpu-1"]))
+        node, _ = start_node(
+            work,
+            layout="gpu-operator",
+            builds=builds,
+            api=api,
+            simulate="h100:2:mig",
+            extra_values=("--set", "mig.mode=dynamic"),
+        )
+        dra_socket = register(node)
+        ref = v1.Claim(namespace="default", name="whole", uid=claim["metadata"]["uid"])
+        plugin_dir = node.kubelet_dir / "plugins/gpu.nvidia.com"
+        gpu1 = simulated_inventory("h100:2", node_name=NODE).gpus[1].uuid
+        mark = plugin_dir / "mig-off" / f"{gpu1}.json"
+
+        def mig_mode() -> dict[str, int]:
+            modes: dict[str, int] = json.loads((plugin_dir / "simulated-mig.json").read_text())[
+                "mig_mode"
+            ][gpu1]
+            return modes
+
+        with grpc.insecure_channel(f"unix://{dra_socket}") as channel:
+            stub = v1_grpc.DRAPluginStub(channel)
+            answer = stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[ref]), timeout=30
+            )
+            assert answer.claims[ref.uid].error == "", node.log.read_text()
+            assert mig_mode() == {"current": 0, "pending": 0}
+            assert "7g.80gb" in [p["name"] for p in json.loads(mark.read_text())["profiles"]]
+            undone = stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=30
+            )
+            assert undone.claims[ref.uid].error == "", node.log.read_text()
+            assert mig_mode() == {"current": 1, "pending": 1}
+            assert not mark.exists()
+        assert node.stop() == 0, node.log.read_text()
+    finally:
+        if node is not None:
+            node.stop()
+        api.stop()
