@@ -177,6 +177,104 @@ def test_the_agent_in_dynamic_mig_mode_creates_a_prepared_partition_and_keeps_a_
 
 
 @as_a_pod
+def test_a_whole_gpu_out_of_mig_mode_changes_no_slice_across_rediscovery_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    """MIG_MODE=dynamic: while a claim holds the whole gpu-0 (out of MIG mode, NVML reports a
+    plain GPU), re-discovery passes and an agent restart keep publishing the partitionable GPU
+    from its mark: no slice is written. Unprepare puts the GPU back, again without a write."""
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        api.add_node("gpu-node-1")
+        argv = [
+            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
+            "--simulate", "h100:1:mig", "--rediscover-interval", "0.1",
+            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
+        ]  # fmt: skip
+        command, env = api.in_cluster_command(argv, workdir=tmp_path)
+        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        env["MIG_MODE"] = "dynamic"
+        dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
+        state = tmp_path / "plugins" / "gpu.nvidia.com" / "simulated-mig.json"
+        claim = api.add_claim(allocated_claim(name="whole", node="gpu-node-1", devices=["gpu-0"]))
+        ref = v1.Claim(namespace="default", name="whole", uid=claim["metadata"]["uid"])
+
+        def versions() -> list[tuple[str, str]]:
+            return sorted(
+                (s["metadata"]["name"], s["metadata"]["resourceVersion"])
+                for s in api.slices(node_name="gpu-node-1")
+            )
+
+        def start() -> subprocess.Popen[str]:
+            dra.unlink(missing_ok=True)
+            agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 30
+            while (
+                len(api.slices(node_name="gpu-node-1")) < 2 or not dra.is_socket()
+            ) and time.monotonic() < deadline:
+                assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+                time.sleep(0.05)
+            return agent
+
+        def stop(agent: subprocess.Popen[str]) -> str:
+            agent.send_signal(signal.SIGTERM)
+            _, stderr = agent.communicate(timeout=20)
+            assert agent.returncode == 0, stderr
+            return stderr
+
+        def call(unprepare: bool) -> str:
+            with grpc.insecure_channel(f"unix://{dra}") as channel:
+                stub = v1_grpc.DRAPluginStub(channel)
+                if unprepare:
+                    return (
+                        stub.NodeUnprepareResources(
+                            v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=10
+                        )
+                        .claims[ref.uid]
+                        .error
+                    )
+                return (
+                    stub.NodePrepareResources(
+                        v1.NodePrepareResourcesRequest(claims=[ref]), timeout=10
+                    )
+                    .claims[ref.uid]
+                    .error
+                )
+
+        def mig_on() -> int:
+            modes: dict[str, dict[str, int]] = json.loads(state.read_text()).get("mig_mode", {})
+            return next(iter(modes.values()))["current"] if modes else 1
+
+        agent = start()
+        try:
+            published = versions()
+            names = [d["name"] for s in api.slices(node_name="gpu-node-1")
+                     for d in s["spec"].get("devices", ())]  # fmt: skip
+            assert names[0] == "gpu-0" and len(names) == 26
+            assert call(unprepare=False) == ""
+            assert mig_on() == 0
+            time.sleep(1.0)  # about ten re-discovery passes with NVML showing a plain GPU
+            assert versions() == published
+        finally:
+            stop(agent)
+        agent = start()  # restarted while the claim holds the GPU
+        try:
+            time.sleep(0.5)
+            assert versions() == published and mig_on() == 0
+            assert call(unprepare=True) == ""
+            assert mig_on() == 1
+            time.sleep(0.5)
+            assert versions() == published
+        finally:
+            stderr = stop(agent)
+        assert "put a GPU back into MIG mode" in stderr
+    finally:
+        api.stop()
+
+
+@as_a_pod
 def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_path: Path) -> None:
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
