@@ -274,6 +274,8 @@ class DynamicMig:
                     f"(PIDs {', '.join(map(str, pids))}); it does not leave MIG mode while "
                     "they run"
                 )
+        if not current and marks.path(gpu.uuid).exists():
+            return  # out of MIG mode and marked already (a repair pass, a restart)
         try:
             marks.write(gpu)
         except OSError as exc:
