@@ -347,7 +347,9 @@ class ClaimSpecEncoder:
     key order. A prepare waits for these bytes before its spec's fsync can start, so the bytes
     of a set of devices are also kept as a template cut where the claim UID goes: the spec of a
     claim whose devices were seen before is one join (the UID's first character is part of the
-    key, since it decides the cdiVersion).
+    key, since it decides the cdiVersion). A template holds only its devices' bytes; the shared
+    edits are appended from the one copy (kept in every template, they were most of the
+    agent's memory growth under load).
     """
 
     max_templates = 256
@@ -355,17 +357,19 @@ class ClaimSpecEncoder:
     def __init__(self, *, vendor: str, files: DriverFiles) -> None:
         self.kind = f"{vendor}/{CDI_CLASS}"
         self._files = files
-        self._common: dict[frozenset[str], tuple[dict[str, Any], str]] = {}
+        # capabilities -> (the shared edits, their JSON, the spec's closing bytes with them)
+        self._common: dict[frozenset[str], tuple[dict[str, Any], str, bytes]] = {}
         self._templates: dict[
             tuple[tuple[ClaimDevice, ...], bool, frozenset[str]], list[bytes]
         ] = {}
         self._templates_lock = threading.Lock()
 
-    def _common_edits(self, capabilities: frozenset[str]) -> tuple[dict[str, Any], str]:
+    def _common_edits(self, capabilities: frozenset[str]) -> tuple[dict[str, Any], str, bytes]:
         common = self._common.get(capabilities)
         if common is None:
             edits = self._files.edits(capabilities)
-            common = (edits, json.dumps(edits, separators=(",", ":")))
+            edits_json = json.dumps(edits, separators=(",", ":"))
+            common = (edits, edits_json, f',"containerEdits":{edits_json}}}\n'.encode())
             self._common[capabilities] = common  # a few sets at most: no eviction
         return common
 
@@ -417,27 +421,33 @@ class ClaimSpecEncoder:
         parts = self._templates.get(key)
         if parts is None:
             # A UID of the same first-character class whose JSON form ("\u0000") no path,
-            # name or UUID contains: the encoding cut at it is the template.
+            # name or UUID contains: the encoding cut at it is the template. Only the devices'
+            # part is kept per template; the shared edits (most of the bytes) are kept once.
             marker = "0\x00" if key[1] else "a\x00"
-            parts = self._encode(marker, devices, capabilities).split(
+            parts = self._head(marker, devices, capabilities).split(
                 json.dumps(marker)[1:-1].encode()
             )
             with self._templates_lock:
                 if len(self._templates) >= self.max_templates:
                     del self._templates[next(iter(self._templates))]  # the oldest
                 self._templates[key] = parts
-        return claim_uid.encode().join(parts)
+        return claim_uid.encode().join(parts) + self._common_edits(capabilities)[2]
 
     def _encode(
         self, claim_uid: str, devices: Sequence[ClaimDevice], capabilities: frozenset[str]
     ) -> bytes:
+        return self._head(claim_uid, devices, capabilities) + self._common_edits(capabilities)[2]
+
+    def _head(
+        self, claim_uid: str, devices: Sequence[ClaimDevice], capabilities: frozenset[str]
+    ) -> bytes:
+        """The spec's bytes up to its shared ``containerEdits`` (no closing brace)."""
         spec = self.spec(claim_uid, devices, capabilities)
         head = json.dumps(
             {"cdiVersion": spec["cdiVersion"], "kind": spec["kind"], "devices": spec["devices"]},
             separators=(",", ":"),
         )
-        common_json = self._common_edits(capabilities)[1]
-        return f'{head[:-1]},"containerEdits":{common_json}}}\n'.encode()
+        return head[:-1].encode()
 
 
 def minimum_version(spec: Mapping[str, Any]) -> str:

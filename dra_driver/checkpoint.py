@@ -54,7 +54,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -501,6 +501,7 @@ class Checkpoint:
                 return
             with self._cond:
                 self._seq = _apply(self._claims, entries, self._seq)
+                self._forget_fragments([u for u in self._fragments if u not in self._claims])
             self._journal_end += end
             if torn:
                 self._cut_torn_tail(self._journal_end)
@@ -558,7 +559,9 @@ class Checkpoint:
                 for uid in sorted(touched)
                 if uid in self._claims
             )
-            delete = _canonical(sorted(uid for uid in touched if uid not in self._claims))
+            removed = sorted(uid for uid in touched if uid not in self._claims)
+            delete = _canonical(removed)
+            self._forget_fragments(removed)
         entry = f'{{"del":{delete},"put":{{{put}}},"seq":{seq}}}'
         checksum = hashlib.sha256(entry.encode()).hexdigest()
         line = f'{{"checksum":"{checksum}","entry":{entry}}}\n'.encode()
@@ -604,6 +607,13 @@ class Checkpoint:
             cached = (record, _canonical(record.to_json()))
             self._fragments[uid] = cached
         return cached[1]
+
+    def _forget_fragments(self, uids: Iterable[str]) -> None:
+        """Drop the cached JSON of removed claims (lock held): the cache holds only claims in
+        the table, so a node that prepares and unprepares all day keeps no more than it has
+        prepared now (compaction, which also prunes, may be far away)."""
+        for uid in uids:
+            self._fragments.pop(uid, None)
 
     def _encode_snapshot(self) -> bytes:
         parts = [f"{json.dumps(uid)}:{self._fragment(uid)}" for uid in sorted(self._claims)]

@@ -271,6 +271,11 @@ def test_specs_from_the_template_cache_are_the_specs_built_whole(tmp_path: Path)
                 versions.add(spec["cdiVersion"])
     assert versions == {"0.3.0", "0.5.0"}
     assert len(encoder._templates) == 3
+    # a template holds its devices' bytes only: the shared edits are kept once, not per template
+    shared = json.dumps(files.edits(cdi.DEFAULT_CAPABILITIES), separators=(",", ":")).encode()
+    assert len(shared) > 500
+    assert all(shared not in b"".join(parts) for parts in encoder._templates.values())
+    assert all(sum(map(len, parts)) < len(shared) for parts in encoder._templates.values())
 
 
 def test_spec_dir_writes_atomically_and_touches_only_its_own_files(tmp_path: Path) -> None:

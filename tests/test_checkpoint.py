@@ -324,6 +324,27 @@ def test_two_instances_see_each_others_changes(tmp_path: Path) -> None:
     assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"u2"}
 
 
+def test_removed_claims_keep_no_cached_json_between_compactions(tmp_path: Path) -> None:
+    # A node that prepares and unprepares all day must not hold every claim it ever had until
+    # the next compaction (a prepare/unprepare cycle is two appends and no compaction).
+    a = open_checkpoint(tmp_path)
+    b = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    b.open()
+    for i in range(50):
+        a.transact(lambda claims, i=i: claims.__setitem__(f"u{i}", record(f"u{i}")))
+        assert b.get(f"u{i}") == record(f"u{i}")  # b caught up from the journal's tail
+        b.transact(lambda claims, i=i: claims.__setitem__(f"b{i}", record(f"b{i}")))
+        b.transact(lambda claims, i=i: claims.discard(f"b{i}"))
+        a.transact(lambda claims, i=i: claims.discard(f"u{i}"))
+    a.transact(lambda claims: claims.__setitem__("kept", record("kept")))
+    assert b.get("kept") == record("kept")
+    assert (tmp_path / "plugin/checkpoint.journal").stat().st_size > 0  # never compacted
+    assert set(a._fragments) <= {"kept"} and set(b._fragments) <= {"kept"}
+    b.close()
+    a.close()
+    assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"kept"}
+
+
 def _hold_claim_lock(
     path: str,
     uid: str,
