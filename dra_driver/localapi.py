@@ -777,6 +777,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()  # the client's watch call returns on the headers
         deadline = time.monotonic() + timeout_s
+        # A watch that ends on its own (timeout, 410) leaves the connection open for the next
+        # request, as a real API server does (Go's net/http keeps it alive after a complete
+        # chunked answer); closing it unannounced made a client reuse a dying connection.
+        broken = False
         try:
             with api._cond:
                 if rv_text in ("", "0"):
@@ -833,14 +837,16 @@ class _Handler(BaseHTTPRequestHandler):
                         )
                     return
         except (BrokenPipeError, ConnectionResetError):
+            broken = True
             return
         finally:
             try:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             except OSError:
-                pass
-            self.close_connection = True
+                broken = True
+            if broken or api._closing:
+                self.close_connection = True
 
     def _emit(self, route: _Route, event: _Event, query: Mapping[str, str]) -> None:
         if route.namespace and event.obj["metadata"].get("namespace") != route.namespace:
