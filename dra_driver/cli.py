@@ -51,6 +51,11 @@ def _port(text: str) -> int:
     return int(text, 10)
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (empty entries dropped)."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -181,6 +186,22 @@ FLAGS: tuple[Flag, ...] = (
         "mps_image",
         "image of the MPS control daemon Deployments (the agent's own; the chart sets it); "
         "unset: claims asking for MPS sharing are refused",
+    ),
+    Flag(
+        "--mps-image-pull-secrets",
+        "MPS_IMAGE_PULL_SECRETS",
+        "mps_image_pull_secrets",
+        "comma-separated names of the Secrets (in the agent's namespace) the MPS control "
+        "daemons' pods pull --mps-image with (a private registry; the chart passes its "
+        "imagePullSecrets)",
+        _names,
+    ),
+    Flag(
+        "--mps-image-pull-policy",
+        "MPS_IMAGE_PULL_POLICY",
+        "mps_image_pull_policy",
+        "imagePullPolicy of the MPS control daemons' pods: Always, IfNotPresent or Never "
+        "(unset: the cluster's default; the chart passes image.pullPolicy)",
     ),
     Flag(
         "--mps-start-timeout",

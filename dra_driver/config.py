@@ -20,6 +20,7 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 DEFAULT_DRIVER_ROOT = Path("/")
 DEFAULT_CDI_HOOK = "builtin"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")  # a container's imagePullPolicy
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -96,10 +97,21 @@ class Config:
     # and how long a prepare waits for a new daemon to answer.
     mps_image: str | None = None
     mps_start_timeout_s: float = 30.0
+    # What the daemons' pods pull the image with: the Secrets of a private registry (names, in
+    # the agent's namespace) and the pull policy (None: the cluster's default for the tag).
+    mps_image_pull_secrets: tuple[str, ...] = ()
+    mps_image_pull_policy: str | None = None
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
         validate_dns_subdomain("--driver-name (DRIVER_NAME)", self.driver_name, max_len=63)
+        for secret in self.mps_image_pull_secrets:
+            validate_dns_subdomain("--mps-image-pull-secrets (MPS_IMAGE_PULL_SECRETS)", secret)
+        if self.mps_image_pull_policy not in (None, *PULL_POLICIES):
+            raise ConfigError(
+                "--mps-image-pull-policy (MPS_IMAGE_PULL_POLICY)",
+                f"{self.mps_image_pull_policy!r} is not one of {', '.join(PULL_POLICIES)}",
+            )
         for flag, path in (
             ("--nvidia-driver-root (NVIDIA_DRIVER_ROOT)", self.nvidia_driver_root),
             (

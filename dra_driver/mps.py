@@ -263,9 +263,13 @@ def deployment(
     image: str,
     host_driver_root: Path,
     control: PurePosixPath,
+    image_pull_secrets: tuple[str, ...] = (),
+    image_pull_policy: str | None = None,
 ) -> dict[str, Any]:
     """The Deployment that runs ``daemon``: ``control`` is the driver root's
-    nvidia-cuda-mps-control, relative to the driver root (``usr/bin/nvidia-cuda-mps-control``)."""
+    nvidia-cuda-mps-control, relative to the driver root (``usr/bin/nvidia-cuda-mps-control``);
+    the image is pulled with ``image_pull_secrets`` (Secret names) and ``image_pull_policy``
+    (None: the cluster's default)."""
     labels = {
         APP_LABEL: APP,
         COMPONENT_LABEL: COMPONENT,
@@ -287,6 +291,31 @@ def deployment(
         # nvidia-cuda-mps-control starts nvidia-cuda-mps-server from its own directory
         "PATH": f"{binary.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
+    container: dict[str, Any] = {
+        "name": COMPONENT,
+        "image": image,
+        "command": [str(binary), "-f"],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            {"name": name, "mountPath": path, "readOnly": ro} for name, _, path, ro in volumes
+        ],
+    }
+    if image_pull_policy is not None:
+        container["imagePullPolicy"] = image_pull_policy
+    pod: dict[str, Any] = {
+        "nodeName": node_name,
+        "hostPID": True,
+        "restartPolicy": "Always",
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+        "volumes": [
+            {"name": name, "hostPath": {"path": host, "type": "Directory"}}
+            for name, host, _, _ in volumes
+        ],
+    }
+    if image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -295,32 +324,7 @@ def deployment(
             "replicas": 1,
             "selector": {"matchLabels": match},
             "strategy": {"type": "Recreate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeName": node_name,
-                    "hostPID": True,
-                    "restartPolicy": "Always",
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        {
-                            "name": COMPONENT,
-                            "image": image,
-                            "command": [str(binary), "-f"],
-                            "env": [{"name": k, "value": v} for k, v in env.items()],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [
-                                {"name": name, "mountPath": path, "readOnly": ro}
-                                for name, _, path, ro in volumes
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {"name": name, "hostPath": {"path": host, "type": "Directory"}}
-                        for name, host, _, _ in volumes
-                    ],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
 

@@ -113,12 +113,16 @@ class MpsDaemons:
         host_driver_root: Path,
         smi: NvidiaSmi | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        image_pull_secrets: tuple[str, ...] = (),
+        image_pull_policy: str | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.node_name = node_name
         self.driver_name = driver_name
         self.image = image
+        self.image_pull_secrets = image_pull_secrets
+        self.image_pull_policy = image_pull_policy
         self.base = base
         self.driver_root = driver_root  # this process's view
         self.host_driver_root = host_driver_root  # what the daemon's pod mounts
@@ -186,6 +190,8 @@ class MpsDaemons:
             image=self.image,
             host_driver_root=self.host_driver_root,
             control=rel,
+            image_pull_secrets=self.image_pull_secrets,
+            image_pull_policy=self.image_pull_policy,
         )
         name = daemon.deployment_name
         try:

@@ -1312,6 +1312,24 @@ def test_mps_passes_the_agents_image_and_shares_the_plugin_directory_with_the_ho
     assert "mountPropagation" not in mount
 
 
+def test_the_mps_daemons_pull_the_image_with_the_charts_secrets_and_policy() -> None:
+    objects = render(
+        "--set", "imagePullSecrets[0].name=regcred", "--set", "imagePullSecrets[1].name=mirror",
+        "--set", "image.pullPolicy=Always",
+    )  # fmt: skip
+    container = agent_container(objects)
+    environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = cli.build_config([], environ | {"NODE_NAME": "n"})
+    assert config.mps_image_pull_secrets == ("regcred", "mirror")
+    assert config.mps_image_pull_policy == "Always"
+    # the agent's own pod pulls with the same secrets
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+    default = env_of(agent_container(render()))
+    assert "MPS_IMAGE_PULL_SECRETS" not in default
+    assert default["MPS_IMAGE_PULL_POLICY"]["value"] == "IfNotPresent"
+
+
 def test_every_call_mps_makes_against_an_api_server_is_granted_by_the_role(
     kubeapi: Any, tmp_path: Path
 ) -> None:

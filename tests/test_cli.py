@@ -90,6 +90,16 @@ def test_every_flag_has_a_distinct_environment_twin() -> None:
         ),
         (["--node-name", "n1", "--mig-mode", "auto"], {}, r"--mig-mode \(MIG_MODE\): 'auto'"),
         (["--node-name", "n1"], {"MIG_MODE": "Dynamic"}, r"--mig-mode \(MIG_MODE\): 'Dynamic'"),
+        (
+            ["--node-name", "n1"],
+            {"MPS_IMAGE_PULL_SECRETS": "regcred,Bad_Name"},
+            r"--mps-image-pull-secrets \(MPS_IMAGE_PULL_SECRETS\): 'Bad_Name'",
+        ),
+        (
+            ["--node-name", "n1", "--mps-image-pull-policy", "always"],
+            {},
+            r"--mps-image-pull-policy \(MPS_IMAGE_PULL_POLICY\): 'always' is not one of Always",
+        ),
     ],
 )
 def test_invalid_values_are_rejected_naming_the_flag(

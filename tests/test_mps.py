@@ -290,6 +290,17 @@ def test_deployment_runs_the_driver_roots_control_daemon_pinned_to_the_node() ->
         control=PurePosixPath("usr/bin/nvidia-cuda-mps-control"),
     )  # fmt: skip
     assert mps.adoptable(body, upgraded)
+    assert "imagePullSecrets" not in pod and "imagePullPolicy" not in container
+    private = mps.deployment(
+        daemon, namespace="ns", node_name="n1", driver_name="gpu.nvidia.com", image="img:1",
+        host_driver_root=Path("/run/nvidia/driver"),
+        control=PurePosixPath("usr/bin/nvidia-cuda-mps-control"),
+        image_pull_secrets=("regcred",), image_pull_policy="Always",
+    )  # fmt: skip
+    private_pod = private["spec"]["template"]["spec"]
+    assert private_pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert private_pod["containers"][0]["imagePullPolicy"] == "Always"
+    assert mps.adoptable(body, private)  # pulling differently serves the same daemon
     other = mps.MpsDaemon(owner="abc", devices=(GPU,), base=Path("/plugins/d/mps"))
     assert not mps.adoptable(
         mps.deployment(other, namespace="ns", node_name="n1", driver_name="gpu.nvidia.com",

@@ -258,6 +258,8 @@ class KubeletPlugin:
             node_name=cfg.node_name,
             driver_name=cfg.driver_name,
             image=cfg.mps_image,
+            image_pull_secrets=cfg.mps_image_pull_secrets,
+            image_pull_policy=cfg.mps_image_pull_policy,
             base=cfg.mps_dir,
             driver_root=cfg.driver_root_in_container,
             host_driver_root=cfg.nvidia_driver_root,
