@@ -53,6 +53,13 @@ TOKEN = "bench-token"
 DEFAULT_API_LATENCY_MS = 0.5
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system) the process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_bytes(pid: int) -> int:
     """Resident memory of the agent process."""
     with open(f"/proc/{pid}/statm") as f:
@@ -221,7 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                 agent, dra_socket = _agent(tmp / "node", api, agent_log)
                 callers = _callers(str(dra_socket))
                 try:
-                    rows = _measure(work, caller=callers[0], python=callers[1], agent_pid=agent.pid)
+                    rows = _measure(
+                        work,
+                        caller=callers[0],
+                        python=callers[1],
+                        agent_pid=agent.pid,
+                        api_pid=api_proc.pid,
+                    )
                 finally:
                     for caller in callers:
                         if caller is not None:
@@ -393,7 +406,7 @@ def _sequence(
 
 
 def _measure(
-    work: _Workload, *, caller: _Caller, python: _Caller | None, agent_pid: int
+    work: _Workload, *, caller: _Caller, python: _Caller | None, agent_pid: int, api_pid: int
 ) -> list[Row]:
     idle_mib = _rss_bytes(agent_pid) / 2**20
     # warm-up: connections, first discovery of the API version
@@ -416,7 +429,12 @@ def _measure(
 
     # 200 prepares at concurrency 16, each claim on its own device
     requests = [_prepare_request(c) for c in work.conc]
+    cpu_before = {name: _cpu_s(pid) for name, pid in (("agent", agent_pid), ("api", api_pid))}
     conc_s, answers = caller.parallel(16, requests)
+    cpu_ms = {
+        name: (_cpu_s(pid) - cpu_before[name]) * 1000 / len(requests)
+        for name, pid in (("agent", agent_pid), ("api", api_pid))
+    }
     for claim, answer in zip(work.conc, answers, strict=True):
         _check(claim, PREPARE, answer)
     for c in work.conc:
@@ -438,6 +456,13 @@ def _measure(
         Row("prepare p50 (192 in sequence)", p50, "ms", "<= 1.5 ms", p50 <= 1.5),
         Row("prepare p99 (192 in sequence)", p99, "ms", "<= 4 ms", p99 <= 4.0),
         Row("prepares/s at concurrency 16 (200 claims)", rate, "/s", ">= 1,500", rate >= 1500),
+        Row("CPU per prepare at concurrency 16: the agent", cpu_ms["agent"], "ms", ""),
+        Row(
+            "CPU per prepare at concurrency 16: the stand-in API server (same 2 cores)",
+            cpu_ms["api"],
+            "ms",
+            "",
+        ),
         Row("unprepare p50", u50, "ms", "<= 0.5 ms", u50 <= 0.5),
         Row("unprepare p99", _pct(unprep_ms, 0.99), "ms", ""),
         Row("agent RSS, idle after start", idle_mib, "MiB", ""),
