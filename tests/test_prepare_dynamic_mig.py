@@ -5,34 +5,26 @@ overlaps). The kill -9 loops are in tests/test_plugin_faults.py."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver import cdi
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
-    Checkpoint,
-    ClaimLocks,
     ClaimRecord,
     PreparedDevice,
 )
 from dra_driver.devices import mig_device_name
 from dra_driver.errors import DeviceConflict, MigFailed, PrepareError
-from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import make_fake_driver
-from dra_driver.gpus.info import GpuInfo, Inventory
-from dra_driver.gpus.migmanager import MigManager
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
+from dra_driver.gpus.info import GpuInfo
 from dra_driver.miginstances import DynamicMig, overlaps
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare import device_targets
 from tests.claimdata import ClaimStore, allocated_claim
+from tests.dynamicnode import DynamicNode, open_node
 
 VENDOR = "k8s.gpu.nvidia.com"
 SPEC = "h100:1,a100-40gb:1:mig"  # gpu-0 a full GPU, gpu-1 in MIG mode without instances
@@ -50,23 +42,7 @@ ONE_G_AT_5 = name("1g.5gb", 5)
 ONE_G_AT_0 = name("1g.5gb", 0)
 
 
-@dataclass
-class Env:
-    node: SimulatedNode
-    preparer: Preparer
-    store: ClaimStore
-    specs: cdi.CdiSpecDir
-    checkpoint: Checkpoint
-    manager: MigManager
-    files: cdi.DriverFiles
-
-    def ref(self, claim: dict[str, Any]) -> ClaimRef:
-        meta = claim["metadata"]
-        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-
-    def inventory(self) -> Inventory:
-        return nvml.discover(driver_root=Path("/"), sysfs_root=self.node.sysfs_root)
-
+class Env(DynamicNode):
     def gpu(self) -> GpuInfo:
         return self.inventory().gpus[1]
 
@@ -78,62 +54,19 @@ class Env:
             for n, s in DynamicMig(self.manager).existing(gpu).items()
         }
 
-    def rediscover(self) -> None:
-        self.preparer.set_targets(device_targets(self.inventory(), "dynamic"), self.files)
-
 
 @contextmanager
 def open_env(tmp: Path, store: ClaimStore | None = None) -> Iterator[Env]:
     """A Preparer in dynamic MIG mode over ``tmp`` on a simulated node whose MIG instances are
     kept in ``tmp`` (a second one over the same ``tmp`` is the agent restarted)."""
-    state = tmp / "plugin/simulated-mig.json"
-    with simulated_nvml(SPEC, node_name="node1", state_path=state) as node:
-        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
-        if not (tmp / "driver-root").exists():
-            make_fake_driver(tmp, gpu_uuids=[g.uuid for g in inventory.gpus])
-            (tmp / "boot_id").write_text("boot-1\n")
-        files = cdi.find_driver_files(
-            driver_root=tmp / "driver-root",
-            driver_version=inventory.gpus[0].driver_version,
-            proc_root=tmp / "proc",
-        )
-        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
-        checkpoint.open()
-        locks = ClaimLocks(tmp / "plugin/claims.lock")
-        locks.open()
-        manager = MigManager()
-        preparer = Preparer(
-            driver_name="gpu.nvidia.com",
-            node_name="node1",
-            cdi_vendor=VENDOR,
-            targets=device_targets(inventory, "dynamic"),
-            files=files,
-            specs=specs,
-            checkpoint=checkpoint,
-            locks=locks,
-            claims=store or ClaimStore(),
-            mig=DynamicMig(manager),
-        )
-        try:
-            yield Env(node, preparer, preparer.claims, specs, checkpoint, manager, files)  # type: ignore[arg-type]
-        finally:
-            preparer.close()
-            checkpoint.close()
-            locks.close()
+    with open_node(tmp, SPEC, store) as node:
+        yield Env(**vars(node))
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
     with open_env(tmp_path) as e:
         yield e
-
-
-def spec_nodes(env: Env, uid: str) -> list[str]:
-    spec = json.loads(env.specs.path_for(uid).read_bytes())
-    (device,) = spec["devices"]
-    return [n["path"] for n in device["containerEdits"]["deviceNodes"]]
 
 
 def cap_nodes(env: Env, gi: int, ci: int) -> list[str]:
@@ -167,7 +100,7 @@ def test_prepare_creates_the_instance_at_its_placement_and_unprepare_destroys_it
     assert list(made) == [THREE_G_AT_4]
     gi, ci = made[THREE_G_AT_4]
     assert ci is not None
-    assert spec_nodes(env, uid) == cap_nodes(env, gi, ci)
+    assert env.spec_nodes(uid) == cap_nodes(env, gi, ci)
     record = env.checkpoint.get(uid)
     assert record is not None and record.phase == PREPARE_COMPLETED
     # discovery now shows the instance: still the one target of that name, with the instance
@@ -327,7 +260,7 @@ def test_a_prepared_claim_whose_instance_is_gone_or_half_made_is_completed_again
     env.specs.remove(uid)
     assert env.preparer.reconcile()["specs_rewritten"] == 1
     gi, ci = env.instances()[THREE_G_AT_4]
-    assert ci is not None and spec_nodes(env, uid) == cap_nodes(env, gi, ci)
+    assert ci is not None and env.spec_nodes(uid) == cap_nodes(env, gi, ci)
     env.manager.destroy(gpu.uuid, profile_id=9, start=4, name=THREE_G_AT_4)
     _half_made(env, 9, 4, 4)
     env.preparer.reconcile()

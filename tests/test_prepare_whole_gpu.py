@@ -9,34 +9,29 @@ kill -9 loop through nvmlDeviceSetMigMode is in tests/test_plugin_faults_dynamic
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_driver import cdi, migoff, shares
+from dra_driver import shares
 from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
-    Checkpoint,
-    ClaimLocks,
     ClaimRecord,
     PreparedDevice,
 )
 from dra_driver.devices import mig_device_name, node_devices
 from dra_driver.errors import DeviceConflict, ForeignMigInstances, PrepareError
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import make_fake_driver
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.migmanager import MigManager
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
+from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.miginstances import DynamicMig
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare import device_targets
 from tests.claimdata import ClaimStore, allocated_claim
+from tests.dynamicnode import DynamicNode, open_node
 from tests.shareenforcer import RecordingEnforcer
 
 VENDOR = "k8s.gpu.nvidia.com"
@@ -45,30 +40,7 @@ WHOLE = "gpu-0"
 ONE_G_AT_3 = mig_device_name(parent_minor=0, profile="1g.10gb", profile_id=19, placement_start=3)
 
 
-@dataclass
-class Env:
-    node: SimulatedNode
-    preparer: Preparer
-    store: ClaimStore
-    specs: cdi.CdiSpecDir
-    checkpoint: Checkpoint
-    manager: MigManager
-    files: cdi.DriverFiles
-
-    def ref(self, claim: dict[str, Any]) -> ClaimRef:
-        meta = claim["metadata"]
-        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-
-    def raw(self) -> Inventory:
-        return nvml.discover(driver_root=Path("/"), sysfs_root=self.node.sysfs_root)
-
-    def inventory(self) -> Inventory:
-        """What the agent's discovery shows: NVML's answer with the marks laid over it."""
-        return migoff.overlay(self.raw(), self.preparer.mig_off.read())
-
-    def rediscover(self) -> None:
-        self.preparer.set_targets(device_targets(self.inventory(), "dynamic"), self.files)
-
+class Env(DynamicNode):
     def mig_mode(self, minor: int = 0) -> tuple[bool, bool]:
         gpu = next(g for g in self.raw().gpus if g.minor == minor)
         return self.manager.mig_mode(gpu.uuid)
@@ -86,58 +58,20 @@ def open_env(
 ) -> Iterator[Env]:
     """A Preparer in dynamic MIG mode over ``tmp``; a second one over the same ``tmp`` is the
     agent restarted (the simulated node keeps its MIG state in ``tmp``)."""
-    state = tmp / "plugin/simulated-mig.json"
-    with simulated_nvml(SPEC, node_name="node1", state_path=state) as node:
-        raw = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
-        if not (tmp / "driver-root").exists():
-            make_fake_driver(tmp, gpu_uuids=[g.uuid for g in raw.gpus])
-            (tmp / "boot_id").write_text("boot-1\n")
-        files = cdi.find_driver_files(
-            driver_root=tmp / "driver-root",
-            driver_version=raw.gpus[0].driver_version,
-            proc_root=tmp / "proc",
-        )
-        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
-        checkpoint.open()
-        locks = ClaimLocks(tmp / "plugin/claims.lock")
-        locks.open()
-        manager = MigManager()
-        marks = migoff.MigOffMarks(tmp / "plugin" / migoff.MARKS_DIRECTORY)
-        inventory = migoff.overlay(raw, marks.read())
-        preparer = Preparer(
-            driver_name="gpu.nvidia.com",
-            node_name="node1",
-            cdi_vendor=VENDOR,
-            targets=device_targets(inventory, "dynamic"),
-            files=files,
-            specs=specs,
-            checkpoint=checkpoint,
-            locks=locks,
-            claims=store or ClaimStore(),
-            mig=DynamicMig(manager),
-            consumable_shares=shares.parse_mode(consumable_shares),
-            share_enforcer=RecordingEnforcer(),
-        )
-        try:
-            yield Env(node, preparer, preparer.claims, specs, checkpoint, manager, files)  # type: ignore[arg-type]
-        finally:
-            preparer.close()
-            checkpoint.close()
-            locks.close()
+    with open_node(
+        tmp,
+        SPEC,
+        store,
+        consumable_shares=shares.parse_mode(consumable_shares),
+        share_enforcer=RecordingEnforcer(),
+    ) as node:
+        yield Env(**vars(node))
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
     with open_env(tmp_path) as e:
         yield e
-
-
-def spec_nodes(env: Env, uid: str) -> list[str]:
-    spec = json.loads(env.specs.path_for(uid).read_bytes())
-    (device,) = spec["devices"]
-    return [n["path"] for n in device["containerEdits"]["deviceNodes"]]
 
 
 def published(inventory: Inventory) -> Any:
@@ -166,7 +100,7 @@ def test_prepare_takes_the_gpu_out_of_mig_mode_and_unprepare_puts_it_back(env: E
     assert env.marked() == {env.uuid(0)}
     record = env.checkpoint.get(uid)
     assert record is not None and record.phase == PREPARE_COMPLETED
-    assert spec_nodes(env, uid) == ["/dev/nvidia0"]  # the whole GPU, as out of MIG mode
+    assert env.spec_nodes(uid) == ["/dev/nvidia0"]  # the whole GPU, as out of MIG mode
     # NVML shows a plain GPU now; discovery (with the mark) shows the partitionable GPU it was,
     # so what is published and what prepare accepts do not change
     raw_gpu = env.raw().gpus[0]

@@ -1,0 +1,108 @@
+"""A Preparer in dynamic MIG mode on a simulated node whose NVML state (MIG instances, MIG mode)
+lives in a directory, for the dynamic MIG prepare tests: a second one opened over the same
+directory is the agent restarted.
+
+Discovery is the agent's: NVML through ``nvml.discover`` with the marks of GPUs taken out of MIG
+mode laid over it (``migoff.discover_with_marks``), so the targets are what the agent's would be.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_driver import cdi, migoff
+from dra_driver.checkpoint import Checkpoint, ClaimLocks
+from dra_driver.gpus import nvml
+from dra_driver.gpus.fakedriver import make_fake_driver
+from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.migmanager import MigManager
+from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
+from dra_driver.miginstances import DynamicMig
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from tests.claimdata import ClaimStore
+
+VENDOR = "k8s.gpu.nvidia.com"
+
+
+@dataclass
+class DynamicNode:
+    node: SimulatedNode
+    preparer: Preparer
+    store: ClaimStore
+    specs: cdi.CdiSpecDir
+    checkpoint: Checkpoint
+    manager: MigManager
+    files: cdi.DriverFiles
+
+    def ref(self, claim: dict[str, Any]) -> ClaimRef:
+        meta = claim["metadata"]
+        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+    def raw(self) -> Inventory:
+        """What NVML reports now."""
+        return nvml.discover(driver_root=Path("/"), sysfs_root=self.node.sysfs_root)
+
+    def inventory(self) -> Inventory:
+        """What the agent's discovery shows: NVML with the marks laid over it."""
+        return migoff.discover_with_marks(self.raw, self.preparer.mig_off)
+
+    def spec_nodes(self, uid: str) -> list[str]:
+        """The device nodes of the claim's CDI spec (one device)."""
+        spec = json.loads(self.specs.path_for(uid).read_bytes())
+        (device,) = spec["devices"]
+        return [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+
+    def rediscover(self) -> None:
+        self.preparer.set_targets(device_targets(self.inventory(), "dynamic"), self.files)
+
+
+@contextmanager
+def open_node(
+    tmp: Path, spec: str, store: ClaimStore | None = None, **preparer: Any
+) -> Iterator[DynamicNode]:
+    """The node ``spec`` over ``tmp`` (its MIG state in ``tmp/plugin``); ``preparer``: more
+    Preparer arguments (consumable shares, an enforcer)."""
+    state = tmp / "plugin/simulated-mig.json"
+    with simulated_nvml(spec, node_name="node1", state_path=state) as node:
+        raw = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        if not (tmp / "driver-root").exists():
+            make_fake_driver(tmp, gpu_uuids=[g.uuid for g in raw.gpus])
+            (tmp / "boot_id").write_text("boot-1\n")
+        files = cdi.find_driver_files(
+            driver_root=tmp / "driver-root",
+            driver_version=raw.gpus[0].driver_version,
+            proc_root=tmp / "proc",
+        )
+        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
+        specs.ensure()
+        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
+        checkpoint.open()
+        locks = ClaimLocks(tmp / "plugin/claims.lock")
+        locks.open()
+        manager = MigManager()
+        marks = migoff.MigOffMarks(tmp / "plugin" / migoff.MARKS_DIRECTORY)
+        claims = store or ClaimStore()
+        prepare = Preparer(
+            driver_name="gpu.nvidia.com",
+            node_name="node1",
+            cdi_vendor=VENDOR,
+            targets=device_targets(migoff.overlay(raw, marks.read()), "dynamic"),
+            files=files,
+            specs=specs,
+            checkpoint=checkpoint,
+            locks=locks,
+            claims=claims,
+            mig=DynamicMig(manager),
+            **preparer,
+        )
+        try:
+            yield DynamicNode(node, prepare, claims, specs, checkpoint, manager, files)
+        finally:
+            prepare.close()
+            checkpoint.close()
+            locks.close()
