@@ -136,8 +136,16 @@ class DynamicMig:
     def existing(self, gpu: GpuInfo) -> dict[str, MigSlot]:
         """Device name -> instance, for every GPU instance of ``gpu`` now (none while the GPU
         is out of MIG mode: taken out for a whole-GPU claim)."""
+        return self._in_mig_mode(gpu) or {}
+
+    def _in_mig_mode(self, gpu: GpuInfo) -> dict[str, MigSlot] | None:
+        """:meth:`existing`, or None when the GPU is out of MIG mode (one NVML mode query)."""
         if not self.backend.mig_mode(gpu.uuid)[0]:
-            return {}
+            return None
+        return self._listed(gpu)
+
+    def _listed(self, gpu: GpuInfo) -> dict[str, MigSlot]:
+        """Device name -> instance, for a GPU known to be in MIG mode."""
         found = self.backend.instances(gpu.uuid, (p.profile_id for p in gpu.mig_profiles))
         by_id = {p.profile_id: p for p in gpu.mig_profiles}
         return {
@@ -188,7 +196,14 @@ class DynamicMig:
         slot = slot_of(gpu, name)
         if slot is None:
             raise MigFailed(f"{name} is not a MIG placement of GPU {gpu_device_name(gpu.minor)}")
-        present = self.existing(gpu)
+        listed = self._in_mig_mode(gpu)
+        if listed is None:
+            raise MigFailed(
+                f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} is out of MIG mode (taken "
+                "out for a claim of the whole GPU; it goes back once that claim is unprepared and "
+                "no process runs on it)"
+            )
+        present = listed
         owned = recorded()
         mine = present.get(name)
         if (
@@ -199,20 +214,10 @@ class DynamicMig:
         ):
             return instance_of(slot, mine)  # made already: nothing to check or change
         self._refuse_foreign(gpu, name, present, owned)
-        if not present and not self.backend.mig_mode(gpu.uuid)[0]:
-            raise MigFailed(
-                f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} is out of MIG mode (taken "
-                "out for a claim of the whole GPU; it goes back once that claim is unprepared and "
-                "no process runs on it)"
-            )
         if name not in present:
-            pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
-            if pids:
-                raise MigFailed(
-                    f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} runs processes "
-                    f"outside MIG instances (PIDs {', '.join(map(str, pids))}); it is not "
-                    "repartitioned while they run"
-                )
+            self._refuse_processes(
+                gpu, f"cannot create {name}", "outside MIG instances", "it is not repartitioned"
+            )
         found, _ = self.backend.create(
             gpu.uuid,
             profile_id=slot.profile.profile_id,
@@ -224,6 +229,17 @@ class DynamicMig:
         if found.uuid is None or found.compute_instance_id is None:
             raise MigFailed(f"created {name}, but NVML does not list its MIG device")
         return instance_of(slot, found)
+
+    def _refuse_processes(self, gpu: GpuInfo, what: str, where: str, effect: str) -> None:
+        """MigFailed (``what``: ...) while NVML lists processes on the full GPU, outside MIG
+        instances (``where`` says so in the message, ``effect`` what is not done meanwhile)."""
+        pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
+        if pids:
+            runs = f"runs processes {where} " if where else "runs processes "
+            raise MigFailed(
+                f"{what}: GPU {gpu_device_name(gpu.minor)} {runs}"
+                f"(PIDs {', '.join(map(str, pids))}); {effect} while they run"
+            )
 
     def destroy(self, gpu: GpuInfo, name: str) -> bool:
         """Destroy the instance of dynamic device ``name`` (a half-made one too); False when
@@ -260,20 +276,14 @@ class DynamicMig:
         The mark (migoff.py) is written durably before the mode changes."""
         current, _ = self.backend.mig_mode(gpu.uuid)
         if current:
-            present = self.existing(gpu)
+            present = self._listed(gpu)
             self._refuse_foreign(gpu, name, present, recorded())
             if present:
                 raise MigFailed(
                     f"cannot prepare {name}: GPU {gpu_device_name(gpu.minor)} has MIG devices "
                     f"({', '.join(sorted(present))}); it leaves MIG mode only when it has none"
                 )
-            pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
-            if pids:
-                raise MigFailed(
-                    f"cannot prepare {name}: GPU {gpu_device_name(gpu.minor)} runs processes "
-                    f"(PIDs {', '.join(map(str, pids))}); it does not leave MIG mode while "
-                    "they run"
-                )
+            self._refuse_processes(gpu, f"cannot prepare {name}", "", "it does not leave MIG mode")
         if not current and marks.path(gpu.uuid).exists():
             return  # out of MIG mode and marked already (a repair pass, a restart)
         try:
@@ -293,12 +303,9 @@ class DynamicMig:
         MIG mode already. MigFailed while processes run on it (the mark stays: try again)."""
         current, _ = self.backend.mig_mode(gpu.uuid)
         if not current:
-            pids = self.backend.processes(gpu.uuid, gpu_instance_id=None)
-            if pids:
-                raise MigFailed(
-                    f"cannot put GPU {gpu_device_name(gpu.minor)} back into MIG mode: processes "
-                    f"run on it (PIDs {', '.join(map(str, pids))})"
-                )
+            self._refuse_processes(
+                gpu, "cannot put it back into MIG mode", "", "it stays out of MIG mode"
+            )
             self.backend.set_mig_mode(
                 gpu.uuid, True, why=f"putting GPU {gpu_device_name(gpu.minor)} back into MIG mode"
             )

@@ -1234,21 +1234,13 @@ class Preparer:
         under dynamic MIG: the GPUs that may be out of MIG mode."""
         targets = self._current.targets
         return {
-            targets[d.device].gpu.uuid
-            for r in self.checkpoint.snapshot().values()
-            for d in r.devices
-            if not d.admin_access and d.device in targets and targets[d.device].leaves_mig
+            uuid for r in self.checkpoint.snapshot().values() for uuid in _held_whole(r, targets)
         }
 
     def _restore_mig_modes(self, record: ClaimRecord) -> None:
         """Put the GPUs ``record`` (just removed) held whole back into MIG mode, unless another
         claim holds one; failures are logged, and reconcile tries again (the mark stays)."""
-        targets = self._current.targets
-        gpus = {
-            targets[d.device].gpu.uuid: targets[d.device].gpu
-            for d in record.devices
-            if not d.admin_access and d.device in targets and targets[d.device].leaves_mig
-        }
+        gpus = _held_whole(record, self._current.targets)
         if gpus:
             self._sync_mig_modes(gpus)
 
@@ -1849,6 +1841,16 @@ def _recorded_share(device: PreparedDevice) -> shares.Share | None:
     if device.share_id is None:
         return None
     return shares.Share(share_id=device.share_id, consumed=device.consumed_capacity)
+
+
+def _held_whole(record: ClaimRecord, targets: Mapping[str, DeviceTarget]) -> dict[str, GpuInfo]:
+    """GPU UUID -> GPU, for each GPU ``record`` holds whole under dynamic MIG (admin access
+    aside): the GPUs it may have taken out of MIG mode."""
+    return {
+        targets[d.device].gpu.uuid: targets[d.device].gpu
+        for d in record.devices
+        if not d.admin_access and d.device in targets and targets[d.device].leaves_mig
+    }
 
 
 def _not_created(device: str) -> str:
