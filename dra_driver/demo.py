@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -58,6 +58,9 @@ from dra_driver.kube import KubeClient
 from dra_driver.localapi import free_port
 from dra_driver.scheduling import explain
 
+if TYPE_CHECKING:
+    from dra_driver.gpus.info import Inventory
+
 DEMO_NODE = "demo-node"
 # The demo node: four H100 (two per PCIe root), an A100 80GB in MIG mode with pre-created
 # instances, and an L4. Every example in examples/resourceclaims/ must be satisfiable on it.
@@ -68,84 +71,52 @@ DRIVER = "gpu.nvidia.com"
 MPS_NAMESPACE = "gpu-dra"
 REPO = Path(__file__).resolve().parent.parent
 
-# What a user would write: one GPU with at least 40 GiB of memory.
-DEMO_CLAIM: dict[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceClaim",
-    "metadata": {"name": "demo-gpu", "namespace": "default"},
-    "spec": {
-        "devices": {
-            "requests": [
-                {
-                    "name": "gpu",
-                    "exactly": {
-                        "deviceClassName": "gpu.nvidia.com",
-                        "selectors": [
-                            {
-                                "cel": {
-                                    "expression": "device.capacity['gpu.nvidia.com'].memory"
-                                    ".compareTo(quantity('40Gi')) >= 0"
-                                }
-                            }
-                        ],
-                    },
-                }
-            ]
-        }
-    },
-}
 
-
-def _share_claim(name: str, compute_percent: int) -> dict[str, Any]:
-    """20Gi of GPU memory and ``compute_percent`` of its compute, as consumable shares."""
+def _claim(
+    name: str,
+    request: str,
+    device_class: str,
+    *,
+    selector: str | None = None,
+    capacity: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaim of one device of ``device_class``, as a user would write it."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "gpu.nvidia.com",
-                            "capacity": {
-                                "requests": {"memory": "20Gi", "compute": str(compute_percent)}
-                            },
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}},
     }
 
 
+# What a user would write: one GPU with at least 40 GiB of memory.
+DEMO_CLAIM = _claim(
+    "demo-gpu",
+    "gpu",
+    "gpu.nvidia.com",
+    selector="device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+)
+
+
+def _share_claim(name: str, compute_percent: int) -> dict[str, Any]:
+    """20Gi of GPU memory and ``compute_percent`` of its compute, as consumable shares."""
+    return _claim(
+        name, "gpu", "gpu.nvidia.com", capacity={"memory": "20Gi", "compute": str(compute_percent)}
+    )
+
+
 # A MIG device of profile 3g.40gb: under --mig-mode dynamic, created by prepare.
-MIG_CLAIM: dict[str, Any] = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceClaim",
-    "metadata": {"name": "demo-mig", "namespace": "default"},
-    "spec": {
-        "devices": {
-            "requests": [
-                {
-                    "name": "mig",
-                    "exactly": {
-                        "deviceClassName": "mig.nvidia.com",
-                        "selectors": [
-                            {
-                                "cel": {
-                                    "expression": "device.attributes['gpu.nvidia.com'].profile"
-                                    " == '3g.40gb'"
-                                }
-                            }
-                        ],
-                    },
-                }
-            ]
-        }
-    },
-}
+MIG_CLAIM = _claim(
+    "demo-mig",
+    "mig",
+    "mig.nvidia.com",
+    selector="device.attributes['gpu.nvidia.com'].profile == '3g.40gb'",
+)
 
 T = TypeVar("T")
 
@@ -538,14 +509,12 @@ def _whole_gpu(
     _step("Scheduler: the whole gpu-1, a GPU in MIG mode (every counter of gpu-1-counter-set)")
     devices = {d["name"]: d for item in slices for d in item["spec"].get("devices") or ()}
     uuid_ = devices["gpu-1"]["attributes"]["uuid"]["string"]
-    wanted = json.loads(json.dumps(MIG_CLAIM))
-    wanted["metadata"]["name"] = "demo-whole-gpu"
-    request = wanted["spec"]["devices"]["requests"][0]
-    request["name"] = "gpu"
-    request["exactly"]["deviceClassName"] = "gpu.nvidia.com"
-    request["exactly"]["selectors"] = [
-        {"cel": {"expression": f"device.attributes['gpu.nvidia.com'].uuid == '{uuid_}'"}}
-    ]
+    wanted = _claim(
+        "demo-whole-gpu",
+        "gpu",
+        "gpu.nvidia.com",
+        selector=f"device.attributes['gpu.nvidia.com'].uuid == '{uuid_}'",
+    )
     result = explain.allocate([wanted], default_device_classes(DRIVER), slices, node=node)
     if result.chosen is None:
         print("    not satisfiable on this node")
@@ -582,14 +551,19 @@ def _whole_gpu(
 
 def _mig_mode(plugins: Path) -> bool:
     """Whether gpu-1 of the simulated node is in MIG mode now, as NVML says (not the marks)."""
+    return next(g.mig_enabled for g in _sharing_node(plugins).gpus if g.minor == 1)
+
+
+def _sharing_node(plugins: Path) -> Inventory:
+    """Step 7's GPUs now, as the agent's NVML sees them: discovery in this process over the
+    simulated MIG state the agent keeps (config.py)."""
     from dra_driver.config import simulated_mig_state_path  # noqa: PLC0415
     from dra_driver.gpus import nvml  # noqa: PLC0415
     from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
 
     state = simulated_mig_state_path(plugins / DRIVER)
     with simulated_nvml(SHARING_SIMULATE, node_name=DEMO_NODE, state_path=state) as sim:
-        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=sim.sysfs_root)
-    return next(g.mig_enabled for g in inventory.gpus if g.minor == 1)
+        return nvml.discover(driver_root=Path("/"), sysfs_root=sim.sysfs_root)
 
 
 def _unmount_left(workdir: Path) -> None:
@@ -621,25 +595,12 @@ def _show_share_spec(claim: str, spec: dict[str, Any]) -> None:
 
 
 def _mig_instances(plugins: Path) -> list[str]:
-    """The MIG instances of the simulated node now, as the agent's NVML sees them: discovery
-    in this process over the simulated MIG state the agent keeps (config.py)."""
-    from dra_driver.config import simulated_mig_state_path  # noqa: PLC0415
-    from dra_driver.devices import mig_device_name  # noqa: PLC0415
-    from dra_driver.gpus import nvml  # noqa: PLC0415
-    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+    """The MIG instances of step 7's node now (device name and MIG UUID)."""
+    from dra_driver.devices import mig_instance_name  # noqa: PLC0415
 
-    state = simulated_mig_state_path(plugins / DRIVER)
-    with simulated_nvml(SHARING_SIMULATE, node_name=DEMO_NODE, state_path=state) as sim:
-        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=sim.sysfs_root)
     return [
-        mig_device_name(
-            parent_minor=gpu.minor,
-            profile=m.profile.name,
-            profile_id=m.profile.profile_id,
-            placement_start=m.placement.start,
-        )
-        + f" ({m.uuid})"
-        for gpu in inventory.gpus
+        f"{mig_instance_name(gpu, m)} ({m.uuid})"
+        for gpu in _sharing_node(plugins).gpus
         for m in gpu.mig_instances
     ]
 
