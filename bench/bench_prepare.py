@@ -25,6 +25,7 @@ prepare/unprepare cycles <= 60 MiB, growth over them <= 1 MiB.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,10 +68,15 @@ def _rss_bytes(pid: int) -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+# The stand-in API server process. Its sleeps are made exact (timer slack 1 us instead of 50 us,
+# prctl PR_SET_TIMERSLACK) so that a GET is answered after the latency asked for; when stopped
+# it prints the latencies its GETs of one object were answered with (request line read -> answer
+# written), which the table reports.
 _API_SERVER = """
-import json, sys
+import ctypes, json, statistics, sys
 from pathlib import Path
 from dra_driver.localapi import FakeKubeApi
+ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
 s = json.loads(Path(sys.argv[1]).read_text())
 api = FakeKubeApi(tls_dir=Path(s["tls_dir"]), token=s["token"], get_latency_s=s["latency_s"])
 api.add_node(s["node"])
@@ -79,6 +86,7 @@ api.start()
 print(api.port, flush=True)
 sys.stdin.read()
 api.stop()
+print(json.dumps(sorted(api.get_seconds)), flush=True)
 """
 
 
@@ -130,10 +138,13 @@ def _start(
     return proc, line
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdin is not None
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """Stop the process (its stdin closed); what it printed after its first line."""
+    assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.close()
+    out = proc.stdout.read()
     proc.wait(timeout=15)
+    return out
 
 
 def _workload(claims: _Claims) -> _Workload:
@@ -156,6 +167,7 @@ def _agent(
     *,
     simulate: str = SIMULATE,
     extra_args: tuple[str, ...] = (),
+    cdi_root: Path | None = None,
 ) -> tuple[subprocess.Popen[str], Path]:
     """The agent as the DaemonSet runs it, in-cluster (ServiceAccount files in a private mount
     namespace); returns it once its DRA socket answers, with that socket's path."""
@@ -167,7 +179,7 @@ def _agent(
         "--nvidia-driver-root", str(fake.root),
         "--kubelet-plugins-directory-path", str(plugins),
         "--kubelet-registrar-directory-path", str(tmp / "registry"),
-        "--cdi-root", str(tmp / "cdi"),
+        "--cdi-root", str(cdi_root or tmp / "cdi"),
         "--metrics-port", str(_free_port()), "--healthcheck-port", "0",
         "--log-format", "json", "--log-level", "info",  # the chart's defaults
     ]  # fmt: skip
@@ -191,6 +203,32 @@ def _agent(
         time.sleep(0.05)
     proc.kill()
     sys.exit(f"the agent did not serve {socket} (exit {proc.poll()}); see its log")
+
+
+@contextlib.contextmanager
+def _tmpfs_dir() -> Iterator[Path | None]:
+    """A directory on a tmpfs for the CDI specs, as on a node: the chart's ``cdiRoot``
+    /var/run/cdi is /run/cdi, and /run is a tmpfs on every systemd distribution (the runtime
+    reads its specs from there; they are gone at a reboot, as the prepared claims are). None
+    where this machine has no tmpfs at /dev/shm (the specs then go to the bench's disk
+    directory, and file creation on ext4 costs the agent more)."""
+    if not _is_tmpfs(Path("/dev/shm")):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-prepare-cdi-", dir="/dev/shm") as d:
+        yield Path(d)
+
+
+def _is_tmpfs(path: Path) -> bool:
+    try:
+        with open("/proc/mounts") as f:
+            return any(
+                fields[1] == str(path) and fields[2] == "tmpfs"
+                for fields in (line.split() for line in f)
+                if len(fields) > 2
+            )
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -224,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         # the same server's ServiceAccount files and address, for the agent's Pod environment
         api = FakeKubeApi(tls_dir=tmp / "tls", token=TOKEN, port=int(port))
         try:
-            with (tmp / "agent.log").open("w") as agent_log:
-                agent, dra_socket = _agent(tmp / "node", api, agent_log)
+            with (
+                (tmp / "agent.log").open("w") as agent_log,
+                _tmpfs_dir() as cdi_root,
+            ):
+                agent, dra_socket = _agent(tmp / "node", api, agent_log, cdi_root=cdi_root)
                 callers = _callers(str(dra_socket))
                 try:
                     rows = _measure(
@@ -243,7 +284,14 @@ def main(argv: list[str] | None = None) -> int:
                     agent.wait(timeout=15)
             log_text = (tmp / "agent.log").read_text()
         finally:
-            _stop(api_proc)
+            get_s = json.loads(_stop(api_proc) or "[]")
+    if get_s:
+        rows += [
+            Row("the API server's answer time for a claim GET, p50 (measured in it)",
+                statistics.median(get_s) * 1000, "ms", ""),
+            Row("the API server's answer time for a claim GET, p99",
+                _pct(get_s, 0.99) * 1000, "ms", ""),
+        ]  # fmt: skip
     # every prepare was logged, as in production (the warm-up claims once per caller)
     expected = sum(map(len, (work.warm, work.seq, work.conc, work.cycles)))
     if callers[1] is not None:

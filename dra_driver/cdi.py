@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.errors import CdiError
-from dra_driver.fsutil import fsync_dir, write_all
+from dra_driver.fsutil import fsync_dir, in_memory_fs, write_all
 
 CDI_CLASS = "claim"
 
@@ -847,9 +847,13 @@ class CdiSpecDir:
         self._spare_name = re.compile(rf"^\.{re.escape(self._prefix)}spare\.[0-9a-f]+\.tmp$")
         self._spares: list[_Spare] = []
         self._spares_lock = threading.Lock()
+        # The directory is on a tmpfs (a node's /run/cdi): a spec's fsync returns at once, so
+        # handing it to another thread would cost more than it overlaps. Set by ensure().
+        self.in_memory = False
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.in_memory = in_memory_fs(self.root)
 
     def path_for(self, claim_uid: str) -> Path:
         if not _UUID.match(claim_uid):

@@ -3,9 +3,15 @@ installer and the simulated node's state (pure OS calls)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
+import struct
 from pathlib import Path
+
+# statfs(2) f_type of the file systems that keep files in memory only: fsync has nothing to do
+TMPFS_MAGIC = 0x01021994
+RAMFS_MAGIC = 0x858458F6
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -47,3 +53,19 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = 
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def in_memory_fs(path: Path) -> bool:
+    """Whether ``path`` is on a tmpfs or ramfs (like /run, where /var/run/cdi is on a node), on
+    which fsync returns at once: nothing is written anywhere. False when it cannot be told
+    (statfs failed): callers then treat the path as on a disk. os.statvfs has no f_type, so
+    statfs(2) is called through ctypes; f_type is the first field, a C long, on Linux."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.statfs(os.fsencode(path), buf) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    (f_type,) = struct.unpack_from("l", buf)
+    return f_type & 0xFFFFFFFF in (TMPFS_MAGIC, RAMFS_MAGIC)

@@ -804,14 +804,16 @@ class Preparer:
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
         """fsync the spec's temp file: in a helper thread when this is the only prepare in
-        flight, so the spec's sync and the checkpoint's overlap instead of adding up (the rest
-        of the write stays in this thread: two threads of Python would only take turns); here
-        and now when others are in flight, whose work fills the wait anyway, so the handoff
-        (a few tens of microseconds of the interpreter per prepare, under the load where they
-        count) is saved. None when synced here (raises on failure)."""
+        flight and the spec is on a disk, so the spec's sync and the checkpoint's overlap
+        instead of adding up (the rest of the write stays in this thread: two threads of Python
+        would only take turns); here and now when others are in flight, whose work fills the
+        wait anyway, so the handoff (a few tens of microseconds of the interpreter per prepare,
+        under the load where they count) is saved, and when the CDI directory is on a tmpfs
+        (/run/cdi on a node), where fsync returns at once. None when synced here (raises on
+        failure)."""
         with self._in_flight_lock:
             alone = self._in_flight == 1
-        if alone:
+        if alone and not self.specs.in_memory:
             return self._spec_writes.submit(pending.sync)
         pending.sync()
         return None

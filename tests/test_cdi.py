@@ -12,6 +12,7 @@ import pytest
 
 from dra_driver import cdi
 from dra_driver.errors import CdiError
+from dra_driver.fsutil import in_memory_fs
 from dra_driver.gpus.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
 from dra_driver.gpus.profiles import DRIVER_VERSION
 from tests.claimdata import new_uid
@@ -470,3 +471,28 @@ def test_graphics_brings_its_icd_files_and_the_modeset_node_only_when_asked(
     assert "/dev/nvidia-modeset" not in [n["path"] for n in plain["deviceNodes"]]
     assert "hooks" not in graphics  # no hook configured here: the soname link is a mount
     assert f"{LIB}/libGLX_nvidia.so.0" in paths(graphics)
+
+
+def _fstype(path: Path) -> str:
+    """The file system type /proc/mounts gives for ``path`` (its longest mount point)."""
+    best, fstype = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        point = fields[1].replace("\\040", " ")
+        if (str(path) == point or str(path).startswith(point.rstrip("/") + "/")) and len(
+            point
+        ) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+def test_the_spec_directory_knows_whether_it_is_in_memory(tmp_path: Path) -> None:
+    """statfs's answer agrees with /proc/mounts: a tmpfs (where a node's /run/cdi is) is in
+    memory; a disk directory and /proc are not; a path that cannot be asked counts as a disk."""
+    specs = cdi.CdiSpecDir(tmp_path / "cdi", vendor="k8s.gpu.nvidia.com")
+    specs.ensure()
+    assert specs.in_memory is (_fstype(tmp_path) in ("tmpfs", "ramfs"))
+    for path in (Path("/proc"), Path("/dev/shm")):
+        if path.is_dir():
+            assert in_memory_fs(path) is (_fstype(path) in ("tmpfs", "ramfs")), path
+    assert in_memory_fs(tmp_path / "does-not-exist") is False

@@ -552,3 +552,40 @@ print("ok")
     finally:
         api.stop()
     assert run.stdout.strip() == "ok", run.stderr
+
+
+def test_the_stand_in_server_answers_a_get_after_the_latency_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmarks' API server (``get_latency_s``) answers a GET of one object when the
+    latency asked for has passed since the request arrived, its own work included (here made
+    10 ms long: not that work plus a sleep of the whole latency), and records what each answer
+    took."""
+    from dra_driver import localapi  # noqa: PLC0415
+    from tests.claimdata import allocated_claim  # noqa: PLC0415
+
+    serve = localapi._Handler._serve
+
+    def slow_serve(self: Any, *args: Any) -> Any:
+        time.sleep(0.01)
+        return serve(self, *args)
+
+    monkeypatch.setattr(localapi._Handler, "_serve", slow_serve)
+    api = FakeKubeApi(get_latency_s=0.02)
+    claim = api.add_claim(allocated_claim(name="c1", devices=["gpu-0"]))
+    api.start()
+    kube = client(api, tmp_path)
+    try:
+        took = []
+        for _ in range(10):
+            started = time.perf_counter()
+            got = kube.get_resource_claim(namespace="default", name="c1")
+            took.append(time.perf_counter() - started)
+            assert got is not None and got["metadata"]["uid"] == claim["metadata"]["uid"]
+    finally:
+        kube.close()
+        api.stop()
+    # the first GETs learn how early to end the sleep, 2 us per answer: never early by more
+    assert min(took) >= 0.02 - 10 * 2e-6
+    assert len(api.get_seconds) == 10
+    assert 0.02 - 10 * 2e-6 <= sorted(api.get_seconds)[5] < 0.027

@@ -726,6 +726,30 @@ def test_unprepare_appends_without_a_sync_and_prepare_syncs_before_the_spec_appe
     assert uid not in on_disk  # read from the files, as a restarted plugin reads them
 
 
+@pytest.mark.parametrize("in_memory", [False, True], ids=["disk", "tmpfs"])
+def test_a_lone_prepare_hands_its_spec_fsync_to_a_helper_thread_only_on_a_disk(
+    env: Env, monkeypatch: pytest.MonkeyPatch, in_memory: bool
+) -> None:
+    """On a disk the spec's fsync overlaps the record's fdatasync in a helper thread; on a
+    tmpfs (a node's /run/cdi) fsync returns at once and the handoff would only cost, so it
+    runs in the prepare's own thread. Synced either way, before the spec appears."""
+    synced_in: list[int] = []
+    real = cdi.PendingSpec.sync
+
+    def sync(self: cdi.PendingSpec) -> None:
+        synced_in.append(threading.get_ident())
+        assert not self.final.exists()
+        real(self)
+
+    monkeypatch.setattr(cdi.PendingSpec, "sync", sync)
+    env.specs.in_memory = in_memory
+    claim = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
+    env.preparer.prepare(env.ref(claim))
+    assert len(synced_in) == 1
+    assert (synced_in[0] == threading.get_ident()) is in_memory
+    assert env.specs.path_for(claim["metadata"]["uid"]).exists()
+
+
 def test_the_pods_of_prepared_claims_are_known_without_requests_of_their_own(env: Env) -> None:
     claim = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
     uid = claim["metadata"]["uid"]
