@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -496,3 +497,27 @@ def test_the_spec_directory_knows_whether_it_is_in_memory(tmp_path: Path) -> Non
         if path.is_dir():
             assert in_memory_fs(path) is (_fstype(path) in ("tmpfs", "ramfs")), path
     assert in_memory_fs(tmp_path / "does-not-exist") is False
+
+
+def test_a_spec_directory_on_a_tmpfs_keeps_no_spares() -> None:
+    """On a tmpfs (a node's /run/cdi) a removed spec is deleted, and spares an earlier instance
+    left there are deleted, not adopted: creating a file there costs less than a spare does."""
+    if _fstype(Path("/dev/shm")) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        root = Path(d)
+        earlier = cdi.CdiSpecDir(root, vendor=VENDOR)  # ensure() not called: keeps spares
+        earlier.write(UID, b"{}\n")
+        earlier.remove(UID)
+        (left,) = spares_in(root)
+        for spare in earlier._spares:  # the earlier instance is gone: its locks with it
+            os.close(spare.fd)
+        specs = cdi.CdiSpecDir(root, vendor=VENDOR)
+        specs.ensure()
+        assert specs.in_memory
+        assert specs.collect_spares() == (0, 1) and not left.exists()
+        uids = [new_uid() for _ in range(3)]
+        for uid in uids:
+            specs.write(uid, b"{}\n")
+        assert all(specs.remove(uid) for uid in uids)
+        assert list(root.iterdir()) == [] and specs.spare_count == 0
