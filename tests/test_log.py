@@ -110,3 +110,28 @@ def test_lines_still_queued_at_exit_are_written() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert [line["i"] for line in _lines(done.stderr)] == list(range(2000))
+
+
+def test_the_writer_writes_what_was_queued_in_batches_not_a_write_per_line(
+    configured: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines logged together leave in one write of the writer thread (it wakes every
+    FLUSH_INTERVAL_S, not for each record, so a handler that just logged keeps the interpreter
+    lock), and every line is there, in order."""
+    import io  # noqa: PLC0415
+
+    writes: list[str] = []
+
+    class Stream(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    log.configure(log_format="json", level="info")
+    for i in range(200):
+        logger.info("prepared claim", extra={"i": i})
+    log.flush()
+    lines = _lines("".join(writes))
+    assert [line["i"] for line in lines] == list(range(200))
+    assert len(writes) <= 5, f"{len(writes)} writes for 200 lines"
