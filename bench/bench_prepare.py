@@ -6,10 +6,13 @@ dra_driver``, in-cluster configuration from the ServiceAccount files, JSON log l
 written to a file as a container log is, Prometheus metrics on), gRPC over its real Unix socket,
 the claim fetched over TLS with a bearer token from the local API server (dra_driver/localapi.py,
 in its own process as a real API server would be, so its work does not count as ours), which
-answers a GET after ``--api-latency-ms`` (default 0.5 ms; env BENCH_API_LATENCY_MS), the time a
-real API server spends reading the object from etcd; the CDI spec and the checkpoint written with
-fsync. Simulated node: 64 x H100, 32 of them in MIG mode with 7 x 1g.10gb each (256 devices), so
-200 claims can hold 200 distinct devices at once.
+answers a GET ``--api-latency-ms`` after it arrived (default 0.5 ms; env BENCH_API_LATENCY_MS), a
+real API server's latency for it: the stand-in's own work counts toward it, a sleep makes up the
+rest, and the table reports the latency measured in the server; the CDI spec (on a tmpfs, as the
+chart's /var/run/cdi is on a node, where /run is one) and the checkpoint (on the disk) written
+with fsync. Simulated node: 64 x H100, 32 of them in MIG mode with 7 x 1g.10gb each (256
+devices), so 200 claims can hold 200 distinct devices at once. For information, a second agent
+started with ``--cpu-affinity one`` repeats the concurrency-16 prepares.
 
 The caller is the kubelet's part: a compiled gRPC client (bench/caller/kubelet_caller.cc, built
 by ``make bench``), as the kubelet is a compiled (Go) gRPC client. A Python gRPC client spends
@@ -283,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     agent.terminate()
                     agent.wait(timeout=15)
             log_text = (tmp / "agent.log").read_text()
+            rows += _on_one_cpu(tmp, api, work, api_pid=api_proc.pid)
         finally:
             get_s = json.loads(_stop(api_proc) or "[]")
     if get_s:
@@ -305,11 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if print_table(title, rows) else 1
 
 
-def _callers(dra_socket: str) -> tuple[_Caller, _Caller | None]:
-    """The kubelet-like native caller, and a Python one for comparison; only the Python one
-    (for everything) when the native one cannot be built here."""
+def _callers(dra_socket: str, *, python: bool = True) -> tuple[_Caller, _Caller | None]:
+    """The kubelet-like native caller, and (``python``) a Python one for comparison; only the
+    Python one (for everything) when the native one cannot be built here."""
     if NATIVE_CALLER.is_file() and os.access(NATIVE_CALLER, os.X_OK):
-        return _NativeCaller(NATIVE_CALLER, dra_socket), _PythonCaller(dra_socket)
+        return _NativeCaller(NATIVE_CALLER, dra_socket), (
+            _PythonCaller(dra_socket) if python else None
+        )
     print(
         f"no native gRPC caller at {NATIVE_CALLER} (make bench builds it; needs g++ and "
         "libgrpc++-dev): measuring with the Python caller, whose own work per call counts too",
@@ -453,6 +459,50 @@ def _sequence(
     return prep_ms, unprep_ms
 
 
+def _concurrent(
+    caller: _Caller, claims: list[v1.Claim], *, agent_pid: int, api_pid: int
+) -> tuple[float, dict[str, float]]:
+    """``claims`` prepared at concurrency 16 (each on its own device), then unprepared: the
+    prepares per second, and the CPU per prepare of the agent and of the API server (ms)."""
+    requests = [_prepare_request(c) for c in claims]
+    cpu_before = {name: _cpu_s(pid) for name, pid in (("agent", agent_pid), ("api", api_pid))}
+    conc_s, answers = caller.parallel(16, requests)
+    cpu_ms = {
+        name: (_cpu_s(pid) - cpu_before[name]) * 1000 / len(requests)
+        for name, pid in (("agent", agent_pid), ("api", api_pid))
+    }
+    for claim, answer in zip(claims, answers, strict=True):
+        _check(claim, PREPARE, answer)
+    for c in claims:
+        _timed(caller, _unprepare_request(c), c)
+    return len(claims) / conc_s, cpu_ms
+
+
+def _on_one_cpu(tmp: Path, api: FakeKubeApi, work: _Workload, *, api_pid: int) -> list[Row]:
+    """The concurrency-16 prepares again, from a second agent started with ``--cpu-affinity
+    one`` (dra_driver/cpuaffinity.py), for information: the chart's default is ``all``."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return []
+    with (tmp / "agent-one-cpu.log").open("w") as log_file, _tmpfs_dir() as cdi_root:
+        agent, dra_socket = _agent(
+            tmp / "node-one-cpu", api, log_file, cdi_root=cdi_root,
+            extra_args=("--cpu-affinity", "one"),
+        )  # fmt: skip
+        caller = _callers(str(dra_socket), python=False)[0]
+        try:
+            _sequence(caller, work.warm, work.batch)
+            rate, cpu_ms = _concurrent(caller, work.conc, agent_pid=agent.pid, api_pid=api_pid)
+        finally:
+            caller.close()
+            agent.terminate()
+            agent.wait(timeout=15)
+    return [
+        Row("prepares/s at concurrency 16, the agent on one CPU (--cpu-affinity one)", rate,
+            "/s", ""),
+        Row("CPU per prepare at concurrency 16: the agent on one CPU", cpu_ms["agent"], "ms", ""),
+    ]  # fmt: skip
+
+
 def _measure(
     work: _Workload, *, caller: _Caller, python: _Caller | None, agent_pid: int, api_pid: int
 ) -> list[Row]:
@@ -475,19 +525,7 @@ def _measure(
             # work per call, which the kubelet does not have.
             py_ms += _sequence(python, work.python[i : i + step], step)[0]
 
-    # 200 prepares at concurrency 16, each claim on its own device
-    requests = [_prepare_request(c) for c in work.conc]
-    cpu_before = {name: _cpu_s(pid) for name, pid in (("agent", agent_pid), ("api", api_pid))}
-    conc_s, answers = caller.parallel(16, requests)
-    cpu_ms = {
-        name: (_cpu_s(pid) - cpu_before[name]) * 1000 / len(requests)
-        for name, pid in (("agent", agent_pid), ("api", api_pid))
-    }
-    for claim, answer in zip(work.conc, answers, strict=True):
-        _check(claim, PREPARE, answer)
-    for c in work.conc:
-        _timed(caller, _unprepare_request(c), c)
-    rate = len(work.conc) / conc_s
+    rate, cpu_ms = _concurrent(caller, work.conc, agent_pid=agent_pid, api_pid=api_pid)
 
     # memory over 1,000 prepare/unprepare cycles
     busy_mib = _rss_bytes(agent_pid) / 2**20

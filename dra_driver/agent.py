@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from dra_driver import devices, log, migoff, shares
+from dra_driver import cpuaffinity, devices, log, migoff, shares
 from dra_driver.config import Config
 from dra_driver.devicehealth import HealthPolicy
 from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk
@@ -171,7 +171,15 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; return the process exit code."""
     refuse_unenforced_shares(config)
     _limit_malloc_arenas()
+    pinned = _pin(config)  # before the agent starts its threads: they inherit it
     log.configure(log_format=config.log_format, level=config.log_level)
+    if isinstance(pinned, OSError):
+        logger.warning(
+            "cannot keep the agent on one CPU (--cpu-affinity one); it runs on all it may use",
+            extra={"error": str(pinned)},
+        )
+    elif pinned is not None:
+        logger.info("the agent runs on one CPU (--cpu-affinity one)", extra={"cpu": pinned})
     stop = stop or threading.Event()
     with ExitStack() as stack:
         discovery = Discovery(config, stack)
@@ -350,6 +358,17 @@ def refuse_unenforced_shares(config: Config) -> None:
             "each share's memory and compute limits, and MPS is off (no --mps-image / "
             "MPS_IMAGE; the chart sets it with mps.enabled); use disabled or turn MPS on",
         )
+
+
+def _pin(config: Config) -> int | OSError | None:
+    """``--cpu-affinity one``: every thread on one CPU (cpuaffinity.py). The CPU, the kernel's
+    refusal, or None (``all``, or only one CPU to run on)."""
+    if config.cpu_affinity != "one":
+        return None
+    try:
+        return cpuaffinity.pin_to_one_cpu()
+    except OSError as exc:
+        return exc
 
 
 def _limit_malloc_arenas() -> None:

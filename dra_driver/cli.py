@@ -172,6 +172,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--log-format", "LOG_FORMAT", "log_format", "json or text", str, "json"),
     Flag("--log-level", "LOG_LEVEL", "log_level", "debug, info, warning or error", str, "info"),
     Flag(
+        "--cpu-affinity",
+        "CPU_AFFINITY",
+        "cpu_affinity",
+        "all: run on every CPU the agent may use; one: keep every thread on one of them (the "
+        "highest-numbered), where the threads' interpreter lock changes hands without waking "
+        "another CPU (more prepares per second under load; docs/plugin.md)",
+        str,
+        "all",
+    ),
+    Flag(
         "--telemetry-interval",
         "TELEMETRY_INTERVAL",
         "telemetry_interval_s",

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_driver.cpuaffinity import CPU_AFFINITIES
 from dra_driver.devicehealth import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
 from dra_driver.devices import MIG_MODES, MigMode, TaintEffect
 from dra_driver.errors import ConfigError
@@ -78,6 +79,7 @@ class Config:
     metrics_port: int = 0
     log_format: str = "json"
     log_level: str = "info"
+    cpu_affinity: str = "all"  # cpuaffinity.py: all, or one CPU for every thread
     rediscover_interval_s: float = 60.0
     # Seconds between telemetry samples (GPU and MIG readings on /metrics); 0 turns them off.
     telemetry_interval_s: float = 10.0
@@ -155,6 +157,11 @@ class Config:
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
+            )
+        if self.cpu_affinity not in CPU_AFFINITIES:
+            raise ConfigError(
+                "--cpu-affinity (CPU_AFFINITY)",
+                f"{self.cpu_affinity!r}: use {' or '.join(CPU_AFFINITIES)}",
             )
         self._validate_health()
         try:

@@ -434,6 +434,7 @@ def test_every_setting_of_the_agent_is_passed_from_values() -> None:
         "TELEMETRY_INTERVAL",
         "LOG_FORMAT",
         "LOG_LEVEL",
+        "CPU_AFFINITY",
         "HEALTH_IGNORED_XIDS",
         "HEALTH_FATAL_XIDS",
         "HEALTH_TAINT_EFFECT",
@@ -459,6 +460,7 @@ def test_the_agent_accepts_the_values_the_chart_renders() -> None:
     assert config.healthcheck_port == 51515
     assert config.telemetry_interval_s == 10
     assert config.pod_uid == environ["POD_UID"]
+    assert config.cpu_affinity == "all"
     assert container["command"] == ["gpu-dra-kubelet-plugin"]
 
 
@@ -710,6 +712,7 @@ def test_the_cdi_hook_value_reaches_the_agent() -> None:
         (("--set-string", "healthcheckPort=http"), "healthcheckPort"),
         (("--set", "healthcheckPort=70000"), "healthcheckPort"),
         (("--set", "logLevel=verbose"), "logLevel"),
+        (("--set", "cpuAffinity=two"), "cpuAffinity"),
         (("--set", "nvidiaDriverRoot=run/nvidia/driver"), "nvidiaDriverRoot"),
         (("--set", "driverName=GPU_Nvidia"), "driverName"),
         (("--set", "resourceApiVersion=v1alpha3"), "resourceApiVersion"),

@@ -92,6 +92,11 @@ def test_every_flag_has_a_distinct_environment_twin() -> None:
         (["--node-name", "n1"], {"MIG_MODE": "Dynamic"}, r"--mig-mode \(MIG_MODE\): 'Dynamic'"),
         (
             ["--node-name", "n1"],
+            {"CPU_AFFINITY": "2"},
+            r"--cpu-affinity \(CPU_AFFINITY\): '2': use all or one",
+        ),
+        (
+            ["--node-name", "n1"],
             {"MPS_IMAGE_PULL_SECRETS": "regcred,Bad_Name"},
             r"--mps-image-pull-secrets \(MPS_IMAGE_PULL_SECRETS\): 'Bad_Name'",
         ),

@@ -739,3 +739,62 @@ def test_the_deployed_agent_takes_a_whole_gpu_out_of_mig_mode_with_its_mark_on_t
         if node is not None:
             node.stop()
         api.stop()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc/*/stat's parent field)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # ended meanwhile
+            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        children = [p for p, parent in parents.items() if parent == todo[-1]]
+        todo.pop()
+        found += children
+        todo += children
+    return found
+
+
+def test_the_deployed_agent_keeps_every_thread_on_one_cpu_when_the_values_say_so(
+    work: Path, builds: Builds
+) -> None:
+    """``cpuAffinity=one``: the pod's agent, every one of its threads (gRPC's, ours), runs on
+    the highest-numbered CPU the pod may use, and says so in its log."""
+    allowed = os.sched_getaffinity(0)  # the pod's, as the node namespace inherits it
+    if len(allowed) < 2:
+        pytest.skip("this machine gives the pod one CPU: nothing to choose")
+    api = FakeKubeApi(tls_dir=work / "tls", token="agent-token").start()
+    node = None
+    try:
+        api.add_node(NODE)
+        node, _ = start_node(
+            work, layout="gpu-operator", builds=builds, api=api,
+            extra_values=("--set", "cpuAffinity=one"),
+        )  # fmt: skip
+        register(node)
+        (agent,) = [
+            p
+            for p in _descendants(node.process.pid)
+            if b"gpu-dra-kubelet-plugin" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        cpus = {
+            tid: re.findall(r"Cpus_allowed_list:\s*(\S+)", Path(f"/proc/{agent}/task/{tid}/status")
+                            .read_text())[0]
+            for tid in os.listdir(f"/proc/{agent}/task")
+        }  # fmt: skip
+        assert len(cpus) > 5, cpus  # gRPC's threads and the agent's own
+        assert set(cpus.values()) == {str(max(allowed))}, cpus
+        assert node.stop() == 0, node.log.read_text()
+        lines = [json.loads(s) for s in node.log.read_text().splitlines() if s.startswith("{")]
+        assert {"msg": "the agent runs on one CPU (--cpu-affinity one)", "cpu": max(allowed)} in [
+            {k: line.get(k) for k in ("msg", "cpu")} for line in lines
+        ]
+    finally:
+        if node is not None:
+            node.stop()
+        api.stop()
