@@ -47,6 +47,7 @@ import grpc
 
 from bench.table import Row, print_table
 from dra_driver._proto.dra_v1 import api_pb2 as v1
+from dra_driver.fsutil import in_memory_fs
 from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.localapi import FakeKubeApi
 from dra_driver.prepare import device_targets
@@ -215,23 +216,11 @@ def _tmpfs_dir() -> Iterator[Path | None]:
     reads its specs from there; they are gone at a reboot, as the prepared claims are). None
     where this machine has no tmpfs at /dev/shm (the specs then go to the bench's disk
     directory, and file creation on ext4 costs the agent more)."""
-    if not _is_tmpfs(Path("/dev/shm")):
+    if not in_memory_fs(Path("/dev/shm")):
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="bench-prepare-cdi-", dir="/dev/shm") as d:
         yield Path(d)
-
-
-def _is_tmpfs(path: Path) -> bool:
-    try:
-        with open("/proc/mounts") as f:
-            return any(
-                fields[1] == str(path) and fields[2] == "tmpfs"
-                for fields in (line.split() for line in f)
-                if len(fields) > 2
-            )
-    except OSError:
-        return False
 
 
 def _free_port() -> int:
