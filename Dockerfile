@@ -28,7 +28,11 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # The wheels are bind-mounted, not copied, so they leave no layer behind.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     --mount=type=bind,source=constraints.txt,target=/tmp/constraints.txt \
-    python -m pip install --no-index --find-links /wheels -c /tmp/constraints.txt gpu-dra
+    python -m pip install --no-index --find-links /wheels -c /tmp/constraints.txt gpu-dra \
+    && python -OO -m compileall -q -j 0 /usr/local/lib/python3.11
+# The chart runs the agent with PYTHONOPTIMIZE=2 (no docstrings: less memory); the line above
+# compiles those .pyc files (pip compiles only the plain ones), so that nothing is compiled at
+# every start (PYTHONDONTWRITEBYTECODE keeps the image read-only at run time).
 # Non-root by default, which is enough for `gpu-dra explain` and simulated GPUs. The node agent on
 # real nodes runs as root (the chart sets runAsUser: 0 and privileged): the kubelet's socket
 # directories and the CDI directory are root-owned host paths, and NVML/MIG management needs the

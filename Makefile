@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	# the agent's .pyc files as the image has them for the chart's PYTHONOPTIMIZE=2 (the benches
+	# run the agent as the chart does; pip compiles only the plain ones)
+	$(BIN)/python -OO -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	touch $(STAMP)
 
 venv: $(STAMP)

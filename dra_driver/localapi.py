@@ -110,6 +110,12 @@ class _State:
     compacted_rv: int = 0
 
 
+# The interpreter settings the chart's DaemonSet gives the agent's container (a chart test checks
+# they are the same), for the benchmarks that run the agent as in the Pod: no docstrings
+# (PYTHONOPTIMIZE=2, as ``python -OO``; the agent reads none, and its asserts only narrow types).
+AGENT_INTERPRETER_ENV = {"PYTHONOPTIMIZE": "2"}
+
+
 class FakeKubeApi:
     """The server. ``start()`` it (or use the ``kubeapi`` fixture), point a kubeconfig at it."""
 
@@ -255,9 +261,11 @@ class FakeKubeApi:
     def in_cluster_command(
         self, argv: list[str], *, workdir: Path
     ) -> tuple[list[str], dict[str, str]]:
-        """``argv`` wrapped to run as in a Pod: the ServiceAccount files at their fixed path and
-        KUBERNETES_SERVICE_HOST/PORT pointing here. Needs root and a TLS server; the files live
-        in a tmpfs over /run inside a private mount namespace, so the host is not touched."""
+        """``argv`` wrapped to run as in a Pod: the ServiceAccount files at their fixed path,
+        KUBERNETES_SERVICE_HOST/PORT pointing here, and the interpreter settings the chart's
+        DaemonSet gives the agent (``AGENT_INTERPRETER_ENV``). Needs root and a TLS server; the
+        files live in a tmpfs over /run inside a private mount namespace, so the host is not
+        touched."""
         if self.tls_dir is None:
             raise ValueError("in-cluster clients need TLS: create FakeKubeApi(tls_dir=...)")
         account = workdir / "serviceaccount"
@@ -269,7 +277,11 @@ class FakeKubeApi:
         script = (
             f'mount -t tmpfs tmpfs /run && mkdir -p {target} && cp "$0"/* {target}/ && exec "$@"'
         )
-        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
+        env = {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.port),
+            **AGENT_INTERPRETER_ENV,
+        }
         return ["unshare", "--mount", "sh", "-c", script, str(account), *argv], env
 
     @property

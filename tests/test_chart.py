@@ -23,6 +23,7 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.errors import DraError
+from dra_driver.localapi import AGENT_INTERPRETER_ENV
 from dra_driver.scheduling import cel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -404,7 +405,7 @@ def test_agent_gets_node_namespace_and_pod_uid_from_the_downward_api() -> None:
 
 
 # Set by the downward API for the code's own use (namespace of the agent), not a flag.
-NON_FLAG_ENV = {"POD_NAMESPACE"}
+NON_FLAG_ENV = {"POD_NAMESPACE", *AGENT_INTERPRETER_ENV}  # the latter: read by the interpreter
 
 
 def test_every_variable_the_chart_sets_is_read_by_the_agent() -> None:
@@ -447,6 +448,15 @@ def test_every_setting_of_the_agent_is_passed_from_values() -> None:
     assert env["DRIVER_NAME"]["value"] == "gpu.nvidia.com"
     assert env["HEALTHCHECK_PORT"]["value"] == "51515"
     assert "SIMULATE" not in env
+
+
+def test_the_agent_runs_with_the_interpreter_settings_the_benchmarks_give_it() -> None:
+    """The benchmarks run the agent "as the chart's DaemonSet runs it" with
+    localapi.AGENT_INTERPRETER_ENV (PYTHONOPTIMIZE=2): the chart must set exactly those."""
+    env = env_of(agent_container(render()))
+    assert {
+        name: env[name]["value"] for name in env if name.startswith("PYTHON")
+    } == AGENT_INTERPRETER_ENV
 
 
 def test_the_agent_accepts_the_values_the_chart_renders() -> None:

@@ -764,7 +764,8 @@ def test_the_deployed_agent_keeps_every_thread_on_one_cpu_when_the_values_say_so
     work: Path, builds: Builds
 ) -> None:
     """``cpuAffinity=one``: the pod's agent, every one of its threads (gRPC's, ours), runs on
-    the highest-numbered CPU the pod may use, and says so in its log."""
+    the highest-numbered CPU the pod may use, and says so in its log. (And the chart's
+    interpreter settings reach it: it runs as ``python -OO``, as every test here runs it.)"""
     allowed = os.sched_getaffinity(0)  # the pod's, as the node namespace inherits it
     if len(allowed) < 2:
         pytest.skip("this machine gives the pod one CPU: nothing to choose")
@@ -787,6 +788,7 @@ def test_the_deployed_agent_keeps_every_thread_on_one_cpu_when_the_values_say_so
                             .read_text())[0]
             for tid in os.listdir(f"/proc/{agent}/task")
         }  # fmt: skip
+        assert b"\0PYTHONOPTIMIZE=2\0" in b"\0" + Path(f"/proc/{agent}/environ").read_bytes()
         assert len(cpus) > 5, cpus  # gRPC's threads and the agent's own
         assert set(cpus.values()) == {str(max(allowed))}, cpus
         assert node.stop() == 0, node.log.read_text()

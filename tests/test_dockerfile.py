@@ -162,3 +162,15 @@ def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
         for source in sources:
             assert source.rstrip("/") not in ignored
             assert (REPO / source).exists(), f"COPY of a missing path: {source}"
+
+
+def test_the_image_has_the_pyc_files_of_the_charts_pythonoptimize() -> None:
+    """The chart runs the agent with PYTHONOPTIMIZE=2 (tests/test_chart.py): the final stage
+    compiles those .pyc files after installing, since pip compiles only the plain ones and the
+    image forbids writing them at run time (PYTHONDONTWRITEBYTECODE)."""
+    final_runs = " ".join(of("RUN")[-1:])
+    install = final_runs.index("pip install")
+    assert final_runs.index("python -OO -m compileall", install) > install
+    assert any("PYTHONDONTWRITEBYTECODE=1" in env for env in of("ENV"))
+    daemonset = (REPO / "charts" / "gpu-dra" / "templates" / "daemonset.yaml").read_text()
+    assert re.search(r'- name: PYTHONOPTIMIZE\n\s+value: "2"', daemonset)
