@@ -49,6 +49,8 @@ format: $(STAMP)
 ## make bench: every benchmark's table (builds the native gRPC caller the prepare bench uses)
 bench: $(STAMP) $(HOOK)
 	-@bash hack/build-bench-caller.sh $(TOOLS)/bin/dra-kubelet-caller
+	# the agent's own .pyc files, as the image has them (the editable install has none)
+	$(BIN)/python -OO -m compileall -q dra_driver > /dev/null
 	$(BIN)/python -m bench
 
 ## make proto: regenerate dra_driver/_proto from proto/dra with the pinned generators
