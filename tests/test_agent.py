@@ -51,6 +51,31 @@ as_a_pod = pytest.mark.skipif(
 )
 
 
+def _in_cluster(
+    api: FakeKubeApi,
+    tmp_path: Path,
+    *,
+    simulate: str,
+    node: str = "gpu-node-1",
+    healthcheck_port: int = 0,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of the agent as the chart's DaemonSet runs it (in-cluster,
+    localapi.FakeKubeApi.in_cluster_command) on ``simulate``, its directories under
+    ``tmp_path``; ``extra`` flags, and ``env`` on top of this process's environment."""
+    argv = [
+        sys.executable, "-m", "dra_driver", "--node-name", node, "--simulate", simulate,
+        "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
+        "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
+        "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(healthcheck_port),
+        *extra,
+    ]  # fmt: skip
+    command, pod_env = api.in_cluster_command(argv, workdir=tmp_path)
+    inherited = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    return command, {**inherited, **pod_env, **(env or {})}
+
+
 def _probe(port: int, path: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
@@ -97,16 +122,9 @@ def test_the_agent_in_dynamic_mig_mode_creates_a_prepared_partition_and_keeps_a_
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
         api.add_node("gpu-node-1")
-        argv = [
-            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
-            "--simulate", "h100:1:mig,h100:1:mig=1g.10gb",
-            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
-            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
-            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
-        ]  # fmt: skip
-        command, env = api.in_cluster_command(argv, workdir=tmp_path)
-        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
-        env["MIG_MODE"] = "dynamic"
+        command, env = _in_cluster(
+            api, tmp_path, simulate="h100:1:mig,h100:1:mig=1g.10gb", env={"MIG_MODE": "dynamic"}
+        )
         agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
         try:
@@ -186,16 +204,10 @@ def test_a_whole_gpu_out_of_mig_mode_changes_no_slice_across_rediscovery_and_a_r
     api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
     try:
         api.add_node("gpu-node-1")
-        argv = [
-            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
-            "--simulate", "h100:1:mig", "--rediscover-interval", "0.1",
-            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
-            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
-            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
-        ]  # fmt: skip
-        command, env = api.in_cluster_command(argv, workdir=tmp_path)
-        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
-        env["MIG_MODE"] = "dynamic"
+        command, env = _in_cluster(
+            api, tmp_path, simulate="h100:1:mig", extra=("--rediscover-interval", "0.1"),
+            env={"MIG_MODE": "dynamic"},
+        )  # fmt: skip
         dra = tmp_path / "plugins" / "gpu.nvidia.com" / "dra.sock"
         state = tmp_path / "plugins" / "gpu.nvidia.com" / "simulated-mig.json"
         claim = api.add_claim(allocated_claim(name="whole", node="gpu-node-1", devices=["gpu-0"]))
@@ -280,16 +292,11 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
     try:
         api.add_node("gpu-node-1")
         port, metrics_port = free_port(), free_port()
-        argv = [
-            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
-            "--simulate", "h100:2,a100-40gb:1:mig=3g.20gb+2g.10gb",
-            "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
-            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
-            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(port),
-            "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
-        ]  # fmt: skip
-        command, env = api.in_cluster_command(argv, workdir=tmp_path)
-        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        command, env = _in_cluster(
+            api, tmp_path, simulate="h100:2,a100-40gb:1:mig=3g.20gb+2g.10gb",
+            healthcheck_port=port,
+            extra=("--metrics-port", str(metrics_port), "--telemetry-interval", "1"),
+        )  # fmt: skip
         agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 30
@@ -378,14 +385,7 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
 def test_a_missing_api_server_is_retried_not_fatal(tmp_path: Path) -> None:
     """Unreachable API server: the agent keeps serving the kubelet and logs the retries."""
     api = FakeKubeApi(tls_dir=tmp_path / "tls")  # never started: connection refused
-    argv = [
-        sys.executable, "-m", "dra_driver", "--node-name", "n1", "--simulate", "l4:1",
-        "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
-        "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
-        "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
-    ]  # fmt: skip
-    command, env = api.in_cluster_command(argv, workdir=tmp_path)
-    env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+    command, env = _in_cluster(api, tmp_path, simulate="l4:1", node="n1")
     agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(3)
@@ -407,15 +407,9 @@ def test_a_metrics_port_in_use_stops_the_start_with_a_clear_error(tmp_path: Path
             taken.bind(("0.0.0.0", 0))  # where the agent binds
             taken.listen()
             port = taken.getsockname()[1]
-            argv = [
-                sys.executable, "-m", "dra_driver", "--node-name", "n1", "--simulate", "l4:1",
-                "--kubelet-plugins-directory-path", str(tmp_path / "plugins"),
-                "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
-                "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
-                "--metrics-port", str(port),
-            ]  # fmt: skip
-            command, env = api.in_cluster_command(argv, workdir=tmp_path)
-            env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+            command, env = _in_cluster(
+                api, tmp_path, simulate="l4:1", node="n1", extra=("--metrics-port", str(port))
+            )
             done = subprocess.run(
                 command, env=env, capture_output=True, text=True, timeout=60, check=False
             )
@@ -684,16 +678,13 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
         api.add_node("gpu-node-1")
         port, metrics_port = free_port(), free_port()
         plugins = tmp_path / "plugins"
-        argv = [
-            sys.executable, "-m", "dra_driver", "--node-name", "gpu-node-1",
-            "--simulate", "h100:2", "--kubelet-plugins-directory-path", str(plugins),
-            "--kubelet-registrar-directory-path", str(tmp_path / "registry"),
-            "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", str(port),
-            "--health-min-change-interval", "0.5", "--health-fatal-taint-effect", "NoExecute",
-            "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
-        ]  # fmt: skip
-        command, env = api.in_cluster_command(argv, workdir=tmp_path)
-        env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, **env}
+        command, env = _in_cluster(
+            api, tmp_path, simulate="h100:2", healthcheck_port=port,
+            extra=(
+                "--health-min-change-interval", "0.5", "--health-fatal-taint-effect", "NoExecute",
+                "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
+            ),
+        )  # fmt: skip
         agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
 
         def taints() -> dict[str, list[tuple[str, str]]]:

@@ -753,8 +753,8 @@ def _descendants(pid: int) -> list[int]:
             parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
     found, todo = [], [pid]
     while todo:
-        children = [p for p, parent in parents.items() if parent == todo[-1]]
-        todo.pop()
+        above = todo.pop()
+        children = [p for p, parent in parents.items() if parent == above]
         found += children
         todo += children
     return found
