@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 BUSYBOX = Path("/bin/busybox")
@@ -27,3 +29,36 @@ def missing(*tools: str) -> str:
     if not BUSYBOX.exists():
         return "busybox-static is not installed (/bin/busybox)"
     return ""
+
+
+def busybox_rootfs(where: Path) -> Path:
+    """A rootfs at ``where`` holding only busybox (static), with the directories a container
+    needs to start."""
+    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+        (where / d).mkdir(parents=True)
+    shutil.copy2(BUSYBOX, where / "bin/busybox")
+    return where
+
+
+def containers_conf(directory: Path) -> Path:
+    """``directory/containers.conf`` with CONTAINERS_CONF, for podman's ``CONTAINERS_CONF``."""
+    conf = directory / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    return conf
+
+
+def podman_env(conf: Path) -> dict[str, str]:
+    """This process's environment, with podman reading ``conf``."""
+    return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def run_busybox(
+    *, rootfs: Path, conf: Path, cdi_ids: Iterable[str], script: str
+) -> subprocess.CompletedProcess[str]:
+    """``sh -c script`` in a container of ``rootfs`` given the ``cdi_ids`` devices (podman
+    resolves them from /etc/cdi and /var/run/cdi), without a network; its result, unchecked."""
+    return subprocess.run(
+        ["podman", "run", "--rm", "--network=none", *(f"--device={i}" for i in cdi_ids),
+         "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
+        env=podman_env(conf), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip

@@ -9,9 +9,6 @@ plugin only ever touches its own vendor's files there) and is removed by unprepa
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -32,7 +29,7 @@ from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim
-from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
+from tests.podman import busybox_rootfs, containers_conf, missing, run_busybox
 from tests.shareenforcer import RecordingEnforcer
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
@@ -51,12 +48,8 @@ def test_container_gets_device_nodes_environment_and_driver_files(
     fake = make_fake_driver(short_tmp, gpu_minors=range(2))
     assert fake.real_nodes
     (short_tmp / "boot_id").write_text("boot-1\n")
-    rootfs = short_tmp / "rootfs"
-    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-        (rootfs / d).mkdir(parents=True)
-    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
-    conf = short_tmp / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
+    rootfs = busybox_rootfs(short_tmp / "rootfs")
+    conf = containers_conf(short_tmp)
 
     kubeapi.add_node("node1")
     claim = kubeapi.add_claim(allocated_claim(name="podman", driver=driver, devices=["gpu-1"]))
@@ -105,15 +98,7 @@ def test_container_gets_device_nodes_environment_and_driver_files(
                 "[ -x /usr/bin/nvidia-smi ] && echo tool-ok; "
                 f"touch {lib}/libcuda.so.{DRIVER_VERSION} 2>/dev/null || echo read-only-ok"
             )
-            run = subprocess.run(
-                ["podman", "run", "--rm", "--network=none", *(f"--device={i}" for i in cdi_ids),
-                 "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
-                env={**os.environ, "CONTAINERS_CONF": str(conf)},
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )  # fmt: skip
+            run = run_busybox(rootfs=rootfs, conf=conf, cdi_ids=cdi_ids, script=script)
             assert run.returncode == 0, run.stderr
             lines = run.stdout.splitlines()
             assert lines == [
@@ -151,12 +136,8 @@ def test_each_share_of_one_gpu_gets_its_own_mps_limit_in_the_container(
     driver = f"t{uuid.uuid4().hex[:8]}.gpu-dra.test"
     fake = make_fake_driver(short_tmp, gpu_minors=range(2))
     (short_tmp / "boot_id").write_text("boot-1\n")
-    rootfs = short_tmp / "rootfs"
-    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-        (rootfs / d).mkdir(parents=True)
-    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
-    conf = short_tmp / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
+    rootfs = busybox_rootfs(short_tmp / "rootfs")
+    conf = containers_conf(short_tmp)
     kubeapi.add_node("node1")
     claims = []
     for name, memory in (("small", "10Gi"), ("large", "30Gi")):
@@ -205,13 +186,10 @@ def test_each_share_of_one_gpu_gets_its_own_mps_limit_in_the_container(
                 share = claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
                 assert device.share_id == share
                 (cdi_id,) = device.cdi_device_ids
-                run = subprocess.run(
-                    ["podman", "run", "--rm", "--network=none", f"--device={cdi_id}",
-                     "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c",
-                     '[ -c /dev/nvidia0 ] && echo gpu-0; echo "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"'],
-                    env={**os.environ, "CONTAINERS_CONF": str(conf)},
-                    capture_output=True, text=True, timeout=120, check=False,
-                )  # fmt: skip
+                script = (
+                    '[ -c /dev/nvidia0 ] && echo gpu-0; echo "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"'
+                )
+                run = run_busybox(rootfs=rootfs, conf=conf, cdi_ids=[cdi_id], script=script)
                 assert run.returncode == 0, run.stderr
                 seen.append(run.stdout.splitlines())
             gpu = inventory.gpus[0].uuid
@@ -243,12 +221,8 @@ def test_container_runs_on_a_mig_device_created_by_prepare(
     for line in (fake.proc_root / "driver/nvidia-caps/mig-minors").read_text().splitlines():
         make_node(fake.root / "dev/nvidia-caps" / f"nvidia-cap{line.split()[1]}")
     (short_tmp / "boot_id").write_text("boot-1\n")
-    rootfs = short_tmp / "rootfs"
-    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-        (rootfs / d).mkdir(parents=True)
-    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
-    conf = short_tmp / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
+    rootfs = busybox_rootfs(short_tmp / "rootfs")
+    conf = containers_conf(short_tmp)
     device = "gpu-1-mig-3g20gb-9-4"  # A100 40GB: 3g.20gb (GI profile 9) at memory slice 4
     kubeapi.add_node("node1")
     claim = kubeapi.add_claim(allocated_claim(name="dynmig", driver=driver, devices=[device]))
@@ -302,16 +276,7 @@ def test_container_runs_on_a_mig_device_created_by_prepare(
                     f"/dev/nvidia-caps/nvidia-cap{ci}; do [ -c $n ] && echo node-ok $n; done; "
                     "ls /dev/nvidia-caps | wc -l; [ -e /dev/nvidia0 ] || echo no-other-gpu"
                 )
-                run = subprocess.run(
-                    ["podman", "run", "--rm", "--network=none",
-                     *(f"--device={i}" for i in cdi_ids),
-                     "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
-                    env={**os.environ, "CONTAINERS_CONF": str(conf)},
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                    check=False,
-                )  # fmt: skip
+                run = run_busybox(rootfs=rootfs, conf=conf, cdi_ids=cdi_ids, script=script)
                 assert run.returncode == 0, run.stderr
                 assert run.stdout.split("\n")[:-1] == [
                     "node-ok /dev/nvidia1",

@@ -68,7 +68,7 @@ from dra_driver.gpus.profiles import DRIVER_VERSION
 from dra_driver.localapi import FakeKubeApi, free_port
 from tests import exposition
 from tests.claimdata import allocated_claim, opaque
-from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
+from tests.podman import BUSYBOX, busybox_rootfs, containers_conf, missing, podman_env
 from tests.test_chart import CHART, HELM, NAMESPACE, RELEASE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -240,7 +240,7 @@ class Node:
     def podman(self, *args: str, conf: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["nsenter", f"--mount=/proc/{self.pid}/ns/mnt", "podman", *args],
-            env={**os.environ, "CONTAINERS_CONF": str(conf)},
+            env=podman_env(conf),
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
 
@@ -409,8 +409,7 @@ LIB = cdi.CONTAINER_LIB_DIR
 def run_probe(
     node: Node, *, work: Path, builds: Builds, flavour: str, cdi_ids: list[str]
 ) -> subprocess.CompletedProcess[str]:
-    conf = work / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
+    conf = containers_conf(work)
     rootfs = make_image(work, flavour=flavour, probe=builds.probe)
     return node.podman(
         "run", "--rm", "--network=none", "--env", "LD_DEBUG=libs",
@@ -597,12 +596,8 @@ def test_the_deployed_agent_runs_an_mps_daemon_its_containers_are_clients_of(
             assert read_compute_modes(state_dir) == {gpu: "EXCLUSIVE_PROCESS"}
             assert node_mounts() == [shm]  # mounted in the pod, seen on the node
 
-            conf = work / "containers.conf"
-            conf.write_text(CONTAINERS_CONF)
-            rootfs = work / "busybox"
-            for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-                (rootfs / d).mkdir(parents=True)
-            shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
+            conf = containers_conf(work)
+            rootfs = busybox_rootfs(work / "busybox")
             script = (
                 'echo "env $CUDA_MPS_PIPE_DIRECTORY"; '
                 "[ -S /tmp/nvidia-mps/control ] && echo control-socket-ok; "

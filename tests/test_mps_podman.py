@@ -10,8 +10,6 @@ nvidia-cuda-mps-control -f. Needs what tests/test_cdi_podman.py needs; skipped o
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import tempfile
 import uuid
@@ -30,7 +28,7 @@ from dra_driver.localapi import FakeKubeApi
 from dra_driver.localkubelet import DeploymentKubelet
 from dra_driver.plugin.server import KubeletPlugin
 from tests.claimdata import allocated_claim, opaque
-from tests.podman import BUSYBOX, CONTAINERS_CONF, missing
+from tests.podman import busybox_rootfs, containers_conf, missing, run_busybox
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
 
@@ -50,12 +48,8 @@ def test_a_shared_claims_container_sees_the_mps_env_and_mounts(
         short_tmp, gpu_minors=range(2), gpu_uuids=[g.uuid for g in inventory.gpus]
     )
     (short_tmp / "boot_id").write_text("boot-1\n")
-    rootfs = short_tmp / "rootfs"
-    for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-        (rootfs / d).mkdir(parents=True)
-    shutil.copy2(BUSYBOX, rootfs / "bin/busybox")
-    conf = short_tmp / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
+    rootfs = busybox_rootfs(short_tmp / "rootfs")
+    conf = containers_conf(short_tmp)
 
     kubeapi.add_node("node1")
     parameters = {
@@ -112,15 +106,7 @@ def test_a_shared_claims_container_sees_the_mps_env_and_mounts(
                 "grep ' /dev/shm ' /proc/mounts | cut -d' ' -f3; "
                 "echo from-container > /dev/shm/hello && echo shm-writable"
             )  # fmt: skip
-            run = subprocess.run(
-                ["podman", "run", "--rm", "--network=none", *(f"--device={i}" for i in cdi_ids),
-                 "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
-                env={**os.environ, "CONTAINERS_CONF": str(conf)},
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )  # fmt: skip
+            run = run_busybox(rootfs=rootfs, conf=conf, cdi_ids=cdi_ids, script=script)
             assert run.returncode == 0, run.stderr
             assert run.stdout.splitlines() == [
                 "node-ok",
