@@ -30,11 +30,11 @@ from typing import Any
 from bench.mpsnode import mps_node, need_root, ref
 from bench.table import Row, print_table
 from dra_driver import cdi
-from dra_driver.checkpoint import Checkpoint, ClaimLocks
 from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.prepare import Preparer, device_targets
 from dra_driver.shares import parse_mode
 from tests.claimdata import ClaimStore, allocated_claim, new_uid
+from tests.nodestorage import open_node_storage
 
 SIMULATE = "h100:8"
 TARGET_MS = 1.0
@@ -58,12 +58,9 @@ def _exclusive_preparer(tmp: Path, store: ClaimStore) -> Preparer:
         driver_version=inventory.gpus[0].driver_version,
         proc_root=tmp / "proc",
     )
-    specs = cdi.CdiSpecDir(tmp / "cdi", vendor="k8s.gpu.nvidia.com")
-    specs.ensure()
-    checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
-    checkpoint.open()
-    locks = ClaimLocks(tmp / "plugin/claims.lock")
-    locks.open()
+    specs, checkpoint, locks = open_node_storage(
+        tmp, vendor="k8s.gpu.nvidia.com", boot_id_path=tmp / "boot_id"
+    )
     return Preparer(
         driver_name="gpu.nvidia.com",
         node_name="node1",

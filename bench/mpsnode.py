@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import cdi
-from dra_driver.checkpoint import Checkpoint, ClaimLocks
 from dra_driver.gpus.fakedriver import FakeDriver, make_fake_driver, simulated_inventory
 from dra_driver.kube import KubeClient
 from dra_driver.localapi import FakeKubeApi
@@ -32,6 +31,7 @@ from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.shares import DISABLED, SharesMode
 from dra_driver.timeslice import NvidiaSmi
 from tests.claimdata import ClaimStore
+from tests.nodestorage import open_node_storage
 
 VENDOR = "k8s.gpu.nvidia.com"
 NAMESPACE = "gpu-dra"
@@ -108,12 +108,7 @@ def mps_node(spec: str, *, consumable_shares: SharesMode = DISABLED) -> Iterator
         api = FakeKubeApi().start()
         kube = KubeClient.from_config(kubeconfig=api.write_kubeconfig(tmp / "kubeconfig"))
         kubelet = DeploymentKubelet(api, node_name="node1", log_dir=tmp / "pods").start()
-        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot")
-        checkpoint.open()
-        locks = ClaimLocks(tmp / "plugin/claims.lock")
-        locks.open()
+        specs, checkpoint, locks = open_node_storage(tmp, vendor=VENDOR, boot_id_path=tmp / "boot")
         store = ClaimStore()
         preparer = Preparer(
             driver_name="gpu.nvidia.com",

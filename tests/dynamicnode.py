@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import cdi, migoff
-from dra_driver.checkpoint import Checkpoint, ClaimLocks
+from dra_driver.checkpoint import Checkpoint
 from dra_driver.gpus import nvml
 from dra_driver.gpus.fakedriver import make_fake_driver
 from dra_driver.gpus.info import Inventory
@@ -25,6 +25,7 @@ from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
 from dra_driver.miginstances import DynamicMig
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from tests.claimdata import ClaimStore
+from tests.nodestorage import open_node_storage
 
 VENDOR = "k8s.gpu.nvidia.com"
 
@@ -78,12 +79,9 @@ def open_node(
             driver_version=raw.gpus[0].driver_version,
             proc_root=tmp / "proc",
         )
-        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
-        checkpoint.open()
-        locks = ClaimLocks(tmp / "plugin/claims.lock")
-        locks.open()
+        specs, checkpoint, locks = open_node_storage(
+            tmp, vendor=VENDOR, boot_id_path=tmp / "boot_id"
+        )
         manager = MigManager()
         marks = migoff.MigOffMarks(tmp / "plugin" / migoff.MARKS_DIRECTORY)
         claims = store or ClaimStore()

@@ -936,12 +936,12 @@ def test_every_call_the_agent_makes_against_an_api_server_is_granted(
     """Drive the real publisher, preparer and event path through the real client and compare the
     fake API server's request log with the ClusterRole."""
     from dra_driver import cdi, devices  # noqa: PLC0415
-    from dra_driver.checkpoint import Checkpoint, ClaimLocks  # noqa: PLC0415
     from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory  # noqa: PLC0415
     from dra_driver.kube import KubeClient  # noqa: PLC0415
     from dra_driver.prepare import ClaimRef, Preparer, device_targets  # noqa: PLC0415
     from dra_driver.publisher import Publisher  # noqa: PLC0415
     from tests.claimdata import allocated_claim  # noqa: PLC0415
+    from tests.nodestorage import open_node_storage  # noqa: PLC0415
 
     driver, node_name = "gpu.nvidia.com", "node1"
     node = kubeapi.add_node(node_name)
@@ -967,12 +967,9 @@ def test_every_call_the_agent_makes_against_an_api_server_is_granted(
 
     make_fake_driver(tmp_path)
     (tmp_path / "boot_id").write_text("boot-1\n")
-    specs = cdi.CdiSpecDir(tmp_path / "cdi", vendor=f"k8s.{driver}")
-    specs.ensure()
-    checkpoint = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
-    checkpoint.open()
-    locks = ClaimLocks(tmp_path / "plugin/claims.lock")
-    locks.open()
+    specs, checkpoint, locks = open_node_storage(
+        tmp_path, vendor=f"k8s.{driver}", boot_id_path=tmp_path / "boot_id"
+    )
     preparer = Preparer(
         driver_name=driver,
         node_name=node_name,

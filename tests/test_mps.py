@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dra_driver import cdi, mps
-from dra_driver.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimLocks
+from dra_driver.checkpoint import PREPARE_COMPLETED
 from dra_driver.demo import DEMO_SIMULATE
 from dra_driver.errors import ConfigDecodeError, ConfigNotSupported, DeviceConflict, MpsFailed
 from dra_driver.gpus.fakedriver import (
@@ -43,6 +43,7 @@ from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.shares import DISABLED, SharesMode
 from dra_driver.timeslice import NvidiaSmi
 from tests.claimdata import ClaimStore, allocated_claim, opaque
+from tests.nodestorage import open_node_storage
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
 
@@ -98,12 +99,9 @@ class Env:
             driver_version=self.inventory.gpus[0].driver_version,
             proc_root=self.fake.proc_root,
         )
-        specs = cdi.CdiSpecDir(self.tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(self.tmp / "plugin/checkpoint.json", boot_id_path=self.tmp / "boot")
-        checkpoint.open()
-        locks = ClaimLocks(self.tmp / "plugin/claims.lock")
-        locks.open()
+        specs, checkpoint, locks = open_node_storage(
+            self.tmp, vendor=VENDOR, boot_id_path=self.tmp / "boot"
+        )
         daemons = MpsDaemons(
             api=self.kube,
             namespace=NAMESPACE,

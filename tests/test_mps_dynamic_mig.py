@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from dra_driver import cdi, mps
-from dra_driver.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimLocks
+from dra_driver.checkpoint import PREPARE_COMPLETED
 from dra_driver.devices import mig_device_name, node_devices
 from dra_driver.errors import MpsFailed, PrepareError
 from dra_driver.gpus import nvml
@@ -42,6 +42,7 @@ from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.shares import DISABLED, SharesMode, parse_mode, shareable
 from dra_driver.timeslice import NvidiaSmi
 from tests.claimdata import ClaimStore, allocated_claim, new_uid
+from tests.nodestorage import open_node_storage
 from tests.test_mps import NAMESPACE, mounts_under, mps_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
@@ -150,12 +151,7 @@ def dynamic_mps_node(
         api = FakeKubeApi().start()
         kube = KubeClient.from_config(kubeconfig=api.write_kubeconfig(tmp / "kubeconfig"))
         kubelet = DeploymentKubelet(api, node_name="node1", log_dir=tmp / "pods").start()
-        specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-        specs.ensure()
-        checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot")
-        checkpoint.open()
-        locks = ClaimLocks(tmp / "plugin/claims.lock")
-        locks.open()
+        specs, checkpoint, locks = open_node_storage(tmp, vendor=VENDOR, boot_id_path=tmp / "boot")
         daemons = MpsDaemons(
             api=kube,
             namespace=NAMESPACE,

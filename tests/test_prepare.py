@@ -24,7 +24,6 @@ from dra_driver.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
-    ClaimLocks,
     ClaimRecord,
     PreparedDevice,
 )
@@ -49,6 +48,7 @@ from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.shares import DISABLED, ShareEnforcer, SharesMode
 from dra_driver.timeslice import NvidiaSmi, TimeSlicer
 from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
+from tests.nodestorage import open_node_storage
 
 VENDOR = "k8s.gpu.nvidia.com"
 SPEC = "h100:4,a100-40gb:1:mig=3g.20gb+2g.10gb"
@@ -88,12 +88,7 @@ def build_env(
         driver_root=fake_root, driver_version=inventory.gpus[0].driver_version,
         proc_root=tmp / "proc",
     )  # fmt: skip
-    specs = cdi.CdiSpecDir(tmp / "cdi", vendor=VENDOR)
-    specs.ensure()
-    checkpoint = Checkpoint(tmp / "plugin/checkpoint.json", boot_id_path=tmp / "boot_id")
-    checkpoint.open()
-    locks = ClaimLocks(tmp / "plugin/claims.lock")
-    locks.open()
+    specs, checkpoint, locks = open_node_storage(tmp, vendor=VENDOR, boot_id_path=tmp / "boot_id")
     store = store or ClaimStore()
     preparer = Preparer(
         driver_name="gpu.nvidia.com",
