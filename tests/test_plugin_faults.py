@@ -146,6 +146,43 @@ def send(stub: v1_grpc.DRAPluginStub, claims: list[dict[str, Any]], *, unprepare
         stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=refs), timeout=5)
 
 
+def kill_mid_calls(
+    process: PluginProcess,
+    claims: list[dict[str, Any]],
+    rng: random.Random,
+    *,
+    callers: int,
+    most_per_call: int,
+    longest_s: float,
+    join_s: float,
+) -> None:
+    """Kill -9 the plugin while ``callers`` threads prepare and unprepare random batches of
+    ``claims`` (1 to ``most_per_call`` each) as fast as they can, after 2 ms to ``longest_s``;
+    then spawn it again."""
+    stop_calls = threading.Event()
+
+    def caller(seed: float) -> None:
+        own = random.Random(seed)
+        with grpc.insecure_channel(f"unix://{process.dra_socket}") as ch:
+            stub = v1_grpc.DRAPluginStub(ch)
+            while not stop_calls.is_set():
+                batch = own.sample(claims, own.randint(1, most_per_call))
+                try:
+                    send(stub, batch, unprepare=own.random() < 0.5)
+                except grpc.RpcError:
+                    return  # killed mid-call
+
+    threads = [threading.Thread(target=caller, args=(rng.random(),)) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    time.sleep(rng.uniform(0.002, longest_s))
+    process.kill()
+    stop_calls.set()
+    for t in threads:
+        t.join(join_s)
+    process.spawn()
+
+
 def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
     """The invariants a freshly started plugin must have established."""
     cdi_dir = Path(settings["cdi"])
@@ -291,28 +328,9 @@ def test_kill_9_during_concurrent_callers_leaves_a_consistent_node(
     ]
     plugin_process.spawn()
     for _ in range(ITERATIONS // 4):
-        stop_calls = threading.Event()
-
-        def caller(seed: int, stop_calls: threading.Event = stop_calls) -> None:
-            own = random.Random(seed)
-            with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
-                stub = v1_grpc.DRAPluginStub(ch)
-                while not stop_calls.is_set():
-                    batch = own.sample(claims, own.randint(1, 2))
-                    try:
-                        send(stub, batch, unprepare=own.random() < 0.5)
-                    except grpc.RpcError:
-                        return  # killed mid-call
-
-        threads = [threading.Thread(target=caller, args=(rng.random(),)) for _ in range(4)]
-        for t in threads:
-            t.start()
-        time.sleep(rng.uniform(0.002, 0.03))
-        plugin_process.kill()
-        stop_calls.set()
-        for t in threads:
-            t.join(5)
-        plugin_process.spawn()
+        kill_mid_calls(
+            plugin_process, claims, rng, callers=4, most_per_call=2, longest_s=0.03, join_s=5
+        )
         records = check_node(plugin_process.settings)
         # no device is held twice (records of racing claims were checked in one step)
         held_devices = [d.device for r in records.values() for d in r.devices]

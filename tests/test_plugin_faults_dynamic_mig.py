@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import random
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from dra_driver.devices import mig_device_name
 from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
-from tests.test_plugin_faults import PluginProcess, check_node, claim_ref, send
+from tests.test_plugin_faults import PluginProcess, check_node, claim_ref, kill_mid_calls, send
 
 SIMULATE = "a100-40gb:2:mig"
 INVENTORY = simulated_inventory(SIMULATE, node_name="node1")
@@ -195,28 +194,9 @@ def test_kill_9_during_concurrent_dynamic_mig_prepares_and_unprepares_leaks_noth
     plugin_process.spawn()
     started = time.monotonic()
     for _ in range(20):
-        stop_calls = threading.Event()
-
-        def caller(seed: float, stop_calls: threading.Event = stop_calls) -> None:
-            own = random.Random(seed)
-            with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
-                stub = v1_grpc.DRAPluginStub(ch)
-                while not stop_calls.is_set():
-                    batch = own.sample(claims, own.randint(1, 3))
-                    try:
-                        send(stub, batch, unprepare=own.random() < 0.5)
-                    except grpc.RpcError:
-                        return  # killed mid-call
-
-        threads = [threading.Thread(target=caller, args=(rng.random(),)) for _ in range(3)]
-        for t in threads:
-            t.start()
-        time.sleep(rng.uniform(0.002, 0.05))
-        plugin_process.kill()
-        stop_calls.set()
-        for t in threads:
-            t.join(10)
-        plugin_process.spawn()
+        kill_mid_calls(
+            plugin_process, claims, rng, callers=3, most_per_call=3, longest_s=0.05, join_s=10
+        )
         check_instances(plugin_process.settings)
     prepare_all(plugin_process, claims)
     assert check_instances(plugin_process.settings) == {device(n) for n in DEVICES}
