@@ -638,6 +638,16 @@ def test_the_deployed_agent_runs_an_mps_daemon_its_containers_are_clients_of(
             kubelet.stop()
 
 
+def start_dynamic_mig_node(work: Path, *, builds: Builds, api: FakeKubeApi, simulate: str) -> Node:
+    """The chart's pod with ``mig.mode=dynamic`` (GPU Operator layout) on simulated ``simulate``
+    GPUs."""
+    node, _ = start_node(
+        work, layout="gpu-operator", builds=builds, api=api, simulate=simulate,
+        extra_values=("--set", "mig.mode=dynamic"),
+    )  # fmt: skip
+    return node
+
+
 def test_the_deployed_agent_creates_and_destroys_a_dynamic_mig_device_on_the_nodes_disk(
     work: Path, builds: Builds
 ) -> None:
@@ -650,14 +660,7 @@ def test_the_deployed_agent_creates_and_destroys_a_dynamic_mig_device_on_the_nod
         api.add_node(NODE)
         device = "gpu-1-mig-3g20gb-9-4"
         claim = api.add_claim(allocated_claim(name="dynmig", node=NODE, devices=[device]))
-        node, _ = start_node(
-            work,
-            layout="gpu-operator",
-            builds=builds,
-            api=api,
-            simulate="a100-40gb:2:mig",
-            extra_values=("--set", "mig.mode=dynamic"),
-        )
+        node = start_dynamic_mig_node(work, builds=builds, api=api, simulate="a100-40gb:2:mig")
         dra_socket = register(node)
         ref = v1.Claim(namespace="default", name="dynmig", uid=claim["metadata"]["uid"])
         state = node.kubelet_dir / "plugins/gpu.nvidia.com/simulated-mig.json"
@@ -695,14 +698,7 @@ def test_the_deployed_agent_takes_a_whole_gpu_out_of_mig_mode_with_its_mark_on_t
     try:
         api.add_node(NODE)
         claim = api.add_claim(allocated_claim(name="whole", node=NODE, devices=["gpu-1"]))
-        node, _ = start_node(
-            work,
-            layout="gpu-operator",
-            builds=builds,
-            api=api,
-            simulate="h100:2:mig",
-            extra_values=("--set", "mig.mode=dynamic"),
-        )
+        node = start_dynamic_mig_node(work, builds=builds, api=api, simulate="h100:2:mig")
         dra_socket = register(node)
         ref = v1.Claim(namespace="default", name="whole", uid=claim["metadata"]["uid"])
         plugin_dir = node.kubelet_dir / "plugins/gpu.nvidia.com"
