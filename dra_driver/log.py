@@ -6,12 +6,14 @@ on ``claim_uid``, ``slice`` or ``device`` without parsing messages.
 Lines are formatted and written by a background thread, in batches (as klog, the Go drivers'
 logger, buffers them and flushes every 5 s): a prepare logs one line, and formatting it as JSON
 and writing it to stderr took about 0.1 ms of the kubelet's wait on a small node. The calling
-thread only makes the record and queues it. The writer wakes every ``FLUSH_INTERVAL_S`` and
-writes all that was queued meanwhile with one write: a writer woken for every record (the
-standard library's QueueListener) took the interpreter lock from the handler that had just
-queued it, in the middle of that handler's answer, and cost a thread wakeup per line. Everything
-queued is written before the process exits normally (``atexit``); a process killed with SIGKILL
-may lose the last ``FLUSH_INTERVAL_S`` of lines (klog: 5 s).
+thread only makes the record and queues it. The writer sleeps until a record is queued, waits
+``FLUSH_INTERVAL_S`` more, and writes all that was queued meanwhile with one write: a writer
+woken for every record (the standard library's QueueListener) took the interpreter lock from the
+handler that had just queued it, in the middle of that handler's answer, and cost a thread
+wakeup per line; a writer woken on a timer would wake 20 times a second on an agent that logs
+nothing for hours. Everything queued is written before the process exits normally
+(``atexit``); a process killed with SIGKILL may lose the last ``FLUSH_INTERVAL_S`` of lines
+(klog: 5 s).
 """
 
 from __future__ import annotations
@@ -84,11 +86,14 @@ FLUSH_INTERVAL_S = 0.05
 
 
 class _BatchListener:
-    """Takes the records off the queue every ``FLUSH_INTERVAL_S``, formats them with
-    ``handler``'s formatter and writes them to its stream at once."""
+    """Waits for a record, lets the others of its burst gather for ``FLUSH_INTERVAL_S``, then
+    takes them all off the queue, formats them with ``handler``'s formatter and writes them to
+    its stream at once. ``None`` on the queue wakes it to stop."""
 
     def __init__(
-        self, records: queue.SimpleQueue[logging.LogRecord], handler: logging.StreamHandler[Any]
+        self,
+        records: queue.SimpleQueue[logging.LogRecord | None],
+        handler: logging.StreamHandler[Any],
     ) -> None:
         self._records = records
         self._handler = handler
@@ -101,22 +106,33 @@ class _BatchListener:
     def stop(self) -> None:
         """Write what is queued and stop the thread."""
         self._stopping.set()
+        self._records.put(None)  # wakes the thread if it waits for a record
         self._thread.join()
         self._write_queued()  # what was queued after the thread's last pass
 
     def _run(self) -> None:
-        while not self._stopping.wait(FLUSH_INTERVAL_S):
-            self._write_queued()
+        # stop() sets _stopping before it queues the marker: a pass that took the marker off
+        # the queue (_write_queued) ends the loop here.
+        while not self._stopping.is_set():
+            first = self._records.get()  # asleep while nothing is logged
+            if first is None:
+                break
+            self._stopping.wait(FLUSH_INTERVAL_S)  # the rest of the burst; at once when stopping
+            self._write_queued(first)
         self._write_queued()
 
-    def _write_queued(self) -> None:
+    def _write_queued(self, first: logging.LogRecord | None = None) -> None:
         handler = self._handler
-        lines = []
+        records = [first] if first is not None else []
         while True:
             try:
                 record = self._records.get_nowait()
             except queue.Empty:
                 break
+            if record is not None:  # None: the stop marker
+                records.append(record)
+        lines = []
+        for record in records:
             try:
                 lines.append(handler.format(record))
             except Exception:  # noqa: BLE001 - logging never raises (Handler.handleError)
@@ -128,7 +144,7 @@ class _BatchListener:
                 handler.stream.write("\n".join(lines) + "\n")
                 handler.stream.flush()
             except Exception:  # noqa: BLE001
-                handler.handleError(record)
+                handler.handleError(records[-1])
 
 
 class _Writer:
@@ -142,7 +158,7 @@ class _Writer:
 
     def start(self, handler: logging.StreamHandler[Any]) -> logging.Handler:
         """Start writing through ``handler``; returns the handler that queues for it."""
-        records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
         listener = _BatchListener(records, handler)
         self.stop()
         with self._lock:

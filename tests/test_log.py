@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +138,34 @@ def test_the_writer_writes_what_was_queued_in_batches_not_a_write_per_line(
     lines = _lines("".join(writes))
     assert [line["i"] for line in lines] == list(range(200))
     assert len(writes) <= 5, f"{len(writes)} writes for 200 lines"
+
+
+def _switches(native_id: int) -> int:
+    """How many times the thread has gone to sleep and been woken (voluntary switches)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(re.findall(r"voluntary_ctxt_switches:\s*(\d+)", status)[0])
+
+
+def test_an_idle_writer_sleeps_until_a_line_comes(
+    configured: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing logged the writer thread is not woken at all (an agent on every GPU node
+    that logs nothing for hours costs no wakeups); the next line still gets written."""
+    import io  # noqa: PLC0415
+
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    log.configure(log_format="json", level="info")
+    logger.info("first")
+    deadline = time.monotonic() + 5
+    while "first" not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (writer,) = [t for t in threading.enumerate() if t.name == "log-writer"]
+    assert writer.native_id is not None
+    time.sleep(2 * log.FLUSH_INTERVAL_S)  # what the first line woke is over
+    before = _switches(writer.native_id)
+    time.sleep(10 * log.FLUSH_INTERVAL_S)
+    assert _switches(writer.native_id) == before  # a periodic writer wakes 10 times here
+    logger.info("second")
+    log.flush()
+    assert [line["msg"] for line in _lines(stream.getvalue())] == ["first", "second"]
