@@ -23,8 +23,6 @@ it always exits 0 once measured.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,10 +30,6 @@ import tempfile
 from pathlib import Path
 
 from bench.bench_prepare import (
-    _API_SERVER,
-    DEFAULT_API_LATENCY_MS,
-    NODE,
-    TOKEN,
     _Caller,
     _callers,
     _Claims,
@@ -46,37 +40,24 @@ from bench.bench_prepare import (
     _stop,
     _Workload,
     _workload,
+    api_latency_ms,
+    start_api_server,
 )
 from bench.floorserver import LEVELS
 from bench.table import Row, print_table
-from dra_driver.localapi import AGENT_INTERPRETER_ENV, FakeKubeApi
+from dra_driver.localapi import AGENT_INTERPRETER_ENV
 
 ROUNDS = 3  # concurrency-16 runs per level, taking turns; the median is reported
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--api-latency-ms",
-        type=float,
-        default=float(os.environ.get("BENCH_API_LATENCY_MS", DEFAULT_API_LATENCY_MS)),
-        help="time the API server takes to answer a GET [BENCH_API_LATENCY_MS]",
-    )
-    args = parser.parse_args(argv)
+    latency_ms = api_latency_ms(argv, __doc__.split("\n")[0])
     claims = _Claims()
     work = _workload(claims)
     with tempfile.TemporaryDirectory(prefix="bench-floor-", dir="/tmp") as d:
         tmp = Path(d)
-        (tmp / "claims.json").write_text(json.dumps(claims.objects))
-        settings = {
-            "tls_dir": str(tmp / "tls"), "token": TOKEN, "node": NODE,
-            "latency_s": args.api_latency_ms / 1000, "claims": str(tmp / "claims.json"),
-        }  # fmt: skip
-        (tmp / "api.json").write_text(json.dumps(settings))
-        api_proc, port = _start([sys.executable, "-c", _API_SERVER, str(tmp / "api.json")])
-        kubeconfig = FakeKubeApi(tls_dir=tmp / "tls", token=TOKEN, port=int(port)).write_kubeconfig(
-            tmp / "kubeconfig"
-        )
+        api_proc, api = start_api_server(tmp, claims, latency_ms)
+        kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
         servers = {}
         callers: dict[str, _Caller] = {}
         try:
@@ -99,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     name = next(iter(callers.values())).name
     title = (
         f"the floor: the agent's gRPC server and servicer with only part of a prepare behind "
-        f"them (claim GET over TLS, API server latency {args.api_latency_ms:g} ms), {name}"
+        f"them (claim GET over TLS, API server latency {latency_ms:g} ms), {name}"
     )
     print_table(title, rows)
     return 0

@@ -229,30 +229,44 @@ def _free_port() -> int:
     return free_port()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def api_latency_ms(argv: list[str] | None, description: str) -> float:
+    """The ``--api-latency-ms`` argument of a bench that uses the stand-in API server."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--api-latency-ms",
         type=float,
         default=float(os.environ.get("BENCH_API_LATENCY_MS", DEFAULT_API_LATENCY_MS)),
         help="time the API server takes to answer a GET [BENCH_API_LATENCY_MS]",
     )
-    args = parser.parse_args(argv)
+    return float(parser.parse_args(argv).api_latency_ms)
+
+
+def start_api_server(
+    tmp: Path, claims: _Claims, latency_ms: float
+) -> tuple[subprocess.Popen[str], FakeKubeApi]:
+    """The stand-in API server process holding ``claims``, answering a GET after
+    ``latency_ms``; and a FakeKubeApi naming its address, token and TLS files (not started:
+    for a client's kubeconfig or a Pod's ServiceAccount files)."""
+    (tmp / "claims.json").write_text(json.dumps(claims.objects))
+    settings = {
+        "tls_dir": str(tmp / "tls"), "token": TOKEN, "node": NODE,
+        "latency_s": latency_ms / 1000, "claims": str(tmp / "claims.json"),
+    }  # fmt: skip
+    (tmp / "api.json").write_text(json.dumps(settings))
+    proc, port = _start([sys.executable, "-c", _API_SERVER, str(tmp / "api.json")])
+    return proc, FakeKubeApi(tls_dir=tmp / "tls", token=TOKEN, port=int(port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    latency_ms = api_latency_ms(argv, __doc__.split("\n")[0])
     claims = _Claims()
     work = _workload(claims)
     with tempfile.TemporaryDirectory(prefix="bench-prepare-", dir="/tmp") as d:
         tmp = Path(d)
-        (tmp / "claims.json").write_text(json.dumps(claims.objects))
-        settings = {
-            "tls_dir": str(tmp / "tls"), "token": TOKEN, "node": NODE,
-            "latency_s": args.api_latency_ms / 1000, "claims": str(tmp / "claims.json"),
-        }  # fmt: skip
-        (tmp / "api.json").write_text(json.dumps(settings))
         # The API server, the agent and the caller (the kubelet's part) are three processes,
-        # as on a node: none of them competes for another's interpreter lock.
-        api_proc, port = _start([sys.executable, "-c", _API_SERVER, str(tmp / "api.json")])
-        # the same server's ServiceAccount files and address, for the agent's Pod environment
-        api = FakeKubeApi(tls_dir=tmp / "tls", token=TOKEN, port=int(port))
+        # as on a node: none of them competes for another's interpreter lock. ``api``: the
+        # same server's ServiceAccount files and address, for the agent's Pod environment.
+        api_proc, api = start_api_server(tmp, claims, latency_ms)
         try:
             with (
                 (tmp / "agent.log").open("w") as agent_log,
@@ -293,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"the agent did not log {expected} prepares:\n{log_text[-2000:]}")
     title = (
         f"prepare/unprepare over dra.sock (fsync'd CDI + checkpoint; claim GET over TLS, "
-        f"API server latency {args.api_latency_ms:g} ms), {callers[0].name}"
+        f"API server latency {latency_ms:g} ms), {callers[0].name}"
     )
     return 0 if print_table(title, rows) else 1
 
