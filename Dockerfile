@@ -14,7 +14,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY dra_driver ./dra_driver
 # The CDI hook runs on the node, outside this image: a static binary works on any host.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && gcc -static -O2 -Wall -o dra_driver/cdihook/gpu-dra-cdi-hook dra_driver/cdihook/hook.c
+    && gcc -static -O2 -Wall -o dra_driver/cdi/hook/gpu-dra-cdi-hook dra_driver/cdi/hook/hook.c
 RUN python -m pip wheel --wheel-dir /wheels -c constraints.txt .
 
 FROM python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1

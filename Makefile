@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TOOLS := .tools
 # The CDI hook the agent installs on the node (static, so it runs on any host).
-HOOK := dra_driver/cdihook/gpu-dra-cdi-hook
+HOOK := dra_driver/cdi/hook/gpu-dra-cdi-hook
 
 .PHONY: demo test check lint format typecheck bench proto chart image helm hook clean
 
@@ -24,12 +24,12 @@ venv: $(STAMP)
 ## make hook: the static CDI hook binary (gcc and the static C library: Debian's gcc + libc6-dev)
 hook: $(HOOK)
 
-$(HOOK): dra_driver/cdihook/hook.c
+$(HOOK): dra_driver/cdi/hook/hook.c
 	$(CC) -static -O2 -Wall -Wextra -o $@ $<
 
 ## make demo: the whole node flow on simulated GPUs (or a real cluster when KUBECONFIG is set)
 demo: $(STAMP) $(HOOK)
-	$(BIN)/python -m dra_driver.demo
+	$(BIN)/python -m dra_driver.sim.demo
 
 ## make test: the full test suite (opt-in tiers skip with a reason when their tools are missing)
 test: $(STAMP) $(HOOK) helm

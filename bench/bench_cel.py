@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from bench.table import Row, print_table
-from dra_driver.deviceclasses import default_device_classes
+from dra_driver.devices.classes import default_device_classes
 from dra_driver.scheduling import allocator, cel
 from dra_driver.scheduling.explain import explain_parsed, simulated_slices
 

@@ -1,9 +1,10 @@
 """The prepare path's ResourceClaim GET: keepalive.py's reader against the official client.
 
-Is the hand-written keep-alive reader (dra_driver/keepalive.py) still worth its code? Each GET is
-the whole ``KubeClient.get_resource_claim`` a prepare makes (headers from the official client,
+Is the hand-written keep-alive reader (dra_driver/kube/keepalive.py) still worth its code?
+Each GET is the whole ``KubeClient.get_resource_claim`` a prepare makes (headers from the official
+client,
 the request, the answer, JSON decoding, v1 conversion), against the local API server
-(dra_driver/localapi.py) run in its own process, as a real API server would be, so its work does
+(dra_driver/sim/localapi.py) run in its own process, as a real API server would be, so its work does
 not count as ours. Over HTTP and over HTTPS (the server's own CA; the DaemonSet always uses TLS).
 
 Compared, on one kept-alive connection each, in alternating batches so both see the same machine
@@ -46,7 +47,7 @@ NAMESPACE = "ns1"
 _API_SERVERS = """
 import json, sys
 from pathlib import Path
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi
 tmp = Path(sys.argv[1])
 claims = json.loads((tmp / "claims.json").read_text())
 for name, tls_dir in (("http", None), ("https", tmp / "tls")):

@@ -37,9 +37,9 @@ from bench.bench_prepare import (
     _unprepare_request,
 )
 from bench.table import Row, print_table
-from dra_driver.gpus.fakedriver import simulated_inventory
-from dra_driver.localapi import FakeKubeApi
 from dra_driver.prepare import device_targets
+from dra_driver.sim.fakedriver import simulated_inventory
+from dra_driver.sim.localapi import FakeKubeApi
 
 SIMULATE = "a100-40gb:8:mig"
 PROFILES = ("1g.5gb", "2g.10gb", "3g.20gb")

@@ -45,7 +45,7 @@ from bench.bench_prepare import (
 )
 from bench.floorserver import LEVELS
 from bench.table import Row, print_table
-from dra_driver.localapi import AGENT_INTERPRETER_ENV
+from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV
 
 ROUNDS = 3  # concurrency-16 runs per level, taking turns; the median is reported
 

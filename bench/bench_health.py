@@ -1,7 +1,7 @@
 """GPU health: from a fault in the simulated NVML to the taint stored by the API server, and back.
 
 The agent's pieces, in-process: simulated GPUs (8 H100) through pynvml, the HealthMonitor, the
-real Publisher and Kubernetes client over HTTP to dra_driver/localapi.py. Each run injects the
+real Publisher and Kubernetes client over HTTP to dra_driver/sim/localapi.py. Each run injects the
 fault into the simulated NVML library and polls the stored ResourceSlice until it shows.
 
 Rows (median of 10 each):
@@ -27,15 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.table import Row, print_table
-from dra_driver.devicehealth import HealthPolicy
 from dra_driver.devices import node_devices
 from dra_driver.gpus import nvml
-from dra_driver.gpus.injector import SimulatedFault
-from dra_driver.gpus.simulated import simulated_nvml
-from dra_driver.healthmonitor import HealthMonitor
+from dra_driver.health.decisions import HealthPolicy
+from dra_driver.health.monitor import HealthMonitor
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.publisher import Backoff, Publisher
+from dra_driver.publish.publisher import Backoff, Publisher
+from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.nvml import simulated_nvml
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

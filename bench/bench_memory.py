@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from bench.table import Row, print_table
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi
 
 # What each step adds, in the order the agent's imports bring them in.
 STEPS = (
@@ -28,7 +28,7 @@ STEPS = (
     ("generated DRA/health/registration messages", ("dra_driver.plugin.server",)),
     ("kubernetes client: configuration, rest, in-cluster loader", ("dra_driver.kube",)),
     ("pynvml + discovery", ("pynvml", "dra_driver.gpus.nvml")),
-    ("the rest of the agent", ("dra_driver.agent", "dra_driver.cli")),
+    ("the rest of the agent", ("dra_driver.node.agent", "dra_driver.cli")),
 )
 
 _IMPORTS = """
@@ -51,10 +51,10 @@ import json, sys, threading, time, tracemalloc, tempfile
 from collections import Counter
 from pathlib import Path
 tracemalloc.start()
-from dra_driver import kube  # first: it decides which parts of the client load
+from dra_driver import kube# first: it decides which parts of the client load
 from kubernetes.client.configuration import Configuration
-from dra_driver.agent import run_agent
-from dra_driver.config import Config
+from dra_driver.node.agent import run_agent
+from dra_driver.node.config import Config
 tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
 url = sys.argv[1]
 kube.KubeClient.from_config = classmethod(  # as the in-cluster loader configures the client

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.mpsnode import mps_node, need_root, ref
 from bench.table import Row, print_table
-from dra_driver.shares import parse_mode
+from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid, opaque
 
 SPEC = "h100:8"

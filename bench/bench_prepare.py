@@ -4,7 +4,8 @@ server that looks like a cluster's.
 Real path end to end: the agent process exactly as the chart's DaemonSet runs it (``python -m
 dra_driver``, in-cluster configuration from the ServiceAccount files, JSON log lines at level info
 written to a file as a container log is, Prometheus metrics on), gRPC over its real Unix socket,
-the claim fetched over TLS with a bearer token from the local API server (dra_driver/localapi.py,
+the claim fetched over TLS with a bearer token from the local API server
+(dra_driver/sim/localapi.py,
 in its own process as a real API server would be, so its work does not count as ours), which
 answers a GET ``--api-latency-ms`` after it arrived (default 0.5 ms; env BENCH_API_LATENCY_MS), a
 real API server's latency for it: the stand-in's own work counts toward it, a sleep makes up the
@@ -48,9 +49,9 @@ import grpc
 from bench.table import Row, print_table
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver.fsutil import in_memory_fs
-from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
-from dra_driver.localapi import FakeKubeApi
 from dra_driver.prepare import device_targets
+from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 
 NODE = "node1"
@@ -79,7 +80,7 @@ def _rss_bytes(pid: int) -> int:
 _API_SERVER = """
 import ctypes, json, statistics, sys
 from pathlib import Path
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi
 ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
 s = json.loads(Path(sys.argv[1]).read_text())
 api = FakeKubeApi(tls_dir=Path(s["tls_dir"]), token=s["token"], get_latency_s=s["latency_s"])
@@ -224,7 +225,7 @@ def _tmpfs_dir() -> Iterator[Path | None]:
 
 
 def _free_port() -> int:
-    from dra_driver.localapi import free_port  # noqa: PLC0415
+    from dra_driver.sim.localapi import free_port  # noqa: PLC0415
 
     return free_port()
 
@@ -483,7 +484,7 @@ def _concurrent(
 
 def _on_one_cpu(tmp: Path, api: FakeKubeApi, work: _Workload, *, api_pid: int) -> list[Row]:
     """The concurrency-16 prepares again, from a second agent started with ``--cpu-affinity
-    one`` (dra_driver/cpuaffinity.py), for information: the chart's default is ``all``."""
+    one`` (dra_driver/node/cpuaffinity.py), for information: the chart's default is ``all``."""
     if len(os.sched_getaffinity(0)) < 2:
         return []
     with (tmp / "agent-one-cpu.log").open("w") as log_file, _tmpfs_dir() as cdi_root:

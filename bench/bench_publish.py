@@ -3,7 +3,8 @@
 Rows:
 * build + diff of a 1,000-device pool (slices.build_slices + plan_sync against the stored slices,
   the restart path that compares every device), median of 30 runs: <= 50 ms;
-* the publisher (kube.KubeClient over HTTP to dra_driver/localapi.py): time from the kubelet-style
+* the publisher (kube.KubeClient over HTTP to dra_driver/sim/localapi.py): time from the
+  kubelet-style
   deletion of all slices to all slices stored again, median of 5: <= 2 s; writes when a second
   publisher starts with unchanged devices: 0;
 * the agent process (``python -m dra_driver ... --simulate``), run as the DaemonSet runs it (a
@@ -28,9 +29,9 @@ from pathlib import Path
 from bench.table import Row, print_table
 from dra_driver.devices import CounterConsumption, CounterSet, Device, NodeDevices, Version
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi, free_port
-from dra_driver.publisher import Backoff, Publisher
-from dra_driver.slices import build_slices, plan_sync
+from dra_driver.publish.publisher import Backoff, Publisher
+from dra_driver.publish.slices import build_slices, plan_sync
+from dra_driver.sim.localapi import FakeKubeApi, free_port
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

@@ -30,9 +30,9 @@ from typing import Any
 from bench.mpsnode import mps_node, need_root, ref
 from bench.table import Row, print_table
 from dra_driver import cdi
-from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.prepare import Preparer, device_targets
-from dra_driver.shares import parse_mode
+from dra_driver.sharing.shares import parse_mode
+from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
 from tests.claimdata import ClaimStore, allocated_claim, new_uid
 from tests.nodestorage import open_node_storage
 

@@ -31,9 +31,9 @@ from bench.bench_publish import AGENT_SPEC, _rss_mib, wait_for
 from bench.table import Row, print_table
 from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import NvmlReader
-from dra_driver.gpus.simulated import simulated_nvml
-from dra_driver.localapi import FakeKubeApi, free_port
-from dra_driver.telemetry import Telemetry
+from dra_driver.sim.localapi import FakeKubeApi, free_port
+from dra_driver.sim.nvml import simulated_nvml
+from dra_driver.telemetry.sampler import Telemetry
 
 NODE = "bench-node"
 

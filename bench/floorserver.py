@@ -27,11 +27,11 @@ from typing import Any, cast
 import grpc
 
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.dra import V1Servicer
 from dra_driver.plugin.server import _GRPC_WORKERS, _serve
 from dra_driver.prepare import ClaimRef, Outcome, Preparer
+from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
 
 LEVELS = ("grpc", "get", "record")
 

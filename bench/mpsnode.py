@@ -2,8 +2,8 @@
 
 As tests/test_mps.py sets it up: the agent's Preparer in process with real mpsdaemon.MpsDaemons
 (so consumable shares get the real mpsshares.MpsShareEnforcer), each daemon a Deployment created
-through the real Kubernetes client over HTTP to dra_driver/localapi.py and run by the stand-in
-kubelet (dra_driver/localkubelet.py) as a process of its own; the fake driver root's stand-in
+through the real Kubernetes client over HTTP to dra_driver/sim/localapi.py and run by the stand-in
+kubelet (dra_driver/sim/localkubelet.py) as a process of its own; the fake driver root's stand-in
 nvidia-cuda-mps-control (-f and the client) and nvidia-smi (compute mode); the shm tmpfs a real
 mount, so root only. Claims come from an in-memory source (no API latency in a prepare).
 """
@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import cdi
-from dra_driver.gpus.fakedriver import FakeDriver, make_fake_driver, simulated_inventory
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.localkubelet import DeploymentKubelet
-from dra_driver.mpsdaemon import MpsDaemons
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.shares import DISABLED, SharesMode
-from dra_driver.timeslice import NvidiaSmi
+from dra_driver.sharing.mpsdaemon import MpsDaemons
+from dra_driver.sharing.shares import DISABLED, SharesMode
+from dra_driver.sharing.timeslice import NvidiaSmi
+from dra_driver.sim.fakedriver import FakeDriver, make_fake_driver, simulated_inventory
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localkubelet import DeploymentKubelet
 from tests.claimdata import ClaimStore
 from tests.nodestorage import open_node_storage
 

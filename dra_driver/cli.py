@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver import __version__
-from dra_driver.config import (
+from dra_driver.errors import ConfigError, DraError, SimulationSpecError
+from dra_driver.health.decisions import (
+    DEFAULT_FATAL_XIDS,
+    DEFAULT_IGNORED_XIDS,
+    format_xids,
+    parse_xids,
+)
+from dra_driver.node.config import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
@@ -26,13 +33,6 @@ from dra_driver.config import (
     DEFAULT_REGISTRAR_DIR,
     Config,
 )
-from dra_driver.devicehealth import (
-    DEFAULT_FATAL_XIDS,
-    DEFAULT_IGNORED_XIDS,
-    format_xids,
-    parse_xids,
-)
-from dra_driver.errors import ConfigError, DraError, SimulationSpecError
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,7 @@ def build_config(
             raise ConfigError(label, f"{raw!r} is not valid: {exc}") from exc
     if values.get("simulate"):
         # Parse now so a bad spec fails at start with the flag's name, not deep in discovery.
-        from dra_driver.gpus.simulated import parse_spec  # noqa: PLC0415
+        from dra_driver.sim.nvml import parse_spec  # noqa: PLC0415
 
         try:
             parse_spec(values["simulate"])
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpu-dra-kubelet-plugin: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    from dra_driver.agent import run_agent  # noqa: PLC0415  (keeps --help fast)
+    from dra_driver.node.agent import run_agent  # noqa: PLC0415  (keeps --help fast)
 
     try:
         return run_agent(config)
@@ -391,11 +391,11 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
     if command == "devices":
         return devices_main(rest)
     if command == "status":
-        from dra_driver.status import main as status_main  # noqa: PLC0415
+        from dra_driver.telemetry.status import main as status_main  # noqa: PLC0415
 
         return status_main(rest)
     if command == "simulate-event":
-        from dra_driver.gpus.injector import main as simulate_event_main  # noqa: PLC0415
+        from dra_driver.sim.faults import main as simulate_event_main  # noqa: PLC0415
 
         return simulate_event_main(rest)
     return main(rest)
@@ -436,9 +436,10 @@ def devices_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     from contextlib import ExitStack  # noqa: PLC0415
 
-    from dra_driver import devicetable, slices  # noqa: PLC0415
-    from dra_driver.agent import Discovery, published_devices  # noqa: PLC0415
-    from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk  # noqa: PLC0415
+    from dra_driver.devices import table  # noqa: PLC0415
+    from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk  # noqa: PLC0415
+    from dra_driver.node.agent import Discovery, published_devices  # noqa: PLC0415
+    from dra_driver.publish import slices  # noqa: PLC0415
 
     try:
         config = Config(
@@ -476,7 +477,7 @@ def devices_main(argv: Sequence[str]) -> int:
     for obj in objects:
         obj["metadata"]["name"] = str(obj["metadata"].get("generateName", "")).rstrip("-")
     if args.output == "table":
-        print(devicetable.render(devicetable.device_rows(objects)))
+        print(table.render(table.device_rows(objects)))
     elif args.output == "json":
         import json  # noqa: PLC0415
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@ lives in a directory, for the dynamic MIG prepare tests: a second one opened ove
 directory is the agent restarted.
 
 Discovery is the agent's: NVML through ``nvml.discover`` with the marks of GPUs taken out of MIG
-mode laid over it (``migoff.discover_with_marks``), so the targets are what the agent's would be.
+mode laid over it (``modeswitch.discover_with_marks``), so the targets are what the agent's would
+be.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver import cdi, migoff
-from dra_driver.checkpoint import Checkpoint
+from dra_driver import cdi
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import make_fake_driver
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.migmanager import MigManager
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
-from dra_driver.miginstances import DynamicMig
+from dra_driver.mig import modeswitch
+from dra_driver.mig.instances import DynamicMig
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare.checkpoint import Checkpoint
+from dra_driver.sim.fakedriver import make_fake_driver
+from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from tests.claimdata import ClaimStore
 from tests.nodestorage import open_node_storage
 
@@ -50,7 +52,7 @@ class DynamicNode:
 
     def inventory(self) -> Inventory:
         """What the agent's discovery shows: NVML with the marks laid over it."""
-        return migoff.discover_with_marks(self.raw, self.preparer.mig_off)
+        return modeswitch.discover_with_marks(self.raw, self.preparer.mig_off)
 
     def spec_nodes(self, uid: str) -> list[str]:
         """The device nodes of the claim's CDI spec (one device)."""
@@ -83,13 +85,13 @@ def open_node(
             tmp, vendor=VENDOR, boot_id_path=tmp / "boot_id"
         )
         manager = MigManager()
-        marks = migoff.MigOffMarks(tmp / "plugin" / migoff.MARKS_DIRECTORY)
+        marks = modeswitch.MigOffMarks(tmp / "plugin" / modeswitch.MARKS_DIRECTORY)
         claims = store or ClaimStore()
         prepare = Preparer(
             driver_name="gpu.nvidia.com",
             node_name="node1",
             cdi_vendor=VENDOR,
-            targets=device_targets(migoff.overlay(raw, marks.read()), "dynamic"),
+            targets=device_targets(modeswitch.overlay(raw, marks.read()), "dynamic"),
             files=files,
             specs=specs,
             checkpoint=checkpoint,

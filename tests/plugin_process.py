@@ -20,13 +20,13 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from dra_driver import migoff
-from dra_driver.config import Config
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import simulated_inventory
-from dra_driver.gpus.simulated import SimulatedNvmlLibrary, _CFunction, simulated_nvml
 from dra_driver.kube import KubeClient
+from dra_driver.mig import modeswitch
+from dra_driver.node.config import Config
 from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.sim.fakedriver import simulated_inventory
+from dra_driver.sim.nvml import SimulatedNvmlLibrary, _CFunction, simulated_nvml
 
 
 def child(settings: dict[str, str], crash: str) -> None:
@@ -56,9 +56,9 @@ def child(settings: dict[str, str], crash: str) -> None:
                 )
             )
             # GPUs taken out of MIG mode for a whole-GPU claim shown as they were, as in the agent
-            inventory = migoff.discover_with_marks(
+            inventory = modeswitch.discover_with_marks(
                 lambda: nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root),
-                migoff.MigOffMarks(config.checkpoint_path.parent / migoff.MARKS_DIRECTORY),
+                modeswitch.MigOffMarks(config.checkpoint_path.parent / modeswitch.MARKS_DIRECTORY),
             )
             if crash:
                 die_at(node.library, crash)

@@ -28,19 +28,19 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.agent import _NodeState, _rediscover, keep_unanswering_gpus
-from dra_driver.config import Config
 from dra_driver.devices import NodeDevices, node_devices
-from dra_driver.dynamicmig import ManagedMig
 from dra_driver.errors import CdiError, DiscoveryError, DraError, PublishError
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import simulated_inventory
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.injector import SimulatedFault
-from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi, free_port
-from dra_driver.publisher import Publisher
+from dra_driver.mig.dynamic import ManagedMig
+from dra_driver.node.agent import _NodeState, _rediscover, keep_unanswering_gpus
+from dra_driver.node.config import Config
+from dra_driver.publish.publisher import Publisher
+from dra_driver.sim.fakedriver import simulated_inventory
+from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.localapi import FakeKubeApi, free_port
+from dra_driver.sim.nvml import simulated_nvml
 from tests import exposition
 from tests.claimdata import allocated_claim
 from tests.test_plugin_server import start_plugin
@@ -633,7 +633,7 @@ def test_a_failed_rediscovery_keeps_the_current_state_everywhere(
     found: Inventory | DraError = (
         DiscoveryError("GPU is lost") if failing == "discovery" else after.inventory
     )
-    with caplog.at_level(logging.ERROR, logger="dra_driver.agent"):
+    with caplog.at_level(logging.ERROR, logger="dra_driver.node.agent"):
         now = _rediscover(
             Rediscovered(found),  # type: ignore[arg-type]
             CONFIG,

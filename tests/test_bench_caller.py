@@ -18,8 +18,8 @@ from bench.bench_prepare import (
 )
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 from tests.test_plugin_server import kube, plugin, v1_claim  # noqa: F401 - shared fixtures
 

@@ -13,8 +13,8 @@ import pytest
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.checkpoint import PREPARE_COMPLETED, Checkpoint
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 
 ROOT = Path(__file__).resolve().parents[1]

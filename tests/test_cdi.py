@@ -14,8 +14,8 @@ import pytest
 from dra_driver import cdi
 from dra_driver.errors import CdiError
 from dra_driver.fsutil import in_memory_fs
-from dra_driver.gpus.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
-from dra_driver.gpus.profiles import DRIVER_VERSION
+from dra_driver.sim.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
+from dra_driver.sim.profiles import DRIVER_VERSION
 from tests.claimdata import new_uid
 from tests.spares import held, spares_in
 

@@ -20,14 +20,14 @@ import pytest
 from dra_driver import cdi
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.config import Config
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import make_fake_driver, make_node, simulated_inventory
-from dra_driver.gpus.profiles import DRIVER_VERSION
-from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.node.config import Config
 from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.sim.fakedriver import make_fake_driver, make_node, simulated_inventory
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.nvml import simulated_nvml
+from dra_driver.sim.profiles import DRIVER_VERSION
 from tests.claimdata import allocated_claim
 from tests.podman import busybox_rootfs, containers_conf, missing, run_busybox
 from tests.shareenforcer import RecordingEnforcer

@@ -14,31 +14,31 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver import cdihook
+from dra_driver.cdi import hook
 from dra_driver.errors import CdiError
 
-HOOK = cdihook.PACKAGED_BINARY
+HOOK = hook.PACKAGED_BINARY
 
 
 def test_install_names_the_copy_by_its_content_and_keeps_an_identical_one(tmp_path: Path) -> None:
     binary = tmp_path / "hook-v1"
     binary.write_bytes(b"\x7fELF version one")
-    first = cdihook.install(tmp_path / "bin", binary=binary)
+    first = hook.install(tmp_path / "bin", binary=binary)
     assert first.name.startswith("gpu-dra-cdi-hook-") and len(first.name) == 17 + 16
     assert first.read_bytes() == binary.read_bytes()
     assert stat.S_IMODE(first.stat().st_mode) == 0o755
     inode = first.stat().st_ino
-    assert cdihook.install(tmp_path / "bin", binary=binary) == first
+    assert hook.install(tmp_path / "bin", binary=binary) == first
     assert first.stat().st_ino == inode  # not rewritten: a starting container may run it
     binary.write_bytes(b"\x7fELF version two")
-    second = cdihook.install(tmp_path / "bin", binary=binary)
+    second = hook.install(tmp_path / "bin", binary=binary)
     assert second != first and first.exists()  # a new version never replaces the old file
     assert not [p for p in (tmp_path / "bin").iterdir() if p.name.startswith(".")]
 
 
 def test_install_without_the_binary_says_how_to_build_it(tmp_path: Path) -> None:
     with pytest.raises(CdiError, match=r"make hook.*--cdi-hook=none"):
-        cdihook.install(tmp_path / "bin", binary=tmp_path / "missing")
+        hook.install(tmp_path / "bin", binary=tmp_path / "missing")
 
 
 needs_hook = pytest.mark.skipif(

@@ -23,8 +23,8 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.errors import DraError
-from dra_driver.localapi import AGENT_INTERPRETER_ENV
 from dra_driver.scheduling import cel
+from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "gpu-dra"
@@ -853,10 +853,10 @@ def test_extended_resource_name_is_off_by_default_and_only_on_the_gpu_class() ->
 
 @pytest.mark.parametrize("driver", ["gpu.nvidia.com", "gpu.example.com"])
 def test_device_classes_equal_the_defaults_the_code_ships(driver: str) -> None:
-    """The chart's classes and dra_driver.deviceclasses (used by explain and the demo) agree."""
-    from dra_driver import deviceclasses  # noqa: PLC0415  (written by the explain area)
+    """The chart's classes and dra_driver.devices.classes (used by explain and the demo) agree."""
+    from dra_driver.devices import classes  # noqa: PLC0415  (written by the explain area)
 
-    shipped = deviceclasses.default_device_classes(driver_name=driver)
+    shipped = classes.default_device_classes(driver_name=driver)
     rendered = of_kind(render("--set", f"driverName={driver}"), "DeviceClass")
     assert {c["metadata"]["name"]: c["spec"] for c in shipped} == {
         c["metadata"]["name"]: c["spec"] for c in rendered
@@ -936,10 +936,10 @@ def test_every_call_the_agent_makes_against_an_api_server_is_granted(
     """Drive the real publisher, preparer and event path through the real client and compare the
     fake API server's request log with the ClusterRole."""
     from dra_driver import cdi, devices  # noqa: PLC0415
-    from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory  # noqa: PLC0415
     from dra_driver.kube import KubeClient  # noqa: PLC0415
     from dra_driver.prepare import ClaimRef, Preparer, device_targets  # noqa: PLC0415
-    from dra_driver.publisher import Publisher  # noqa: PLC0415
+    from dra_driver.publish.publisher import Publisher  # noqa: PLC0415
+    from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory  # noqa: PLC0415
     from tests.claimdata import allocated_claim  # noqa: PLC0415
     from tests.nodestorage import open_node_storage  # noqa: PLC0415
 
@@ -1039,7 +1039,7 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     ports = {p["name"] for p in agent_container(objects)["ports"]}
     assert "metrics" in ports
     # The agent's own labels select it: `gpu-dra status` finds the pods the same way.
-    from dra_driver.status import DEFAULT_AGENT_SELECTOR  # noqa: PLC0415
+    from dra_driver.telemetry.status import DEFAULT_AGENT_SELECTOR  # noqa: PLC0415
 
     wanted = dict(label.split("=") for label in DEFAULT_AGENT_SELECTOR.split(","))
     assert wanted.items() <= pod_labels.items()
@@ -1186,11 +1186,11 @@ def scraped_sample_names() -> set[str]:
 
     from dra_driver.gpus import nvml  # noqa: PLC0415
     from dra_driver.gpus.readings import NvmlReader  # noqa: PLC0415
-    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
-    from dra_driver.http_server import metrics_server  # noqa: PLC0415
     from dra_driver.metrics import DriverMetrics, Registry  # noqa: PLC0415
+    from dra_driver.node.http_server import metrics_server  # noqa: PLC0415
     from dra_driver.prepare import ERROR_TYPES  # noqa: PLC0415
-    from dra_driver.telemetry import ClaimHolder, Telemetry  # noqa: PLC0415
+    from dra_driver.sim.nvml import simulated_nvml  # noqa: PLC0415
+    from dra_driver.telemetry.sampler import ClaimHolder, Telemetry  # noqa: PLC0415
     from tests import exposition  # noqa: PLC0415
 
     with simulated_nvml("h100:1,a100-80gb:1:mig=3g.40gb", node_name="n1") as node:
@@ -1278,7 +1278,7 @@ def test_the_deployed_agent_refuses_consumable_shares_without_mps_to_enforce_the
 
 
 # ---------------------------------------------------------------------------------------------
-# MPS: the daemons' Deployments (dra_driver/mpsdaemon.py)
+# MPS: the daemons' Deployments (dra_driver/sharing/mpsdaemon.py)
 
 
 def test_mps_role_grants_exactly_the_deployment_calls_kube_py_declares_in_the_namespace() -> None:
@@ -1343,10 +1343,10 @@ def test_the_mps_daemons_pull_the_image_with_the_charts_secrets_and_policy() -> 
 def test_every_call_mps_makes_against_an_api_server_is_granted_by_the_role(
     kubeapi: Any, tmp_path: Path
 ) -> None:
-    from dra_driver import mps  # noqa: PLC0415
-    from dra_driver.gpus.fakedriver import make_fake_driver  # noqa: PLC0415
     from dra_driver.kube import KubeClient  # noqa: PLC0415
-    from dra_driver.mpsdaemon import MpsDaemons  # noqa: PLC0415
+    from dra_driver.sharing import mps  # noqa: PLC0415
+    from dra_driver.sharing.mpsdaemon import MpsDaemons  # noqa: PLC0415
+    from dra_driver.sim.fakedriver import make_fake_driver  # noqa: PLC0415
 
     fake = make_fake_driver(tmp_path)
     client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.checkpoint import (
+from dra_driver.errors import CheckpointCorrupt
+from dra_driver.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -22,7 +23,6 @@ from dra_driver.checkpoint import (
     decode,
     read_state,
 )
-from dra_driver.errors import CheckpointCorrupt
 
 
 def record(uid: str, phase: str = PREPARE_COMPLETED) -> ClaimRecord:

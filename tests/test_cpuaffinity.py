@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dra_driver.cpuaffinity import chosen_cpu
+from dra_driver.node.cpuaffinity import chosen_cpu
 
 
 def test_the_highest_numbered_allowed_cpu_is_chosen_and_one_cpu_leaves_nothing_to_choose() -> None:
@@ -26,7 +26,7 @@ def test_every_thread_of_the_process_is_kept_on_the_chosen_cpu() -> None:
         pytest.skip("this process may run on one CPU only: nothing to choose")
     script = """
 import os, threading
-from dra_driver.cpuaffinity import pin_to_one_cpu
+from dra_driver.node.cpuaffinity import pin_to_one_cpu
 go = threading.Event()
 before = threading.Thread(target=go.wait)
 before.start()

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_the_demo_publishes_prepares_and_unprepares_through_the_real_agent() -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}  # no KUBECONFIG: the local API server
     result = subprocess.run(
-        [sys.executable, "-m", "dra_driver.demo"],
+        [sys.executable, "-m", "dra_driver.sim.demo"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -56,7 +56,7 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.gpus.fakedriver import (
+from dra_driver.sim.fakedriver import (
     LIBRARIES,
     make_device_nodes,
     make_fake_driver,
@@ -64,8 +64,8 @@ from dra_driver.gpus.fakedriver import (
     read_time_slices,
     simulated_inventory,
 )
-from dra_driver.gpus.profiles import DRIVER_VERSION
-from dra_driver.localapi import FakeKubeApi, free_port
+from dra_driver.sim.localapi import FakeKubeApi, free_port
+from dra_driver.sim.profiles import DRIVER_VERSION
 from tests import exposition
 from tests.claimdata import allocated_claim, opaque
 from tests.podman import BUSYBOX, busybox_rootfs, containers_conf, missing, podman_env
@@ -91,9 +91,9 @@ def _missing() -> str:
 
 
 def cdi_hook_built() -> bool:
-    from dra_driver import cdihook  # noqa: PLC0415
+    from dra_driver.cdi import hook  # noqa: PLC0415
 
-    return cdihook.PACKAGED_BINARY.is_file()
+    return hook.PACKAGED_BINARY.is_file()
 
 
 pytestmark = [
@@ -544,8 +544,8 @@ def test_the_deployed_agent_runs_an_mps_daemon_its_containers_are_clients_of(
     kubelet runs it in the node's mount namespace; the tmpfs the agent mounts in its pod reaches
     the node through the plugin directory's Bidirectional mount, where podman's container and
     the daemon see it; unprepare removes all of it."""
-    from dra_driver.gpus.fakedriver import read_compute_modes, read_mps_control_calls  # noqa: PLC0415
-    from dra_driver.localkubelet import DeploymentKubelet  # noqa: PLC0415
+    from dra_driver.sim.fakedriver import read_compute_modes, read_mps_control_calls  # noqa: PLC0415
+    from dra_driver.sim.localkubelet import DeploymentKubelet  # noqa: PLC0415
 
     api = FakeKubeApi(tls_dir=work / "tls", token="agent-token").start()
     node = None

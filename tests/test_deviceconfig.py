@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver import deviceconfig
-from dra_driver.deviceconfig import (
+from dra_driver.errors import ConfigDecodeError, ConfigNotSupported
+from dra_driver.prepare import deviceconfig
+from dra_driver.prepare.deviceconfig import (
     ALL_DRIVER_CAPABILITIES,
     DEFAULT_DRIVER_CAPABILITIES,
     GpuConfig,
@@ -24,7 +25,6 @@ from dra_driver.deviceconfig import (
     driver_capabilities,
     to_json,
 )
-from dra_driver.errors import ConfigDecodeError, ConfigNotSupported
 from dra_driver.quantity import parse_quantity
 
 API = "resource.nvidia.com/v1beta1"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dra_driver.devicehealth import (
+from dra_driver.devices import Taint, node_devices, with_taints
+from dra_driver.health.decisions import (
     DEFAULT_IGNORED_XIDS,
     MAX_HEALTH_TAINTS,
     EccObserved,
@@ -17,8 +18,7 @@ from dra_driver.devicehealth import (
     gpu_targets,
     parse_xids,
 )
-from dra_driver.devices import Taint, node_devices, with_taints
-from dra_driver.gpus.fakedriver import simulated_inventory
+from dra_driver.sim.fakedriver import simulated_inventory
 
 GPU = GpuTarget(0, "GPU-0", "gpu-0", ("gpu-0",))
 MIG = GpuTarget(

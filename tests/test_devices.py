@@ -26,8 +26,8 @@ from dra_driver.devices import (
 )
 from dra_driver.errors import DeviceModelError
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance, MigPlacement, MigProfile
-from dra_driver.gpus.profiles import HARDWARE_PROFILES
-from dra_driver.gpus.simulated import discover_simulated
+from dra_driver.sim.nvml import discover_simulated
+from dra_driver.sim.profiles import HARDWARE_PROFILES
 
 DRIVER = "gpu.nvidia.com"
 MIB = 1024 * 1024

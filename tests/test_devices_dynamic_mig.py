@@ -28,15 +28,15 @@ from dra_driver.devices import (
 )
 from dra_driver.errors import DeviceModelError, PublishError
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.simulated import discover_simulated
-from dra_driver.localapi import validate_slice
-from dra_driver.slices import (
+from dra_driver.publish.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS,
     build_slices,
     convert_slice,
     plan_sync,
 )
+from dra_driver.sim.localapi import validate_slice
+from dra_driver.sim.nvml import discover_simulated
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"

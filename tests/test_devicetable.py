@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.devicetable import device_rows, render
+from dra_driver.devices.table import device_rows, render
 
 
 def _slice(name: str, devices: list[dict[str, Any]]) -> dict[str, Any]:

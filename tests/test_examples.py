@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_driver import deviceconfig
+from dra_driver.prepare import deviceconfig
 from dra_driver.scheduling import cel
 from tests.claimdata import allocated_claim, opaque
 from tests.test_mps import Env, mps_node

@@ -6,7 +6,7 @@ The line format is defined in docs/explain.md:
     #                     [consumable-shares=MODE]
     # expect: unsatisfiable
 
-It is checked with ``gpu-dra explain`` against the demo node (``dra_driver.demo``), built by the
+It is checked with ``gpu-dra explain`` against the demo node (``dra_driver.sim.demo``), built by the
 real simulated-GPU pipeline; the examples in ``dynamic-mig/`` against two H100s in MIG mode
 published with ``--mig-mode dynamic``.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.demo import DEMO_NODE, DEMO_SIMULATE
 from dra_driver.scheduling.explain import main, simulated_slices
+from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.rglob("*.yaml"))

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.deviceclasses import class_expression, default_device_classes
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.devices.classes import class_expression, default_device_classes
 from dra_driver.scheduling.explain import allocate, main, simulated_slices
+from dra_driver.sim.localapi import FakeKubeApi
 
 SIMULATE = "h100:2,l4:1"
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.deviceclasses import default_device_classes
+from dra_driver.devices.classes import default_device_classes
 from dra_driver.quantity import parse_quantity
 from dra_driver.scheduling.explain import allocate, main, result_json, simulated_slices
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.demo import DEMO_NODE, DEMO_SIMULATE
 from dra_driver.scheduling.explain import main
+from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 H100_MIB = 81559

@@ -10,13 +10,13 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_driver.devicehealth import EccObserved, GpuChecked, XidObserved
 from dra_driver.errors import HealthWatchError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.healthwatch import NvmlHealthWatch
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.injector import SimulatedFault
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
+from dra_driver.health.decisions import EccObserved, GpuChecked, XidObserved
+from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 
 SPEC = "h100:1,t4:1,a100-40gb:1:mig=3g.20gb+2g.10gb,l4:1:no-events"
 

@@ -27,7 +27,7 @@ from dra_driver.gpus.nvml import (
     numa_node,
     pcie_root,
 )
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
+from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 
 DATA = json.loads((Path(__file__).parent / "data" / "gpu_profiles.json").read_text())
 PRODUCTS = [key for key in DATA if key not in ("_comment", "lgipp")]

@@ -10,13 +10,13 @@ import pynvml
 import pytest
 
 from dra_driver.errors import SimulationSpecError
-from dra_driver.gpus.profiles import HARDWARE_PROFILES, hardware_profile
-from dra_driver.gpus.simulated import (
+from dra_driver.sim.nvml import (
     build_node,
     discover_simulated,
     parse_spec,
     simulated_nvml,
 )
+from dra_driver.sim.profiles import HARDWARE_PROFILES, hardware_profile
 
 
 def test_groups_expand_to_gpus_in_spec_order() -> None:

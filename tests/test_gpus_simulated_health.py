@@ -14,8 +14,8 @@ import pynvml
 import pytest
 
 from dra_driver.errors import SimulationSpecError
-from dra_driver.gpus.injector import SimulatedFault, append_fault
-from dra_driver.gpus.simulated import (
+from dra_driver.sim.faults import SimulatedFault, append_fault
+from dra_driver.sim.nvml import (
     SHUTDOWN_C,
     SLOWDOWN_C,
     SimulatedNode,

@@ -18,8 +18,8 @@ from dra_driver.errors import MigFailed, SimulationSpecError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.migmanager import MigManager
-from dra_driver.gpus.profiles import HARDWARE_PROFILES
-from dra_driver.gpus.simulated import SimulatedNode, discover_simulated, simulated_nvml
+from dra_driver.sim.nvml import SimulatedNode, discover_simulated, simulated_nvml
+from dra_driver.sim.profiles import HARDWARE_PROFILES
 
 A100 = HARDWARE_PROFILES["a100-40gb"]
 ID = {p.name: p.profile_id for p in A100.gpu_instance_profiles}  # e.g. "3g.20gb" -> 9

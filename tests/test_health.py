@@ -17,14 +17,15 @@ import pytest
 
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.agent import Discovery
-from dra_driver.config import Config
 from dra_driver.errors import DiscoveryError, DraError
 from dra_driver.gpus import nvml
-from dra_driver.health import Heartbeat, ProbeServer, SocketChecker, heartbeat_problems
+from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.node.agent import Discovery
+from dra_driver.node.config import Config
+from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.test_plugin_server import inventory, make_config, start_plugin
 
 

@@ -18,17 +18,17 @@ import pytest
 
 from dra_driver._proto.health_v1alpha1 import api_pb2 as health
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
-from dra_driver.devicehealth import HealthPolicy
 from dra_driver.devices import node_devices
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.injector import SimulatedFault
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
-from dra_driver.healthmonitor import HealthMonitor
+from dra_driver.health.decisions import HealthPolicy
+from dra_driver.health.monitor import HealthMonitor
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
 from dra_driver.plugin.server import node_event_reporter
-from dra_driver.publisher import Backoff, Publisher
+from dra_driver.publish.publisher import Backoff, Publisher
+from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from tests.test_plugin_server import start_plugin
 
 NODE = "node1"

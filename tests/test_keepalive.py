@@ -27,11 +27,10 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from urllib3.exceptions import InsecureRequestWarning
 
-from dra_driver import keepalive
 from dra_driver.errors import KubeError, KubeForbidden, KubeUnavailable
-from dra_driver.keepalive import KeepAliveGetter, TlsSource
-from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.kube import KubeClient, keepalive
+from dra_driver.kube.keepalive import KeepAliveGetter, TlsSource
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 
 
@@ -828,7 +827,7 @@ def test_a_rotated_client_certificate_is_used_from_the_next_get(
         # a rotation half done: the new certificate beside the old key cannot be loaded, so
         # the old material (and the connection made with it) stays in use
         _replace(tmp_path / "tls.crt", (pki / "client-b.crt").read_bytes())
-        with caplog.at_level(logging.WARNING, logger="dra_driver.keepalive"):
+        with caplog.at_level(logging.WARNING, logger="dra_driver.kube.keepalive"):
             assert _client_cn(getter) == "client-a"
             assert _client_cn(getter) == "client-a"
         said = [r for r in caplog.records if "cannot be loaded" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""kube.py through the real kubernetes client, over HTTP, against dra_driver/localapi.py."""
+"""kube.py through the real kubernetes client, over HTTP, against dra_driver/sim/localapi.py."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from dra_driver.errors import (
     KubeUnavailable,
 )
 from dra_driver.kube import API_PERMISSIONS, EXPLAIN_PERMISSIONS, KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.slices import build_slices, to_api_objects
+from dra_driver.publish.slices import build_slices, to_api_objects
+from dra_driver.sim.localapi import FakeKubeApi
 
 DRIVER = "gpu.nvidia.com"
 
@@ -525,7 +525,7 @@ def test_the_agent_path_loads_none_of_the_clients_model_machinery(tmp_path: Path
     api.add_node("node1")
     script = f"""
 import sys
-import dra_driver.agent, dra_driver.cli
+import dra_driver.node.agent, dra_driver.cli
 from kubernetes.client.configuration import Configuration
 from dra_driver.kube import KubeClient
 configuration = Configuration(host={api.url!r})
@@ -535,7 +535,7 @@ kube.list_slices(driver_name="gpu.nvidia.com", node_name="node1")
 kube.close()
 heavy = ["pydantic", "dateutil", "kubernetes.client.api_client", "kubernetes.client.models",
          "multiprocessing.pool", "yaml", "oauthlib", "requests", "celpy",
-         "dra_driver.scheduling", "dra_driver.deviceconfig", "kubernetes.watch"]
+         "dra_driver.scheduling", "dra_driver.prepare.deviceconfig", "kubernetes.watch"]
 loaded = [name for name in heavy if name in sys.modules]
 assert not loaded, loaded
 from kubernetes.client import ApiClient  # the package's names on demand
@@ -561,7 +561,7 @@ def test_the_stand_in_server_answers_a_get_after_the_latency_asked_for(
     latency asked for has passed since the request arrived, its own work included (here made
     10 ms long: not that work plus a sleep of the whole latency), and records what each answer
     took."""
-    from dra_driver import localapi  # noqa: PLC0415
+    from dra_driver.sim import localapi  # noqa: PLC0415
     from tests.claimdata import allocated_claim  # noqa: PLC0415
 
     serve = localapi._Handler._serve

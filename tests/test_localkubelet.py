@@ -1,4 +1,4 @@
-"""The stand-in kubelet for Deployments (dra_driver/localkubelet.py) against the local API
+"""The stand-in kubelet for Deployments (dra_driver/sim/localkubelet.py) against the local API
 server: what the MPS tests rely on it for, checked on plain shell commands."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.localkubelet import DeploymentKubelet, map_path, pod_command
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localkubelet import DeploymentKubelet, map_path, pod_command
 
 
 def deployment(name: str, script: str, *, node: str = "n1", host: str = "/") -> dict[str, object]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver import log
+from dra_driver.node import log
 
 logger = logging.getLogger("dra_driver.test")
 

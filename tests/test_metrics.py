@@ -31,12 +31,12 @@ from dra_driver.errors import (
     PrepareError,
     ShareEnforcementFailed,
 )
-from dra_driver.http_server import HttpServer, metrics_server
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.metrics import CONTENT_TYPE, CollectedGauge, DriverMetrics, Registry, render
+from dra_driver.node.http_server import HttpServer, metrics_server
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES, error_type
+from dra_driver.sim.localapi import FakeKubeApi, free_port
 from tests import exposition
 from tests.claimdata import allocated_claim, new_uid
 from tests.test_plugin_server import channel, start_plugin, v1_claim

@@ -23,25 +23,26 @@ from typing import Any
 
 import pytest
 
-from dra_driver import cdi, mps
-from dra_driver.checkpoint import PREPARE_COMPLETED
-from dra_driver.demo import DEMO_SIMULATE
+from dra_driver import cdi
 from dra_driver.errors import ConfigDecodeError, ConfigNotSupported, DeviceConflict, MpsFailed
-from dra_driver.gpus.fakedriver import (
+from dra_driver.gpus.info import Inventory
+from dra_driver.kube import KubeClient
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.sharing import mps
+from dra_driver.sharing.mpsdaemon import MpsDaemons
+from dra_driver.sharing.shares import DISABLED, SharesMode
+from dra_driver.sharing.timeslice import NvidiaSmi
+from dra_driver.sim.demo import DEMO_SIMULATE
+from dra_driver.sim.fakedriver import (
     MPS_CONTROL_FAIL,
     MPS_CONTROL_HANG,
     FakeDriver,
     make_fake_driver,
     simulated_inventory,
 )
-from dra_driver.gpus.info import Inventory
-from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.localkubelet import DeploymentKubelet
-from dra_driver.mpsdaemon import MpsDaemons
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.shares import DISABLED, SharesMode
-from dra_driver.timeslice import NvidiaSmi
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localkubelet import DeploymentKubelet
 from tests.claimdata import ClaimStore, allocated_claim, opaque
 from tests.nodestorage import open_node_storage
 
@@ -593,8 +594,8 @@ def test_a_refused_limit_fails_the_claim_and_leaves_nothing(env: Env) -> None:
 def test_the_simulated_nvml_reports_the_compute_mode_the_stand_in_nvidia_smi_set(env: Env) -> None:
     import pynvml  # noqa: PLC0415
 
-    from dra_driver.gpus.fakedriver import NVIDIA_SMI_COMPUTE_MODES  # noqa: PLC0415
-    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+    from dra_driver.sim.fakedriver import NVIDIA_SMI_COMPUTE_MODES  # noqa: PLC0415
+    from dra_driver.sim.nvml import simulated_nvml  # noqa: PLC0415
 
     claim = env.store.add(allocated_claim(name="c", devices=["gpu-2"], configs=[mps_config()]))
     modes = env.fake.nvidia_smi_dir / NVIDIA_SMI_COMPUTE_MODES

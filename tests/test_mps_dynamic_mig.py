@@ -24,23 +24,24 @@ from typing import Any
 
 import pytest
 
-from dra_driver import cdi, mps
-from dra_driver.checkpoint import PREPARE_COMPLETED
+from dra_driver import cdi
 from dra_driver.devices import mig_device_name, node_devices
 from dra_driver.errors import MpsFailed, PrepareError
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import MPS_CONTROL_FAIL, FakeDriver, make_fake_driver
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.migmanager import MigManager, MigSlot
-from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.localkubelet import DeploymentKubelet
-from dra_driver.miginstances import DynamicMig
-from dra_driver.mpsdaemon import MpsDaemons
+from dra_driver.mig.instances import DynamicMig
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.shares import DISABLED, SharesMode, parse_mode, shareable
-from dra_driver.timeslice import NvidiaSmi
+from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.sharing import mps
+from dra_driver.sharing.mpsdaemon import MpsDaemons
+from dra_driver.sharing.shares import DISABLED, SharesMode, parse_mode, shareable
+from dra_driver.sharing.timeslice import NvidiaSmi
+from dra_driver.sim.fakedriver import MPS_CONTROL_FAIL, FakeDriver, make_fake_driver
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localkubelet import DeploymentKubelet
+from dra_driver.sim.nvml import simulated_nvml
 from tests.claimdata import ClaimStore, allocated_claim, new_uid
 from tests.nodestorage import open_node_storage
 from tests.test_mps import NAMESPACE, mounts_under, mps_config

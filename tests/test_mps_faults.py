@@ -25,15 +25,15 @@ import pytest
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.gpus.fakedriver import (
+from dra_driver.sim.fakedriver import (
     MPS_CONTROL_HANG,
     make_fake_driver,
     read_compute_modes,
     read_mps_control_calls,
     simulated_inventory,
 )
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.localkubelet import DeploymentKubelet
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localkubelet import DeploymentKubelet
 from tests.claimdata import allocated_claim, opaque
 from tests.test_plugin_faults import (
     GPUS,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dra_driver.errors import ConfigNotSupported
-from dra_driver.shares import parse_mode
+from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid
 from tests.test_mps import NAMESPACE, Env, mounts_under, mps_config, mps_node
 

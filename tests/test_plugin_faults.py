@@ -22,12 +22,12 @@ from typing import Any
 import grpc
 import pytest
 
-from dra_driver import checkpoint
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.gpus.fakedriver import (
+from dra_driver.prepare import checkpoint
+from dra_driver.sim.fakedriver import (
     NVIDIA_SMI_HANG,
     NVIDIA_SMI_HANGING,
     make_fake_driver,
@@ -35,7 +35,7 @@ from dra_driver.gpus.fakedriver import (
     read_time_slices,
     simulated_inventory,
 )
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, opaque
 from tests.spares import held, spares_in
 

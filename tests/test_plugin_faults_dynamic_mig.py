@@ -21,8 +21,8 @@ import pytest
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.devices import mig_device_name
-from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 from tests.test_plugin_faults import PluginProcess, check_node, claim_ref, kill_mid_calls, send
 

@@ -1,5 +1,5 @@
 """KubeletPlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
-real Kubernetes client from the local API server (dra_driver/localapi.py), real files."""
+real Kubernetes client from the local API server (dra_driver/sim/localapi.py), real files."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ from dra_driver._proto.health_v1alpha1 import api_pb2 as health
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.config import Config
 from dra_driver.errors import ConfigError
 from dra_driver.fsutil import in_memory_fs
-from dra_driver.gpus.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
 from dra_driver.metrics import DriverMetrics, Registry
+from dra_driver.node.config import Config
 from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
-from dra_driver.shares import ShareEnforcer
+from dra_driver.sharing.shares import ShareEnforcer
+from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
+from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, new_uid
 from tests.shareenforcer import RecordingEnforcer
 from tests.spares import held, spares_in

@@ -19,14 +19,6 @@ from typing import Any
 import pytest
 
 from dra_driver import cdi
-from dra_driver import checkpoint as checkpoint_module
-from dra_driver.checkpoint import (
-    PREPARE_COMPLETED,
-    PREPARE_STARTED,
-    Checkpoint,
-    ClaimRecord,
-    PreparedDevice,
-)
 from dra_driver.errors import (
     CdiError,
     CheckpointError,
@@ -36,7 +28,17 @@ from dra_driver.errors import (
     PrepareError,
     TimeSliceFailed,
 )
-from dra_driver.gpus.fakedriver import (
+from dra_driver.prepare import ClaimRef, Preparer, checkpoint, device_targets
+from dra_driver.prepare.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimRecord,
+    PreparedDevice,
+)
+from dra_driver.sharing.shares import DISABLED, ShareEnforcer, SharesMode
+from dra_driver.sharing.timeslice import NvidiaSmi, TimeSlicer
+from dra_driver.sim.fakedriver import (
     NVIDIA_SMI_FAIL,
     NVIDIA_SMI_HANG,
     NVIDIA_SMI_STATE,
@@ -44,9 +46,6 @@ from dra_driver.gpus.fakedriver import (
     make_fake_driver,
     simulated_inventory,
 )
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.shares import DISABLED, ShareEnforcer, SharesMode
-from dra_driver.timeslice import NvidiaSmi, TimeSlicer
 from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
 from tests.nodestorage import open_node_storage
 
@@ -717,7 +716,7 @@ def test_unprepare_appends_without_a_sync_and_prepare_syncs_before_the_spec_appe
     env.preparer.unprepare(env.ref(claim))
     assert [e for e in events if "sync" in e] == []
     assert not env.specs.path_for(uid).exists()
-    _, on_disk = checkpoint_module.read_state(env.checkpoint.path)
+    _, on_disk = checkpoint.read_state(env.checkpoint.path)
     assert uid not in on_disk  # read from the files, as a restarted plugin reads them
 
 
@@ -821,7 +820,8 @@ def test_specs_from_before_the_boot_are_not_rebuilt_as_prepared(env: Env) -> Non
 
 @pytest.mark.parametrize("device_type", ["gpu", "mig"])
 def test_the_default_config_is_recorded_as_deviceconfig_writes_it(device_type: str) -> None:
-    from dra_driver import deviceconfig, prepare  # noqa: PLC0415
+    from dra_driver import prepare  # noqa: PLC0415
+    from dra_driver.prepare import deviceconfig  # noqa: PLC0415
 
     default = deviceconfig.default_for("gpu" if device_type == "gpu" else "mig")
     assert prepare.default_config_json(device_type) == deviceconfig.to_json(default)
@@ -832,15 +832,15 @@ def test_claims_without_opaque_configs_never_load_the_config_models(tmp_path: Pa
     script = f"""
 import sys
 from pathlib import Path
-import dra_driver.agent
-assert "dra_driver.deviceconfig" not in sys.modules, "loaded at import"
+import dra_driver.node.agent
+assert "dra_driver.prepare.deviceconfig" not in sys.modules, "loaded at import"
 from tests.test_prepare import build_env
 from tests.claimdata import allocated_claim
 env = build_env(Path({str(tmp_path)!r}))
 claim = env.store.add(allocated_claim(name="c", devices=["gpu-0"]))
 assert env.preparer.prepare(env.ref(claim))[0].config["kind"] == "GpuConfig"
 env.preparer.close()
-assert "dra_driver.deviceconfig" not in sys.modules, "loaded by a prepare without configs"
+assert "dra_driver.prepare.deviceconfig" not in sys.modules, "loaded by a prepare without configs"
 print("ok")
 """
     repo = Path(__file__).resolve().parents[1]

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from dra_driver.checkpoint import (
+from dra_driver.devices import mig_device_name
+from dra_driver.errors import DeviceConflict, MigFailed, PrepareError
+from dra_driver.gpus.info import GpuInfo
+from dra_driver.mig.instances import DynamicMig, overlaps
+from dra_driver.prepare import device_targets
+from dra_driver.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
     PreparedDevice,
 )
-from dra_driver.devices import mig_device_name
-from dra_driver.errors import DeviceConflict, MigFailed, PrepareError
-from dra_driver.gpus.info import GpuInfo
-from dra_driver.miginstances import DynamicMig, overlaps
-from dra_driver.prepare import device_targets
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.dynamicnode import DynamicNode, open_node
 
@@ -333,8 +333,8 @@ def test_an_instance_made_by_hand_between_the_check_and_the_create_is_never_dest
 
 
 def test_a_mig_mode_other_than_static_or_dynamic_is_refused_naming_the_flag() -> None:
-    from dra_driver.config import Config  # noqa: PLC0415
     from dra_driver.errors import ConfigError  # noqa: PLC0415
+    from dra_driver.node.config import Config  # noqa: PLC0415
 
     with pytest.raises(
         ConfigError, match=r"--mig-mode \(MIG_MODE\): 'auto': use static or dynamic"
@@ -350,10 +350,10 @@ def test_an_xid_of_a_created_instance_marks_that_dynamic_device_once_rediscovere
     the dynamic device of the same name prepare accepts, and no other device."""
     import time  # noqa: PLC0415
 
-    from dra_driver.devicehealth import HealthPolicy  # noqa: PLC0415
     from dra_driver.devices import Taint  # noqa: PLC0415
-    from dra_driver.gpus.injector import SimulatedFault  # noqa: PLC0415
-    from dra_driver.healthmonitor import HealthMonitor  # noqa: PLC0415
+    from dra_driver.health.decisions import HealthPolicy  # noqa: PLC0415
+    from dra_driver.health.monitor import HealthMonitor  # noqa: PLC0415
+    from dra_driver.sim.faults import SimulatedFault  # noqa: PLC0415
 
     class Taints:
         def set_taints(self, taints: Any) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from dra_driver.checkpoint import PREPARE_COMPLETED
 from dra_driver.errors import ConfigNotSupported, DeviceConflict, PrepareError
 from dra_driver.prepare import ClaimRef
-from dra_driver.shares import parse_mode
+from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid
 from tests.shareenforcer import RecordingEnforcer
 from tests.test_prepare import MIG_3G, VENDOR, Env, build_env

@@ -16,20 +16,20 @@ from typing import Any
 
 import pytest
 
-from dra_driver import shares
-from dra_driver.checkpoint import (
+from dra_driver.devices import mig_device_name, node_devices
+from dra_driver.errors import DeviceConflict, ForeignMigInstances, PrepareError
+from dra_driver.gpus import nvml
+from dra_driver.gpus.info import Inventory
+from dra_driver.mig.instances import DynamicMig
+from dra_driver.prepare import device_targets
+from dra_driver.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
     PreparedDevice,
 )
-from dra_driver.devices import mig_device_name, node_devices
-from dra_driver.errors import DeviceConflict, ForeignMigInstances, PrepareError
-from dra_driver.gpus import nvml
-from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.simulated import simulated_nvml
-from dra_driver.miginstances import DynamicMig
-from dra_driver.prepare import device_targets
+from dra_driver.sharing import shares
+from dra_driver.sim.nvml import simulated_nvml
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.dynamicnode import DynamicNode, open_node
 from tests.shareenforcer import RecordingEnforcer

@@ -1,4 +1,4 @@
-"""The publisher against dra_driver/localapi.py, through kube.KubeClient and the real client."""
+"""The publisher against dra_driver/sim/localapi.py, through kube.KubeClient and the real client."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from dra_driver.devices import (
     Taint,
     node_devices,
 )
-from dra_driver.gpus.simulated import discover_simulated
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import FakeKubeApi
-from dra_driver.publisher import Backoff, Publisher
+from dra_driver.publish.publisher import Backoff, Publisher
+from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.nvml import discover_simulated
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"
@@ -228,7 +228,7 @@ def test_an_unreachable_api_server_is_retried_until_it_comes_up(
         node_devices=NodeDevices(devices=(gpu(0),)),
         backoff=FAST,
     )
-    caplog.set_level(logging.WARNING, logger="dra_driver.publisher")
+    caplog.set_level(logging.WARNING, logger="dra_driver.publish.publisher")
     publisher.start()
     try:
         assert wait_for(lambda: "unreachable" in (publisher.status().last_error or ""), 3)
@@ -246,7 +246,7 @@ def test_an_unreachable_api_server_is_retried_until_it_comes_up(
 def test_a_missing_rbac_permission_is_named_and_retried(
     kubeapi: FakeKubeApi, start: Callable[..., Publisher], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="dra_driver.publisher")
+    caplog.set_level(logging.ERROR, logger="dra_driver.publish.publisher")
     kubeapi.forbid("create", "resourceslices")
     publisher = start(NodeDevices(devices=(gpu(0),)))
     expected = "forbidden: the ServiceAccount may not 'create' resourceslices.resource.k8s.io"
@@ -260,7 +260,7 @@ def test_a_missing_rbac_permission_is_named_and_retried(
 def test_fields_dropped_by_a_disabled_gate_are_logged_once_without_an_update_loop(
     kubeapi: FakeKubeApi, start: Callable[..., Publisher], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="dra_driver.publisher")
+    caplog.set_level(logging.WARNING, logger="dra_driver.publish.publisher")
     kubeapi.drop_fields(device_fields=["taints"])
     taint = Taint(key="gpu.nvidia.com/gpu-lost", value="", effect="NoSchedule")
     publisher = start(NodeDevices(devices=(gpu(0, taints=(taint,)), gpu(1))))
@@ -339,7 +339,7 @@ def test_unexpected_errors_are_logged_and_retried_instead_of_ending_the_threads(
         node_devices=NodeDevices(devices=(gpu(0),)),
         backoff=FAST,
     )
-    caplog.set_level(logging.ERROR, logger="dra_driver.publisher")
+    caplog.set_level(logging.ERROR, logger="dra_driver.publish.publisher")
     publisher.start()
     try:
         assert publisher.wait_synced(5), publisher.status().last_error

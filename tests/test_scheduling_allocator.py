@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.deviceclasses import default_device_classes
+from dra_driver.devices.classes import default_device_classes
 from dra_driver.errors import CelCompileError, ExplainError
 from dra_driver.scheduling.allocator import (
     AllocationResult,

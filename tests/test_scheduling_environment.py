@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.deviceclasses import default_device_classes
+from dra_driver.devices.classes import default_device_classes
 from dra_driver.errors import CelCompileError, CelRuntimeError
 from dra_driver.scheduling import environment
 from dra_driver.scheduling.cel import compile_expression, compile_selector

@@ -11,11 +11,10 @@ import pytest
 
 from dra_driver.devices import Device, NodeDevices, RequestPolicy, node_devices, validate_device
 from dra_driver.errors import DeviceModelError
-from dra_driver.gpus.simulated import discover_simulated
-from dra_driver.localapi import validate_slice
+from dra_driver.publish.slices import build_slices, plan_sync
 from dra_driver.quantity import parse_quantity
 from dra_driver.scheduling.allocator import ExactRequest, capacity_problem, parse_slice
-from dra_driver.shares import (
+from dra_driver.sharing.shares import (
     DISABLED,
     SharesMode,
     parse_mode,
@@ -24,10 +23,11 @@ from dra_driver.shares import (
     share_env,
     shareable,
 )
-from dra_driver.shares import (
+from dra_driver.sharing.shares import (
     capacity_problem as shares_capacity_problem,
 )
-from dra_driver.slices import build_slices, plan_sync
+from dra_driver.sim.localapi import validate_slice
+from dra_driver.sim.nvml import discover_simulated
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"

@@ -11,7 +11,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dra_driver.devicehealth import MAX_HEALTH_TAINTS
 from dra_driver.devices import (
     CounterConsumption,
     CounterSet,
@@ -23,9 +22,8 @@ from dra_driver.devices import (
     with_taints,
 )
 from dra_driver.errors import PublishError
-from dra_driver.gpus.simulated import discover_simulated
-from dra_driver.localapi import validate_slice
-from dra_driver.slices import (
+from dra_driver.health.decisions import MAX_HEALTH_TAINTS
+from dra_driver.publish.slices import (
     DesiredPool,
     SliceContent,
     build_slices,
@@ -37,6 +35,8 @@ from dra_driver.slices import (
     slice_to_v1,
     to_api_objects,
 )
+from dra_driver.sim.localapi import validate_slice
+from dra_driver.sim.nvml import discover_simulated
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"

@@ -17,17 +17,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver import devices, slices
+from dra_driver import devices
 from dra_driver.errors import MetricsUnavailable
 from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import NvmlReader
-from dra_driver.gpus.simulated import simulated_nvml
-from dra_driver.http_server import Answer, HttpServer, metrics_server
 from dra_driver.kube import STATUS_PERMISSIONS
-from dra_driver.localapi import FakeKubeApi, free_port
 from dra_driver.metrics import Registry
-from dra_driver.status import DEFAULT_AGENT_SELECTOR, main, watch
-from dra_driver.telemetry import ClaimHolder, Telemetry
+from dra_driver.node.http_server import Answer, HttpServer, metrics_server
+from dra_driver.publish import slices
+from dra_driver.sim.localapi import FakeKubeApi, free_port
+from dra_driver.sim.nvml import simulated_nvml
+from dra_driver.telemetry.sampler import ClaimHolder, Telemetry
+from dra_driver.telemetry.status import DEFAULT_AGENT_SELECTOR, main, watch
 from tests.claimdata import allocated_claim
 
 NODE = "gpu-node-1"

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.checkpoint import ClaimRecord, PreparedDevice
 from dra_driver.errors import CheckpointError
 from dra_driver.gpus import nvml
-from dra_driver.gpus.fakedriver import simulated_inventory
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.readings import NvmlReader
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
-from dra_driver.health import Heartbeat
-from dra_driver.http_server import metrics_server
+from dra_driver.heartbeat import Heartbeat
 from dra_driver.metrics import DriverMetrics, Registry
-from dra_driver.telemetry import (
+from dra_driver.node.http_server import metrics_server
+from dra_driver.prepare.checkpoint import ClaimRecord, PreparedDevice
+from dra_driver.sim.fakedriver import simulated_inventory
+from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
+from dra_driver.telemetry.sampler import (
     METRIC_NAMES,
     ClaimHolder,
     Holders,

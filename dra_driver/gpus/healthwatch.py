@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from dra_driver.devicehealth import EccObserved, GpuChecked, Observation, XidObserved
 from dra_driver.errors import HealthWatchError
 from dra_driver.gpus.info import GpuInfo
+from dra_driver.health.decisions import EccObserved, GpuChecked, Observation, XidObserved
 
 logger = logging.getLogger(__name__)
 

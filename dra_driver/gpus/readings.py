@@ -28,7 +28,7 @@ from typing import Any
 
 import pynvml
 
-from dra_driver.telemetry import Reading, TelemetryTarget
+from dra_driver.telemetry.sampler import Reading, TelemetryTarget
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from functools import partial
 
 from dra_driver._proto.health_v1alpha1 import api_pb2 as health_pb2
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
-from dra_driver.devicehealth import DeviceHealth
+from dra_driver.health.decisions import DeviceHealth
 
 DEFAULT_INTERVAL_S = 10.0
 HEALTH_TIMEOUT_S = 30

@@ -41,29 +41,30 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
-from dra_driver import cdi, cdihook
+from dra_driver import cdi
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
-from dra_driver.config import Config
+from dra_driver.cdi import hook as cdihook
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
-from dra_driver.health import Heartbeat
-from dra_driver.mpsdaemon import DeploymentApi, MpsDaemons
+from dra_driver.heartbeat import Heartbeat
+from dra_driver.node.config import Config
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.prepare import ClaimSource, Preparer, device_targets
-from dra_driver.shares import ShareEnforcer
-from dra_driver.timeslice import NvidiaSmi
+from dra_driver.prepare.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
+from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
+from dra_driver.sharing.shares import ShareEnforcer
+from dra_driver.sharing.timeslice import NvidiaSmi
 
 if TYPE_CHECKING:
     from dra_driver.kube import EventType
     from dra_driver.metrics import DriverMetrics
-    from dra_driver.telemetry import ClaimHolder
+    from dra_driver.telemetry.sampler import ClaimHolder
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class KubeletPlugin:
         mig = None
         if cfg.mig_mode == "dynamic":
             from dra_driver.gpus.migmanager import MigManager  # noqa: PLC0415  (NVML: only then)
-            from dra_driver.miginstances import DynamicMig  # noqa: PLC0415
+            from dra_driver.mig.instances import DynamicMig  # noqa: PLC0415
 
             mig = DynamicMig(MigManager())
         self.preparer = Preparer(
@@ -378,7 +379,7 @@ class KubeletPlugin:
     def device_holders(self) -> dict[str, tuple[ClaimHolder, ...]]:
         """Device name -> the prepared claims holding it, with the pods they are reserved for
         (telemetry's claim labels). Empty before start(); CheckpointError once stopped."""
-        from dra_driver.telemetry import holders_from_records  # noqa: PLC0415  (with metrics)
+        from dra_driver.telemetry.sampler import holders_from_records  # noqa: PLC0415  (with metrics)
 
         if self.preparer is None:
             return {}

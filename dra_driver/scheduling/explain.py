@@ -1,8 +1,8 @@
 """``gpu-dra explain``: what the scheduler would allocate for a claim, or why it cannot.
 
 Reads a ResourceClaim, ResourceClaimTemplate or Pod (with its claims) from YAML, DeviceClasses
-(default: the chart's, ``dra_driver.deviceclasses``), and an inventory: simulated GPUs built by the
-real discovery pipeline (``--simulate``), a file of ResourceSlices, or the live cluster, whose
+(default: the chart's, ``dra_driver.devices.classes``), and an inventory: simulated GPUs built by
+the real discovery pipeline (``--simulate``), a file of ResourceSlices, or the live cluster, whose
 ResourceClaims (the devices in use) and DeviceTaintRules are read too. Runs the allocator
 (``scheduling.allocator``) per node and prints the allocation, or per request why every device was
 rejected, naming the claims that hold the devices in use. Exit code 0: satisfiable, 1: not
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
-from dra_driver.deviceclasses import DEFAULT_DRIVER_NAME, default_device_classes
+from dra_driver.devices.classes import DEFAULT_DRIVER_NAME, default_device_classes
 from dra_driver.errors import DraError, ExplainError, KubeForbidden
 from dra_driver.scheduling import allocator
 from dra_driver.scheduling.allocator import (
@@ -290,9 +290,9 @@ def simulated_slices(
         mig_instance_name,
         node_devices,
     )
-    from dra_driver.gpus.simulated import discover_simulated  # noqa: PLC0415
-    from dra_driver.shares import parse_mode, shareable  # noqa: PLC0415
-    from dra_driver.slices import build_slices, to_api_objects  # noqa: PLC0415
+    from dra_driver.publish.slices import build_slices, to_api_objects  # noqa: PLC0415
+    from dra_driver.sharing.shares import parse_mode, shareable  # noqa: PLC0415
+    from dra_driver.sim.nvml import discover_simulated  # noqa: PLC0415
 
     try:
         mode = parse_mode(consumable_shares)

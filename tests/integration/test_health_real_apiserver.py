@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devicehealth import HealthPolicy
 from dra_driver.devices import Taint, node_devices
-from dra_driver.gpus.injector import SimulatedFault
 from dra_driver.gpus.nvml import discover
-from dra_driver.gpus.simulated import SimulatedNode, simulated_nvml
-from dra_driver.healthmonitor import HealthMonitor
+from dra_driver.health.decisions import HealthPolicy
+from dra_driver.health.monitor import HealthMonitor
 from dra_driver.kube import KubeClient
-from dra_driver.publisher import Backoff, Publisher
+from dra_driver.publish.publisher import Backoff, Publisher
+from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from tests.integration.conftest import RealApiServer
 
 pytestmark = pytest.mark.integration

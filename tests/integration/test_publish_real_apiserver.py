@@ -12,11 +12,11 @@ import pytest
 
 from dra_driver.devices import NodeDevices, node_devices
 from dra_driver.gpus.nvml import discover
-from dra_driver.gpus.simulated import simulated_nvml
 from dra_driver.kube import KubeClient
-from dra_driver.publisher import Backoff, Publisher
-from dra_driver.shares import parse_mode, shareable
-from dra_driver.slices import build_slices, content_of
+from dra_driver.publish.publisher import Backoff, Publisher
+from dra_driver.publish.slices import build_slices, content_of
+from dra_driver.sharing.shares import parse_mode, shareable
+from dra_driver.sim.nvml import simulated_nvml
 from tests.integration.conftest import RealApiServer
 
 pytestmark = pytest.mark.integration

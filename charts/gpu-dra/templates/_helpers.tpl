@@ -60,7 +60,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The selector of a class: the same expression the code ships (dra_driver/deviceclasses.py). */}}
+{{/* The selector of a class: the same expression the code ships (dra_driver/devices/classes.py). */}}
 {{- define "gpu-dra.classExpression" -}}
 {{- $driver := index . 0 }}{{- $type := index . 1 -}}
 device.driver == '{{ $driver }}' && device.attributes['{{ $driver }}'].type == '{{ $type }}'

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dra_driver import mps
 from dra_driver.errors import MpsFailed, ShareEnforcementFailed
-from dra_driver.mpsdaemon import MpsDaemons
+from dra_driver.sharing import mps
+from dra_driver.sharing.mpsdaemon import MpsDaemons
 
 DeviceByUuid = Callable[[str], "mps.MpsDevice | None"]
 """The device of this node with a UUID (GPU-... or MIG-...), None when there is none."""

@@ -30,7 +30,7 @@ from dra_driver.gpus.info import GpuInfo, MigInstance, MigPlacement, MigProfile
 
 if TYPE_CHECKING:  # the NVML side is imported by whoever builds the backend
     from dra_driver.gpus.migmanager import MigSlot
-    from dra_driver.migoff import MigOffMarks
+    from dra_driver.mig.modeswitch import MigOffMarks
 
 
 @dataclass(frozen=True)

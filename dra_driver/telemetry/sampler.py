@@ -37,8 +37,8 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.metrics import render
 
 if TYPE_CHECKING:
-    from dra_driver.checkpoint import ClaimRecord
-    from dra_driver.health import Heartbeat
+    from dra_driver.heartbeat import Heartbeat
+    from dra_driver.prepare.checkpoint import ClaimRecord
 
 log = logging.getLogger(__name__)
 

@@ -63,8 +63,8 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 
 if TYPE_CHECKING:
-    from dra_driver.gpus.injector import SimulatedFault
-from dra_driver.gpus.profiles import (
+    from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.profiles import (
     CUDA_DRIVER_VERSION,
     DRIVER_VERSION,
     GpuInstanceProfile,
@@ -1302,7 +1302,7 @@ class SimulatedHealth:
             self._inbox_lock.release()
 
     def _inject_line(self, line: str) -> None:
-        from dra_driver.gpus.injector import SimulatedFault  # noqa: PLC0415  (rarely needed)
+        from dra_driver.sim.faults import SimulatedFault  # noqa: PLC0415  (rarely needed)
 
         try:
             data = json.loads(line)

@@ -48,8 +48,8 @@ from dra_driver.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
-from dra_driver.keepalive import KeepAliveGetter
-from dra_driver.slices import API_VERSIONS, GROUP, JsonDict, convert_slice, slice_to_v1
+from dra_driver.kube.keepalive import KeepAliveGetter
+from dra_driver.publish.slices import API_VERSIONS, GROUP, JsonDict, convert_slice, slice_to_v1
 
 
 def _without_eager_package_imports(*packages: str) -> None:

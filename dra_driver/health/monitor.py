@@ -33,7 +33,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Protocol
 
-from dra_driver.devicehealth import (
+from dra_driver.devices import Taint
+from dra_driver.errors import DraError, HealthWatchError, PublishError
+from dra_driver.gpus.healthwatch import NvmlHealthWatch
+from dra_driver.gpus.info import GpuInfo, Inventory
+from dra_driver.health.decisions import (
     DeviceHealth,
     GpuTarget,
     HealthBook,
@@ -42,11 +46,7 @@ from dra_driver.devicehealth import (
     Status,
     gpu_targets,
 )
-from dra_driver.devices import Taint
-from dra_driver.errors import DraError, HealthWatchError, PublishError
-from dra_driver.gpus.healthwatch import NvmlHealthWatch
-from dra_driver.gpus.info import GpuInfo, Inventory
-from dra_driver.health import Heartbeat
+from dra_driver.heartbeat import Heartbeat
 from dra_driver.kube import EventType
 
 log = logging.getLogger(__name__)

@@ -34,10 +34,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Protocol, TypeVar
 
-from dra_driver import cdi, mps
+from dra_driver import cdi
 from dra_driver.errors import KubeConflict, KubeError, KubeUnavailable, MpsFailed
 from dra_driver.fsutil import fsync_dir, replace_file
-from dra_driver.timeslice import NvidiaSmi
+from dra_driver.sharing import mps
+from dra_driver.sharing.timeslice import NvidiaSmi
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

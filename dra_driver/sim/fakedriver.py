@@ -32,8 +32,8 @@ from pathlib import Path
 
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
-from dra_driver.gpus.profiles import DRIVER_VERSION
-from dra_driver.gpus.simulated import simulated_nvml
+from dra_driver.sim.nvml import simulated_nvml
+from dra_driver.sim.profiles import DRIVER_VERSION
 
 LIB_DIR = {
     "x86_64": "usr/lib/x86_64-linux-gnu",

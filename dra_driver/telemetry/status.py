@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from dra_driver.config import DEFAULT_DRIVER_NAME
 from dra_driver.errors import ConfigError, DraError, KubeError, MetricsUnavailable
+from dra_driver.node.config import DEFAULT_DRIVER_NAME
 
 CHART_METRICS_PORT = 8080
 DEFAULT_METRICS_URL = f"http://127.0.0.1:{CHART_METRICS_PORT}/metrics"
@@ -375,7 +375,7 @@ def _device_order(key: tuple[str, str], seen: Mapping[tuple[str, str], int]) -> 
 
 def table(report: Report) -> str:
     """The report as an aligned table, notes below it."""
-    from dra_driver.devicetable import render  # noqa: PLC0415
+    from dra_driver.devices.table import render  # noqa: PLC0415
 
     rows = [
         (

@@ -46,17 +46,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from dra_driver import devicetable
 from dra_driver._proto.dra_v1 import api_pb2 as dra_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as dra_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.cdi import CdiSpecDir
-from dra_driver.deviceclasses import default_device_classes
+from dra_driver.devices import table
+from dra_driver.devices.classes import default_device_classes
 from dra_driver.errors import MetricsUnavailable
 from dra_driver.kube import KubeClient
-from dra_driver.localapi import free_port
 from dra_driver.scheduling import explain
+from dra_driver.sim.localapi import free_port
 
 if TYPE_CHECKING:
     from dra_driver.gpus.info import Inventory
@@ -137,8 +137,8 @@ def _wait_for(what: str, probe: Callable[[], T | None], *, timeout_s: float = 20
 
 @contextmanager
 def _local_api_server(workdir: Path) -> Iterator[tuple[Path, Any]]:
-    """The local API server from dra_driver/localapi.py with a Node, and a kubeconfig for it."""
-    from dra_driver.localapi import FakeKubeApi  # noqa: PLC0415  (only the local demo needs it)
+    """The local API server from dra_driver/sim/localapi.py with a Node, and a kubeconfig for it."""
+    from dra_driver.sim.localapi import FakeKubeApi  # noqa: PLC0415  (only the local demo needs it)
 
     api = FakeKubeApi().start()
     try:
@@ -150,7 +150,7 @@ def _local_api_server(workdir: Path) -> Iterator[tuple[Path, Any]]:
 
 def _fake_driver_root(workdir: Path) -> Path:
     """A driver install laid out like a real one, so the CDI spec shows real mounts."""
-    from dra_driver.gpus.fakedriver import make_fake_driver  # noqa: PLC0415
+    from dra_driver.sim.fakedriver import make_fake_driver  # noqa: PLC0415
 
     return make_fake_driver(workdir / "driver").root
 
@@ -240,7 +240,7 @@ def _run(
     time.sleep(0.3)  # let a multi-slice pool finish
     slices = stored_slices() or slices
     _step(f"ResourceSlices stored by the API server for node {node}")
-    print(devicetable.render(devicetable.device_rows(slices)))
+    print(table.render(table.device_rows(slices)))
 
     reg_socket = registry / f"{DRIVER}-reg.sock"
     dra_socket = plugins / DRIVER / "dra.sock"
@@ -373,7 +373,7 @@ def _allocated(claim: dict[str, Any], allocation: dict[str, Any], node: str) -> 
 def _sharing(workdir: Path, *, fake_api: Any, driver_root: Path) -> int:
     """Step 7: shares of gpu-0 enforced by one MPS daemon, and a dynamic MIG device, prepared
     and unprepared through the real agent (local API server, root)."""
-    from dra_driver.localkubelet import DeploymentKubelet  # noqa: PLC0415  (local demo only)
+    from dra_driver.sim.localkubelet import DeploymentKubelet  # noqa: PLC0415  (local demo only)
 
     node = DEMO_NODE
     workdir.mkdir()
@@ -386,7 +386,9 @@ def _sharing(workdir: Path, *, fake_api: Any, driver_root: Path) -> int:
         "--mps-image", "gpu-dra:demo", "--pod-namespace", MPS_NAMESPACE,
     ]  # fmt: skip
     print("    " + " ".join(command[2:]))
-    print("    (the stand-in kubelet of dra_driver/localkubelet.py runs the Deployments the agent")
+    print(
+        "    (the stand-in kubelet of dra_driver/sim/localkubelet.py runs the Deployments the agent"
+    )
     print("    creates for MPS control daemons, as processes of the fake driver root's daemon)")
     kubelet = DeploymentKubelet(fake_api, node_name=node, log_dir=workdir / "pods").start()
     log_path = workdir / "agent.log"
@@ -557,9 +559,9 @@ def _mig_mode(plugins: Path) -> bool:
 def _sharing_node(plugins: Path) -> Inventory:
     """Step 7's GPUs now, as the agent's NVML sees them: discovery in this process over the
     simulated MIG state the agent keeps (config.py)."""
-    from dra_driver.config import simulated_mig_state_path  # noqa: PLC0415
     from dra_driver.gpus import nvml  # noqa: PLC0415
-    from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+    from dra_driver.node.config import simulated_mig_state_path  # noqa: PLC0415
+    from dra_driver.sim.nvml import simulated_nvml  # noqa: PLC0415
 
     state = simulated_mig_state_path(plugins / DRIVER)
     with simulated_nvml(SHARING_SIMULATE, node_name=DEMO_NODE, state_path=state) as sim:
@@ -608,7 +610,7 @@ def _mig_instances(plugins: Path) -> list[str]:
 def _show_status(metrics_url: str, log_path: Path, *, claim: str | None) -> None:
     """The agent's log so far, then ``gpu-dra status`` of the node (once the agent's telemetry
     has sampled ``claim`` holding its device)."""
-    from dra_driver import status  # noqa: PLC0415
+    from dra_driver.telemetry import status  # noqa: PLC0415
 
     def sampled() -> bool:
         try:
@@ -632,7 +634,7 @@ def _health(
     fake_api: Any,
 ) -> None:
     """A GPU falls off the bus and is reset: its taints come and go in the stored slice."""
-    from dra_driver.gpus.injector import main as simulate_event_main  # noqa: PLC0415
+    from dra_driver.sim.faults import main as simulate_event_main  # noqa: PLC0415
 
     def taints_of_gpu_0() -> list[dict[str, Any]]:
         for item in stored_slices() or ():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.config import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR, simulated_faults_path
 from dra_driver.errors import SimulationSpecError
+from dra_driver.node.config import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR, simulated_faults_path
 
 FAULT_KINDS = ("xid", "ecc", "lost", "reset", "temperature", "hang")
 

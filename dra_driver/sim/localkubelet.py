@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi
 
 _RESTART_PAUSE_S = 0.5
 _STOP_GRACE_S = 2.0

@@ -29,10 +29,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from dra_driver import cpuaffinity, devices, log, migoff, shares
-from dra_driver.config import Config
-from dra_driver.devicehealth import HealthPolicy
-from dra_driver.dynamicmig import ManagedMig, recorded_device_names_on_disk
+from dra_driver import devices
 from dra_driver.errors import (
     CdiError,
     ConfigError,
@@ -44,21 +41,28 @@ from dra_driver.errors import (
 )
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
-from dra_driver.health import Heartbeat, ProbeServer, SocketChecker, heartbeat_problems
-from dra_driver.healthmonitor import HealthMonitor
-from dra_driver.http_server import HttpServer, metrics_server
+from dra_driver.health.decisions import HealthPolicy
+from dra_driver.health.monitor import HealthMonitor
+from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import EventType, KubeClient
-from dra_driver.migoff import MARKS_DIRECTORY, MigOffMarks
+from dra_driver.mig import modeswitch
+from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
+from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks
+from dra_driver.node import cpuaffinity, log
+from dra_driver.node.config import Config
+from dra_driver.node.http_server import HttpServer, metrics_server
+from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
-from dra_driver.publisher import Publisher
+from dra_driver.publish.publisher import Publisher
+from dra_driver.sharing import shares
 
 if TYPE_CHECKING:
     from dra_driver import metrics
-    from dra_driver.gpus.simulated import SimulatedNvmlLibrary
-    from dra_driver.telemetry import Telemetry
+    from dra_driver.sim.nvml import SimulatedNvmlLibrary
+    from dra_driver.telemetry.sampler import Telemetry
 
-logger = logging.getLogger("dra_driver.agent")
+logger = logging.getLogger("dra_driver.node.agent")
 
 # A discovery pass takes seconds; one running this long is stuck in NVML (a wedged GPU or
 # driver), and only a restart gets the agent going again.
@@ -74,7 +78,7 @@ class Discovery:
         self._driver_root = config.driver_root_in_container
         self._sysfs_root = nvml.DEFAULT_SYSFS_ROOT
         # Dynamic MIG: GPUs taken out of MIG mode for a whole-GPU claim are shown as the
-        # partitionable GPUs they were (migoff.py).
+        # partitionable GPUs they were (modeswitch.py).
         self._mig_off = (
             MigOffMarks(config.checkpoint_path.parent / MARKS_DIRECTORY)
             if config.mig_mode == "dynamic"
@@ -82,7 +86,7 @@ class Discovery:
         )
         self._simulated: SimulatedNvmlLibrary | None = None
         if config.simulate:
-            from dra_driver.gpus.simulated import simulated_nvml  # noqa: PLC0415
+            from dra_driver.sim.nvml import simulated_nvml  # noqa: PLC0415
 
             node = stack.enter_context(
                 simulated_nvml(
@@ -110,7 +114,7 @@ class Discovery:
         """Run discovery once. NoGpusFound yields an empty inventory (an empty pool is published,
         telling the scheduler the driver runs but has nothing to offer). Other DiscoveryErrors
         are raised, and remembered for readiness until a pass succeeds. In dynamic MIG mode a
-        GPU this driver took out of MIG mode is shown as it was (migoff.overlay; its mark read
+        GPU this driver took out of MIG mode is shown as it was (modeswitch.overlay; its mark read
         before and after NVML, so a mark made or removed during the pass is not missed)."""
 
         def nvml_inventory() -> Inventory:
@@ -120,7 +124,7 @@ class Discovery:
             inventory = (
                 nvml_inventory()
                 if self._mig_off is None
-                else migoff.discover_with_marks(nvml_inventory, self._mig_off)
+                else modeswitch.discover_with_marks(nvml_inventory, self._mig_off)
             )
         except NoGpusFound as exc:
             self.last_error = None  # NVML answered: there are no GPUs
@@ -397,7 +401,7 @@ def _start_telemetry(
     closes. The claims come from the plugin's checkpoint; simulated GPUs are busy while a
     prepared claim holds them."""
     from dra_driver.gpus.readings import NvmlReader  # noqa: PLC0415
-    from dra_driver.telemetry import Telemetry  # noqa: PLC0415
+    from dra_driver.telemetry.sampler import Telemetry  # noqa: PLC0415
 
     reader = NvmlReader() if config.telemetry_interval_s else None
     telemetry = Telemetry(

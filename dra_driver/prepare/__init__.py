@@ -23,7 +23,7 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    ``PrepareStarted`` and has the ShareEnforcer (mpsshares.py) start the device's shared MPS
    daemon.
 8. Dynamic MIG devices (``--mig-mode=dynamic``): refuse a GPU with instances no record names,
-   record ``PrepareStarted`` (durably), create each device's instance (miginstances.py); a
+   record ``PrepareStarted`` (durably), create each device's instance (instances.py); a
    failure rolls the claim back, its instances destroyed (docs/plugin.md "Dynamic MIG").
 9. Write the CDI spec (with the driver files of the devices' ``driverCapabilities``; MPS
    devices also get the daemon's client env and mounts; one CDI device per share, with its MPS
@@ -55,17 +55,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dra_driver import cdi, miginstances, mps, shares, timeslice
-from dra_driver.checkpoint import (
-    PREPARE_COMPLETED,
-    PREPARE_STARTED,
-    Checkpoint,
-    ClaimLocks,
-    ClaimRecord,
-    Claims,
-    Phase,
-    PreparedDevice,
-)
+from dra_driver import cdi
 from dra_driver.devices import gpu_device_name, mig_device_name, whole_gpu_offered
 from dra_driver.errors import (
     CdiError,
@@ -86,11 +76,23 @@ from dra_driver.errors import (
 )
 from dra_driver.fsutil import fsync_dir
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance
-from dra_driver.migoff import MARKS_DIRECTORY, MigOffMarks
+from dra_driver.mig import instances
+from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks
+from dra_driver.prepare.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    Claims,
+    Phase,
+    PreparedDevice,
+)
+from dra_driver.sharing import mps, shares, timeslice
 
 if TYPE_CHECKING:
-    from dra_driver import deviceconfig
-    from dra_driver.mpsdaemon import MpsDaemons
+    from dra_driver.prepare import deviceconfig
+    from dra_driver.sharing.mpsdaemon import MpsDaemons
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class DeviceTarget:
     type: Literal["gpu", "mig"]
     gpu: GpuInfo
     mig: MigInstance | None = None
-    dynamic: miginstances.DynamicSlot | None = None  # a dynamic MIG device: created on prepare
+    dynamic: instances.DynamicSlot | None = None  # a dynamic MIG device: created on prepare
     leaves_mig: bool = False  # the whole GPU of a GPU in dynamic MIG mode
 
     @property
@@ -182,7 +184,7 @@ def device_targets(
             if whole_gpu_offered(gpu):
                 name = gpu_device_name(gpu.minor)
                 targets[name] = DeviceTarget(name, "gpu", gpu, leaves_mig=True)
-            for name, slot in miginstances.dynamic_slots(gpu).items():
+            for name, slot in instances.dynamic_slots(gpu).items():
                 targets[name] = DeviceTarget(name, "mig", gpu, existing.get(name), slot)
             continue
         for mig in gpu.mig_instances:
@@ -244,14 +246,14 @@ class _Planned:
     def capabilities(self) -> frozenset[str]:
         if self.config is None:
             return cdi.DEFAULT_CAPABILITIES
-        from dra_driver.deviceconfig import driver_capabilities  # noqa: PLC0415
+        from dra_driver.prepare.deviceconfig import driver_capabilities  # noqa: PLC0415
 
         return driver_capabilities(self.config)
 
     def config_json(self) -> dict[str, Any]:
         if self.config is None:
             return default_config_json(self.target.type)
-        from dra_driver.deviceconfig import to_json  # noqa: PLC0415
+        from dra_driver.prepare.deviceconfig import to_json  # noqa: PLC0415
 
         return to_json(self.config)
 
@@ -352,7 +354,7 @@ class Preparer:
         consumable_shares: shares.SharesMode = shares.DISABLED,
         share_enforcer: shares.ShareEnforcer | None = None,
         mps_daemons: MpsDaemons | None = None,
-        mig: miginstances.DynamicMig | None = None,
+        mig: instances.DynamicMig | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.node_name = node_name
@@ -399,7 +401,7 @@ class Preparer:
         # and no prepare in flight has a share of its device).
         self._shares_mode = consumable_shares
         if share_enforcer is None and mps_daemons is not None:
-            from dra_driver.mpsshares import MpsShareEnforcer  # noqa: PLC0415 - MPS only
+            from dra_driver.sharing.mpsshares import MpsShareEnforcer  # noqa: PLC0415 - MPS only
 
             share_enforcer = MpsShareEnforcer(mps_daemons, self._mps_device_by_uuid)
         self._share_enforcer = share_enforcer
@@ -708,7 +710,7 @@ class Preparer:
         ref: ClaimRef,
         planned: list[_Planned],
         devices: tuple[PreparedDevice, ...],
-        mig: miginstances.DynamicMig,
+        mig: instances.DynamicMig,
     ) -> list[_Planned]:
         """Create the instances of the claim's dynamic MIG devices and take the GPUs it holds
         whole out of MIG mode (recorded ``PrepareStarted`` first, durably, so that every
@@ -915,7 +917,7 @@ class Preparer:
                 )
             config = _effective(configs, request)
             if config is not None:  # the default config fits every device and asks for nothing
-                from dra_driver.deviceconfig import check_fits, check_supported  # noqa: PLC0415
+                from dra_driver.prepare.deviceconfig import check_fits, check_supported  # noqa: PLC0415
 
                 try:
                     check_fits(config, device_type=target.type, device_name=device)
@@ -1033,7 +1035,7 @@ class Preparer:
         ]
         if not ordered:
             return []
-        from dra_driver.deviceconfig import decode  # noqa: PLC0415
+        from dra_driver.prepare.deviceconfig import decode  # noqa: PLC0415
 
         decoded = []
         for index, entry in enumerate(ordered):
@@ -1113,7 +1115,7 @@ class Preparer:
                         if (
                             not held.admin_access
                             and held.device != target.name
-                            and miginstances.overlaps(target.gpu, target.name, held.device)
+                            and instances.overlaps(target.gpu, target.name, held.device)
                         ):
                             raise DeviceConflict(
                                 f"device {target.name} overlaps device {held.device}, which is "
@@ -1891,7 +1893,7 @@ def _recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
     for device in record.devices:
         config = cdi.DEFAULT_CAPABILITIES
         if device.config and "driverCapabilities" in device.config:
-            from dra_driver.deviceconfig import decode, driver_capabilities  # noqa: PLC0415
+            from dra_driver.prepare.deviceconfig import decode, driver_capabilities  # noqa: PLC0415
 
             with contextlib.suppress(ConfigDecodeError):  # an older agent's: its default
                 config = driver_capabilities(decode(device.config))

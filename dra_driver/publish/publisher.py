@@ -39,8 +39,8 @@ from dra_driver.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
-from dra_driver.health import Heartbeat
-from dra_driver.slices import (
+from dra_driver.heartbeat import Heartbeat
+from dra_driver.publish.slices import (
     DesiredPool,
     JsonDict,
     SliceWrite,

@@ -9,11 +9,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_driver.cpuaffinity import CPU_AFFINITIES
-from dra_driver.devicehealth import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
 from dra_driver.devices import MIG_MODES, MigMode, TaintEffect
 from dra_driver.errors import ConfigError
-from dra_driver.shares import SharesMode, parse_mode
+from dra_driver.health.decisions import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
+from dra_driver.node.cpuaffinity import CPU_AFFINITIES
+from dra_driver.sharing.shares import SharesMode, parse_mode
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")

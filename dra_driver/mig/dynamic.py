@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dra_driver.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
 from dra_driver.devices import (
     MigMode,
     NodeDevices,
@@ -39,6 +38,7 @@ from dra_driver.devices import (
 )
 from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
+from dra_driver.prepare.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
 
 log = logging.getLogger(__name__)
 
