@@ -24,14 +24,14 @@ from dra_driver.health.decisions import (
     format_xids,
     parse_xids,
 )
-from dra_driver.node.config import (
+from dra_driver.node.config import Config
+from dra_driver.paths import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
     DEFAULT_DRIVER_NAME,
     DEFAULT_DRIVER_ROOT,
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRAR_DIR,
-    Config,
 )
 
 

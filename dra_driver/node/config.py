@@ -13,14 +13,18 @@ from dra_driver.devices import MIG_MODES, MigMode, TaintEffect
 from dra_driver.errors import ConfigError
 from dra_driver.health.decisions import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
 from dra_driver.node.cpuaffinity import CPU_AFFINITIES
+from dra_driver.paths import (
+    DEFAULT_CDI_HOOK,
+    DEFAULT_CDI_ROOT,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_DRIVER_ROOT,
+    DEFAULT_PLUGINS_DIR,
+    DEFAULT_REGISTRAR_DIR,
+    simulated_faults_path,
+    simulated_mig_state_path,
+)
 from dra_driver.sharing.shares import SharesMode, parse_mode
 
-DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
-DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
-DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
-DEFAULT_CDI_ROOT = Path("/var/run/cdi")
-DEFAULT_DRIVER_ROOT = Path("/")
-DEFAULT_CDI_HOOK = "builtin"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")  # a container's imagePullPolicy
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -40,17 +44,6 @@ def validate_dns_subdomain(flag: str, value: str, *, max_len: int = 253) -> str:
             "starting and ending with a letter or digit)",
         )
     return value
-
-
-def simulated_faults_path(plugin_data_dir: Path) -> Path:
-    """Where a simulated node reads injected faults (docs/simulate.md "Faults")."""
-    return plugin_data_dir / "simulated-faults.jsonl"
-
-
-def simulated_mig_state_path(plugin_data_dir: Path) -> Path:
-    """Where a simulated node keeps its MIG instances, so they outlive an agent restart
-    (gpus/simulated.py SimulatedMigInstances)."""
-    return plugin_data_dir / "simulated-mig.json"
 
 
 @dataclass(frozen=True, kw_only=True)

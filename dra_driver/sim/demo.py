@@ -560,7 +560,7 @@ def _sharing_node(plugins: Path) -> Inventory:
     """Step 7's GPUs now, as the agent's NVML sees them: discovery in this process over the
     simulated MIG state the agent keeps (config.py)."""
     from dra_driver.gpus import nvml  # noqa: PLC0415
-    from dra_driver.node.config import simulated_mig_state_path  # noqa: PLC0415
+    from dra_driver.paths import simulated_mig_state_path  # noqa: PLC0415
     from dra_driver.sim.nvml import simulated_nvml  # noqa: PLC0415
 
     state = simulated_mig_state_path(plugins / DRIVER)

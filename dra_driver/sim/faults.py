@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.errors import SimulationSpecError
-from dra_driver.node.config import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR, simulated_faults_path
+from dra_driver.paths import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR, simulated_faults_path
 
 FAULT_KINDS = ("xid", "ecc", "lost", "reset", "temperature", "hang")
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from dra_driver.errors import ConfigError, DraError, KubeError, MetricsUnavailable
-from dra_driver.node.config import DEFAULT_DRIVER_NAME
+from dra_driver.paths import DEFAULT_DRIVER_NAME
 
 CHART_METRICS_PORT = 8080
 DEFAULT_METRICS_URL = f"http://127.0.0.1:{CHART_METRICS_PORT}/metrics"
