@@ -1,12 +1,14 @@
 """gpu-dra: a Kubernetes DRA driver for NVIDIA GPUs (drop-in for gpu.nvidia.com).
 
-The node agent is one flow, and the modules read in that order:
+The node agent is one flow, and the packages read in that order:
 
-    gpus/ (NVML or simulated GPUs) -> devices -> slices -> publisher/kube
-        -> plugin/ (kubelet sockets) -> prepare -> cdi + checkpoint
+    gpus/ (NVML) -> devices/ -> publish/ (ResourceSlices, through kube/) -> plugin/ (kubelet
+        sockets) -> prepare/ (steps: sharing/, mig/) -> cdi/ (CDI specs) + the checkpoint
 
-scheduling/ holds what the kube-scheduler would do, offline: its CEL environment (cel/, one module
-per part), the environment per Kubernetes version, and the allocator (``gpu-dra explain``).
+node/ wires the flow into one process; health/ and telemetry/ watch the GPUs beside it;
+scheduling/ is what the kube-scheduler would do, offline (``gpu-dra explain``); sim/ holds every
+stand-in (simulated NVML, local API server and kubelet, the demo). docs/architecture.md has the
+map and the rules between the packages.
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,3 @@
+"""Dynamic MIG (``--mig-mode dynamic``): which MIG devices are the driver's own, creating and
+destroying a placement's MIG device on prepare and unprepare, and switching a whole GPU out of MIG
+mode and back. Each is a prepare step; NVML calls go through ``gpus.migmanager``."""
