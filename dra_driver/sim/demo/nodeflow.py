@@ -31,7 +31,7 @@ from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE, DRIVER
 from dra_driver.sim.demo.cluster import agent_command, resource_claim
 from dra_driver.sim.demo.console import readable_json, step, wait_for
 from dra_driver.sim.demo.sharing import run_sharing
-from dra_driver.sim.localapi import free_port
+from dra_driver.sim.localapi.server import free_port
 
 # What a user would write: one GPU with at least 40 GiB of memory.
 DEMO_CLAIM = resource_claim(
@@ -45,7 +45,7 @@ DEMO_CLAIM = resource_claim(
 @contextmanager
 def _local_api_server(workdir: Path) -> Iterator[tuple[Path, Any]]:
     """The local API server (dra_driver/sim/localapi/) with a Node, and a kubeconfig for it."""
-    from dra_driver.sim.localapi import FakeKubeApi  # noqa: PLC0415  (only the local demo needs it)
+    from dra_driver.sim.localapi.server import FakeKubeApi  # noqa: PLC0415  (local demo only)
 
     api = FakeKubeApi().start()
     try:
