@@ -1,4 +1,4 @@
-"""A stand-in kubelet for the Deployments of localapi.py's API server (``make demo``, tests).
+"""A stand-in kubelet for the Deployments of the local API server, localapi/ (``make demo``, tests).
 
 Where there is no kubelet, something must run the pods the agent asks for through the API (the
 MPS control daemons: mpsdaemon.py). ``DeploymentKubelet`` follows the server's Deployments whose
@@ -14,7 +14,7 @@ has its process group sent SIGTERM, then SIGKILL. ``enter`` runs the command thr
 (the deployed-form test: ``nsenter --mount=...`` into podsim's node namespace, where the host
 paths are the node's) and ``extra_env`` adds variables the stand-ins need there.
 
-Like localapi.py, this module does not import the driver.
+Like localapi/, this module does not import the driver.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localapi.server import FakeKubeApi
 
 _RESTART_PAUSE_S = 0.5
 _STOP_GRACE_S = 2.0
