@@ -1,10 +1,10 @@
 """The floor under bench_prepare: what a prepare and an unprepare cost with only the chosen
 libraries' part of the work, measured the same way on the same machine.
 
-bench_prepare's targets (issue 15: prepare p50 <= 1.5 ms, >= 1,500 prepares/s at concurrency
-16, unprepare p50 <= 0.5 ms) are for the whole agent. This bench serves the DRA v1 service with
-the agent's own gRPC server settings and servicer, and behind it only part of a prepare
-(bench/floorserver.py), cumulatively:
+Issue 15's absolute targets (prepare p50 <= 1.5 ms, >= 1,500 prepares/s at concurrency 16,
+unprepare p50 <= 0.5 ms; bench_prepare shows them without a verdict) are for the whole agent.
+This bench serves the DRA v1 service with the agent's own gRPC server settings and servicer,
+and behind it only part of a prepare (bench/floorserver.py), cumulatively:
 
 - ``grpc``: nothing (gRPC's Python server, the servicer, the messages);
 - ``get``: the claim GET through the agent's KubeClient, over TLS with a bearer token, from the
@@ -20,8 +20,9 @@ The levels run side by side and take turns, 16 calls at a time, so that all see 
 machine (this VM's pace changes by a third from one minute to the next). No targets of its own:
 it always exits 0 once measured.
 
-bench_prepare starts the levels it judges the agent against (``floor_servers``) and measures
-them in the same run, taking turns with the agent.
+bench_prepare starts the two levels it judges the agent against, ``record`` and ``grpc``
+(``floor_servers``), and measures them in the same run, taking turns with the agent: its targets
+are relative to them.
 """
 
 from __future__ import annotations
