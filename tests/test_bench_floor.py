@@ -206,3 +206,17 @@ def test_the_same_agent_figures_pass_or_fail_with_the_floor_they_are_measured_ag
     verdicts = {row.name: row.ok for row in judge(slow_agent, RECORD, GRPC)}
     assert verdicts["prepare p50 (192 in sequence)"] is False
     assert verdicts["prepares/s at concurrency 16 (200 claims, median of 3)"] is False
+
+
+def test_figures_are_the_medians_and_p99_of_what_was_measured() -> None:
+    prep = [float(ms) for ms in range(1, 102)]  # 1 .. 101 ms
+    figures = Figures.of((prep, [0.5, 0.25, 0.75]), [700.0, 500.0, 600.0])
+    assert figures == Figures(
+        prepare_p50_ms=51.0,
+        prepare_p99_ms=100.0,
+        unprepare_p50_ms=0.5,
+        unprepare_p99_ms=0.75,
+        rate=600.0,
+    )
+    # a level measured in sequence only (floor(grpc)) has no rate
+    assert Figures.of((prep, [0.5]), []).rate == 0.0
