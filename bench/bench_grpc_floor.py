@@ -1,10 +1,10 @@
 """The floor under bench_prepare: what a prepare and an unprepare cost with only the chosen
 libraries' part of the work, measured the same way on the same machine.
 
-bench_prepare's targets (issue 15: prepare p50 <= 1.5 ms, >= 1,500 prepares/s at concurrency
-16, unprepare p50 <= 0.5 ms) are for the whole agent. This bench serves the DRA v1 service with
-the agent's own gRPC server settings and servicer, and behind it only part of a prepare
-(bench/floorserver.py), cumulatively:
+Issue 15's absolute targets (prepare p50 <= 1.5 ms, >= 1,500 prepares/s at concurrency 16,
+unprepare p50 <= 0.5 ms; bench_prepare shows them without a verdict) are for the whole agent.
+This bench serves the DRA v1 service with the agent's own gRPC server settings and servicer,
+and behind it only part of a prepare (bench/floorserver.py), cumulatively:
 
 - ``grpc``: nothing (gRPC's Python server, the servicer, the messages);
 - ``get``: the claim GET through the agent's KubeClient, over TLS with a bearer token, from the
@@ -19,23 +19,24 @@ on this machine. Same caller as bench_prepare (the native one, else Python), sam
 The levels run side by side and take turns, 16 calls at a time, so that all see the same
 machine (this VM's pace changes by a third from one minute to the next). No targets of its own:
 it always exits 0 once measured.
+
+bench_prepare starts the two levels it judges the agent against, ``record`` and ``grpc``
+(``floor_servers``), and measures them in the same run, taking turns with the agent: its targets
+are relative to them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench.bench_prepare import (
-    _Caller,
-    _callers,
+from bench.cluster import (
     _Claims,
-    _concurrent,
-    _pct,
-    _sequence,
     _start,
     _stop,
     _Workload,
@@ -44,10 +45,47 @@ from bench.bench_prepare import (
     start_api_server,
 )
 from bench.floorserver import LEVELS
+from bench.kubeletcaller import (
+    _Caller,
+    _callers,
+    _pct,
+    _sequence,
+    concurrent_in_turns,
+    sequences_in_turns,
+)
 from bench.table import Row, print_table
-from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV
+from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV, FakeKubeApi
 
 ROUNDS = 3  # concurrency-16 runs per level, taking turns; the median is reported
+
+
+@contextlib.contextmanager
+def floor_servers(
+    tmp: Path, api: FakeKubeApi, levels: Sequence[str] = LEVELS
+) -> Iterator[dict[str, tuple[_Caller, int]]]:
+    """The floor plugin (bench/floorserver.py) at each of ``levels``, each in its own process
+    (with the interpreter settings the chart gives the agent) on its own socket under ``tmp``,
+    asking ``api`` for its claims. Level -> a caller to it (the native one, else Python) and the
+    plugin's pid; all stopped on exit."""
+    kubeconfig = api.write_kubeconfig(tmp / "floor-kubeconfig")
+    servers = {}
+    callers: dict[str, _Caller] = {}
+    try:
+        for level in levels:
+            state = tmp / f"floor-{level}"
+            state.mkdir()
+            servers[level] = _start(
+                [sys.executable, "-m", "bench.floorserver", level, str(state / "dra.sock"),
+                 str(state), str(kubeconfig)],
+                env=os.environ | AGENT_INTERPRETER_ENV,
+            )[0]  # fmt: skip
+            callers[level] = _callers(str(state / "dra.sock"), python=False)[0]
+        yield {level: (callers[level], servers[level].pid) for level in levels}
+    finally:
+        for caller in callers.values():
+            caller.close()
+        for proc in servers.values():
+            _stop(proc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,27 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-floor-", dir="/tmp") as d:
         tmp = Path(d)
         api_proc, api = start_api_server(tmp, claims, latency_ms)
-        kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-        servers = {}
-        callers: dict[str, _Caller] = {}
         try:
-            for level in LEVELS:
-                state = tmp / level
-                state.mkdir()
-                servers[level] = _start(
-                    [sys.executable, "-m", "bench.floorserver", level, str(state / "dra.sock"),
-                     str(state), str(kubeconfig)],
-                    env=os.environ | AGENT_INTERPRETER_ENV,
-                )[0]  # fmt: skip
-                callers[level] = _callers(str(state / "dra.sock"), python=False)[0]
-            rows = _measure(work, callers, {k: p.pid for k, p in servers.items()}, api_proc.pid)
+            with floor_servers(tmp, api) as floors:
+                rows = _measure(work, floors, api_proc.pid)
+                name = next(iter(floors.values()))[0].name
         finally:
-            for caller in callers.values():
-                caller.close()
-            for proc in servers.values():
-                _stop(proc)
             _stop(api_proc)
-    name = next(iter(callers.values())).name
     title = (
         f"the floor: the agent's gRPC server and servicer with only part of a prepare behind "
         f"them (claim GET over TLS, API server latency {latency_ms:g} ms), {name}"
@@ -86,38 +109,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _measure(
-    work: _Workload, callers: dict[str, _Caller], pids: dict[str, int], api_pid: int
-) -> list[Row]:
-    prep: dict[str, list[float]] = {level: [] for level in LEVELS}
-    unprep: dict[str, list[float]] = {level: [] for level in LEVELS}
-    for caller in callers.values():
+def _measure(work: _Workload, floors: dict[str, tuple[_Caller, int]], api_pid: int) -> list[Row]:
+    for caller, _ in floors.values():
         _sequence(caller, work.warm, work.batch)
-    step = 16
-    for i in range(0, len(work.seq), step):
-        for level, caller in callers.items():
-            prepared, unprepared = _sequence(caller, work.seq[i : i + step], step)
-            prep[level] += prepared
-            unprep[level] += unprepared
-    rates: dict[str, list[float]] = {level: [] for level in LEVELS}
-    cpu: dict[str, list[float]] = {level: [] for level in LEVELS}
-    for _ in range(ROUNDS):
-        for level, caller in callers.items():
-            rate, cpu_ms = _concurrent(caller, work.conc, agent_pid=pids[level], api_pid=api_pid)
-            rates[level].append(rate)
-            cpu[level].append(cpu_ms["agent"])
+    times = sequences_in_turns({level: (caller, work.seq) for level, (caller, _) in floors.items()})
+    runs = concurrent_in_turns(floors, work.conc, rounds=ROUNDS, api_pid=api_pid)
     rows = []
-    for level in LEVELS:
+    for level in floors:
+        prep, unprep = times[level]
+        rates = [rate for rate, _ in runs[level]]
+        cpu = [cpu_ms["agent"] for _, cpu_ms in runs[level]]
         rows += [
             Row(f"{level}: prepare p50 (192 in sequence; the agent's target <= 1.5 ms)",
-                statistics.median(prep[level]), "ms", ""),
-            Row(f"{level}: prepare p99", _pct(prep[level], 0.99), "ms", ""),
+                statistics.median(prep), "ms", ""),
+            Row(f"{level}: prepare p99", _pct(prep, 0.99), "ms", ""),
             Row(f"{level}: unprepare p50 (the agent's target <= 0.5 ms)",
-                statistics.median(unprep[level]), "ms", ""),
+                statistics.median(unprep), "ms", ""),
             Row(f"{level}: prepares/s at concurrency 16 (the agent's target >= 1,500)",
-                statistics.median(rates[level]), "/s", ""),
+                statistics.median(rates), "/s", ""),
             Row(f"{level}: its CPU per prepare at concurrency 16",
-                statistics.median(cpu[level]), "ms", ""),
+                statistics.median(cpu), "ms", ""),
         ]  # fmt: skip
     return rows
 

@@ -12,15 +12,21 @@ class Row:
     unit: str
     target: str  # e.g. "<= 1.0 s"; empty when there is none
     ok: bool | None = None  # None when the row has no target
+    # the figure the target is derived from, measured in the same run; e.g. "record p50 2.1 ms"
+    floor: str = ""
 
 
 def print_table(title: str, rows: list[Row]) -> bool:
-    """Print ``rows`` as an aligned table; return True when every row with a target passed."""
-    header = ("measurement", "value", "target", "verdict")
+    """Print ``rows`` as an aligned table; return True when every row with a target passed. The
+    column "floor (same run)" is there when a row names one."""
+    with_floor = any(r.floor for r in rows)
+    header = ("measurement", "value", *(("floor (same run)",) if with_floor else ()), "target",
+              "verdict")  # fmt: skip
     cells = [
         (
             r.name,
             f"{r.value:,.3f} {r.unit}".rstrip(),
+            *((r.floor,) if with_floor else ()),
             r.target,
             "" if r.ok is None else ("ok" if r.ok else "MISSED"),
         )

@@ -1,5 +1,6 @@
-"""bench/caller: the benchmark's native gRPC caller (the kubelet's side) answers what a Python
-gRPC client gets, call by call and in parallel, against a real plugin over its socket."""
+"""bench/caller: the benchmark's native gRPC caller (the kubelet's side, driven by
+bench/kubeletcaller.py) answers what a Python gRPC client gets, call by call and in parallel,
+against a real plugin over its socket."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench.bench_prepare import (
+from bench.kubeletcaller import (
     PREPARE,
     UNPREPARE,
     _NativeCaller,
