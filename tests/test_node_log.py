@@ -104,7 +104,7 @@ def test_text_format_and_configuring_again_loses_nothing(
 def test_lines_still_queued_at_exit_are_written() -> None:
     script = (
         "import logging\n"
-        "from dra_driver import log\n"
+        "from dra_driver.node import log\n"
         "log.configure(log_format='json', level='info')\n"
         "for i in range(2000):\n"
         "    logging.getLogger('x').info('line', extra={'i': i})\n"
