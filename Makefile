@@ -35,11 +35,12 @@ demo: $(STAMP) $(HOOK)
 test: $(STAMP) $(HOOK) helm
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q
 
-## make check: format check, lint, strict types, then the tests
+## make check: format check, lint, strict types, the import contracts (.importlinter), then the tests
 check: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(MAKE) test
 
 format: $(STAMP)

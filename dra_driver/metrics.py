@@ -1,8 +1,8 @@
 """Prometheus metrics of the node agent, on ``prometheus_client``.
 
 Flow position: beside the flow. plugin/dra.py counts the kubelet's requests, the KubeletPlugin
-reports prepared devices, the agent reports published devices, telemetry.py adds the GPUs'
-readings; http_server.py serves ``Registry.render()`` on ``--metrics-port``.
+reports prepared devices, the agent reports published devices, telemetry/sampler.py adds the
+GPUs' readings; node/http_server.py serves ``Registry.render()`` on ``--metrics-port``.
 
 Why the library: ``prometheus_client`` is the Prometheus project's own client, and its exposition
 (escaping, number formatting, histogram layout) is what scrapers are tested against; an earlier
@@ -24,9 +24,9 @@ Choices made on top of it:
 Every metric is thread-safe; a child (one label set) is bound once with ``labels(...)`` and then
 costs one short lock per update, so the prepare path stays in the microseconds. Values computed
 from state (prepared devices) are read at scrape time through ``CollectedGauge``. A collector
-with hundreds of series that change only now and then (telemetry.py) keeps its own exposition,
-formatted by the library when its values change, and is added with ``register_formatted``: a
-scrape then costs the same whatever the number of GPUs.
+with hundreds of series that change only now and then (telemetry/sampler.py) keeps its own
+exposition, formatted by the library when its values change, and is added with
+``register_formatted``: a scrape then costs the same whatever the number of GPUs.
 
 Metric names and labels of the driver (``DriverMetrics``): nvidia-compat.md, "Metrics".
 """
@@ -61,7 +61,7 @@ def render(collector: Collector) -> str:
 
 class Formatted(Collector, Protocol):
     """A collector that keeps its own exposition, formatted again only when its values change
-    (telemetry.py: hundreds of series that change once per sample)."""
+    (telemetry/sampler.py: hundreds of series that change once per sample)."""
 
     def describe(self) -> Iterable[Metric]: ...
 

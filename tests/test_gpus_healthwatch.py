@@ -14,7 +14,7 @@ from dra_driver.errors import HealthWatchError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.healthwatch import NvmlHealthWatch
 from dra_driver.gpus.info import Inventory
-from dra_driver.health.decisions import EccObserved, GpuChecked, XidObserved
+from dra_driver.gpus.observations import EccObserved, GpuChecked, XidObserved
 from dra_driver.sim.faults import SimulatedFault
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 

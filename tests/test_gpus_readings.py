@@ -12,8 +12,9 @@ import pytest
 
 from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import QUERIES, NvmlReader
+from dra_driver.gpus.telemetryvalues import TelemetryTarget
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
-from dra_driver.telemetry.sampler import READING_FIELDS, TelemetryTarget, telemetry_targets
+from dra_driver.telemetry.sampler import READING_FIELDS, telemetry_targets
 
 NODE = "node1"
 

@@ -1,10 +1,10 @@
 """GPU health from NVML: critical events and periodic checks, as plain observations.
 
-Place in the flow: beside discovery (gpus/nvml.py), for the GPUs it found. healthmonitor.py calls
-:class:`NvmlHealthWatch` from its one thread; what comes out are devicehealth.py observations,
-which decide the taints. This module is the NVML boundary of health checking: pynvml's
-exceptions are handled here and nowhere else. With ``--simulate`` the same calls reach
-gpus/simulated.py's stand-in.
+Place in the flow: beside discovery (gpus/nvml.py), for the GPUs it found. health/monitor.py
+calls :class:`NvmlHealthWatch` from its one thread; what comes out are gpus/observations.py
+values, from which health/decisions.py decides the taints. This module is the NVML boundary of
+health checking: pynvml's exceptions are handled here and nowhere else. With ``--simulate`` the
+same calls reach sim/nvml.py's stand-in.
 
 * Events: one NVML event set; every GPU is registered (on its full-GPU handle; events on MIG
   devices come with their GPU- and compute-instance ids) for critical XIDs and double-bit ECC
@@ -28,7 +28,7 @@ import pynvml
 
 from dra_driver.errors import HealthWatchError
 from dra_driver.gpus.info import GpuInfo
-from dra_driver.health.decisions import EccObserved, GpuChecked, Observation, XidObserved
+from dra_driver.gpus.observations import EccObserved, GpuChecked, Observation, XidObserved
 
 logger = logging.getLogger(__name__)
 

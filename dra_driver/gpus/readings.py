@@ -1,10 +1,11 @@
-"""NVML readings for telemetry (telemetry.py): one round of queries per device, at bounded cost.
+"""NVML readings for telemetry (telemetry/sampler.py): one round of queries per device, at
+bounded cost.
 
 This is the NVML boundary of telemetry, as gpus/nvml.py is the one of discovery: pynvml's errors
 are handled here and never leave it. Devices are looked up by UUID
 (``nvmlDeviceGetHandleByUUID``, which takes MIG device UUIDs too), so NVML index changes between
 re-discoveries do not matter; handles are kept between passes and looked up again after an
-error. With ``--simulate`` the same pynvml calls reach gpus/simulated.py.
+error. With ``--simulate`` the same pynvml calls reach sim/nvml.py.
 
 Cost per pass: at most ``len(QUERIES)`` (8) NVML calls per device, fewer for MIG devices:
 
@@ -28,7 +29,7 @@ from typing import Any
 
 import pynvml
 
-from dra_driver.telemetry.sampler import Reading, TelemetryTarget
+from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """GPU health decisions: what NVML told us -> conditions per GPU -> device taints and states. Pure.
 
 Place in the flow: gpus/healthwatch.py turns NVML events and periodic checks into observations
-(:class:`XidObserved`, :class:`EccObserved`, :class:`GpuChecked`); :class:`HealthBook` keeps the
-conditions they imply and decides, for every published device, its taints (publisher.py puts
-them into the ResourceSlices) and its state for the kubelet's health stream. healthmonitor.py
-runs the loop; nothing here does I/O or reads a clock (every method takes ``now_s``, a
-monotonic time in seconds).
+(gpus/observations.py: ``XidObserved``, ``EccObserved``, ``GpuChecked``); :class:`HealthBook`
+keeps the conditions they imply and decides, for every published device, its taints
+(publish/publisher.py puts them into the ResourceSlices) and its state for the kubelet's health
+stream. health/monitor.py runs the loop; nothing here does I/O or reads a clock (every method
+takes ``now_s``, a monotonic time in seconds).
 
 Conditions (each a taint ``<driver name>/<kind>``; the table of when each comes and goes is in
 docs/health.md): ``gpu-lost``, ``ecc-double-bit``, ``row-remap-failed`` (fatal),
@@ -37,6 +37,13 @@ from typing import Literal, NamedTuple
 
 from dra_driver.devices import MigMode, Taint, TaintEffect, gpu_device_name, mig_device_name
 from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.observations import (
+    NO_INSTANCE,
+    EccObserved,
+    GpuChecked,
+    Observation,
+    XidObserved,
+)
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """Application errors (nvidia-compat.md "Health"; NVIDIA's driver and device plugin): the
@@ -44,8 +51,6 @@ application that caused them failed, the GPU did not."""
 DEFAULT_FATAL_XIDS = frozenset({48, 79, 95})
 """Double-bit ECC error, GPU fallen off the bus, uncontained ECC error: the GPU needs a reset."""
 EFFECTS: tuple[TaintEffect, ...] = ("None", "NoSchedule", "NoExecute")
-NO_INSTANCE = 0xFFFFFFFF
-"""NVML's GPU/compute-instance id in an event that no MIG instance caused."""
 MAX_HEALTH_TAINTS = 4
 
 GPU_LOST = "gpu-lost"
@@ -124,41 +129,6 @@ def gpu_targets(inventory: Inventory, *, mig_mode: MigMode = "static") -> tuple[
             devices = tuple(migs.values())
         targets.append(GpuTarget(gpu.index, gpu.uuid, name, devices, migs))
     return tuple(targets)
-
-
-# --- observations (what gpus/healthwatch.py reports) ----------------------------------------
-
-
-class XidObserved(NamedTuple):
-    """An ``nvmlEventTypeXidCriticalError`` event."""
-
-    gpu_uuid: str
-    xid: int
-    gpu_instance_id: int = NO_INSTANCE
-    compute_instance_id: int = NO_INSTANCE
-
-
-class EccObserved(NamedTuple):
-    """An ``nvmlEventTypeDoubleBitEccError`` event."""
-
-    gpu_uuid: str
-
-
-class GpuChecked(NamedTuple):
-    """One periodic check of a GPU. None: NVML cannot tell (not supported on this GPU)."""
-
-    gpu_uuid: str
-    lost: bool = False
-    lost_reason: str = ""
-    ecc_uncorrected: int | None = None  # volatile count: since the last reset
-    retired_pages_pending: bool | None = None
-    remapped_rows_pending: bool | None = None
-    row_remap_failed: bool | None = None
-    temperature_c: int | None = None
-    slowdown_c: int | None = None
-
-
-Observation = XidObserved | EccObserved | GpuChecked
 
 
 # --- what the book reports ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The GPU health monitor: NVML health -> device taints, the kubelet's health stream, Node Events.
 
 Place in the flow: beside publishing. gpus/healthwatch.py (NVML events and checks) ->
-devicehealth.HealthBook (conditions, taints, rate limit) -> ``Publisher.set_taints`` (the taints
+health/decisions.HealthBook (conditions, taints, rate limit) -> ``Publisher.set_taints`` (the taints
 go into the ResourceSlices; no write when nothing changed), the listeners (the health stream
 sends at once) and a Node Event per change (``DeviceUnhealthy`` Warning, ``DeviceHealthy``
 Normal), plus a log line.

@@ -1,4 +1,4 @@
-"""The agent's small HTTP servers: the probes (health.py) and Prometheus ``/metrics``.
+"""The agent's small HTTP servers: the probes (node/probes.py) and Prometheus ``/metrics``.
 
 Each serves a few fixed ``GET`` paths from a background thread (stdlib ``http.server``, one
 thread per connection); any other path answers 404 naming the paths there are. The port is

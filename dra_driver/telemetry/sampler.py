@@ -34,6 +34,7 @@ from prometheus_client.samples import Sample
 from dra_driver.devices import gpu_device_name, mig_device_name
 from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
+from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
 from dra_driver.metrics import render
 
 if TYPE_CHECKING:
@@ -46,20 +47,6 @@ DEFAULT_INTERVAL_S = 10.0
 MIN_INTERVAL_S = 1.0
 """Shortest sampling interval accepted: NVML's own counters (utilisation) average over about a
 second, and sampling faster only costs CPU."""
-
-
-@dataclass(frozen=True)
-class TelemetryTarget:
-    """A device telemetry reports on: a physical GPU (also one in MIG mode, which is not itself
-    published but has the temperature, power and clocks), or a MIG device."""
-
-    name: str  # our device name: gpu-0, gpu-4-mig-3g40gb-9-0
-    uuid: str
-    gpu_minor: int  # the GPU's minor (a MIG device's parent's)
-    type: str  # "gpu" or "mig"
-    profile: str = ""  # MIG profile, e.g. "3g.40gb"; empty for a GPU
-    product_name: str = ""
-    mig_enabled: bool = False
 
 
 def telemetry_targets(inventory: Inventory) -> tuple[TelemetryTarget, ...]:
@@ -96,23 +83,6 @@ def telemetry_targets(inventory: Inventory) -> tuple[TelemetryTarget, ...]:
                 )
             )
     return tuple(targets)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One device's values at one sample, in base units. None: the device does not support
-    that query (e.g. utilisation of a MIG device), or the query failed this time."""
-
-    utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    temperature_celsius: float | None = None
-    power_usage_watts: float | None = None
-    power_limit_watts: float | None = None
-    sm_clock_hertz: float | None = None
-    ecc_corrected_errors: int | None = None
-    ecc_uncorrected_errors: int | None = None
 
 
 READING_FIELDS = tuple(f.name for f in fields(Reading))

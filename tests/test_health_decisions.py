@@ -5,15 +5,13 @@ from __future__ import annotations
 import pytest
 
 from dra_driver.devices import Taint, node_devices, with_taints
+from dra_driver.gpus.observations import EccObserved, GpuChecked, XidObserved
 from dra_driver.health.decisions import (
     DEFAULT_IGNORED_XIDS,
     MAX_HEALTH_TAINTS,
-    EccObserved,
-    GpuChecked,
     GpuTarget,
     HealthBook,
     HealthPolicy,
-    XidObserved,
     format_xids,
     gpu_targets,
     parse_xids,

@@ -18,6 +18,7 @@ from dra_driver.errors import CheckpointError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.readings import NvmlReader
+from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
 from dra_driver.heartbeat import Heartbeat
 from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.node.http_server import metrics_server
@@ -28,9 +29,7 @@ from dra_driver.telemetry.sampler import (
     METRIC_NAMES,
     ClaimHolder,
     Holders,
-    Reading,
     Telemetry,
-    TelemetryTarget,
     holders_from_records,
     telemetry_targets,
 )
