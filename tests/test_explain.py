@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from dra_driver.cli import explain_main as main
+from dra_driver.cli import gpu_dra_main
 from dra_driver.devices.classes import class_expression, default_device_classes
-from dra_driver.scheduling.explain import allocate, main, simulated_slices
+from dra_driver.scheduling.explain import allocate
+from dra_driver.scheduling.explain import main as explain_command
 from dra_driver.sim.localapi import FakeKubeApi
+from tests.simulatedslices import simulated_slices
 
 SIMULATE = "h100:2,l4:1"
 
@@ -712,3 +718,33 @@ def test_a_selector_over_the_cost_limit_is_an_input_error(tmp_path: Path) -> Non
     rc, _, err = explain(tmp_path, text, "--simulate", SIMULATE)
     assert rc == 2
     assert "too complex, exceeds cost limit: estimated cost" in err
+
+
+def test_gpu_dra_explain_simulates_gpus_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "claim.yaml"
+    path.write_text(CLAIM)
+    assert gpu_dra_main(["explain", str(path), "--simulate", SIMULATE, "--node", "n1"]) == 0
+    assert "satisfiable on node n1" in capsys.readouterr().out
+
+
+def test_simulate_without_a_simulated_discovery_is_an_input_error(tmp_path: Path) -> None:
+    path = tmp_path / "claim.yaml"
+    path.write_text(CLAIM)
+    out, err = io.StringIO(), io.StringIO()
+    assert explain_command([str(path), "--simulate", SIMULATE], stdout=out, stderr=err) == 2
+    assert "--simulate needs simulated GPUs" in err.getvalue()
+    assert out.getvalue() == ""
+
+
+def test_the_scheduling_package_does_not_import_the_simulators() -> None:
+    code = (
+        "import sys\n"
+        "import dra_driver.scheduling.explain\n"
+        "print(sorted(m for m in sys.modules if m.startswith('dra_driver.sim')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
