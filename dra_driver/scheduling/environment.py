@@ -47,9 +47,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-# ---------------------------------------------------------------------------------------------
-# Versions
-
 Version = tuple[int, int]
 
 SUPPORTED_VERSIONS: Final = ("1.34", "1.35", "1.36", "1.37")

@@ -51,12 +51,7 @@ from dra_driver.scheduling.cel.types import (
     _result_type,
     opt_of,
 )
-from dra_driver.scheduling.cel.values import (
-    DeviceObject,
-    DomainIndex,
-    DomainMap,
-    _eq,
-)
+from dra_driver.scheduling.cel.values import DeviceObject, DomainIndex, DomainMap, _eq
 
 
 class _Compiler(Macros, Literals):

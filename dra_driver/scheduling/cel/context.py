@@ -17,6 +17,8 @@ from dra_driver.scheduling.cel.types import T
 
 
 class CompileContext:
+    """The state of one compilation, and compile errors that point into its source."""
+
     def __init__(
         self, source: str, variables: Mapping[str, T], withheld: frozenset[str] = frozenset()
     ) -> None:

@@ -12,12 +12,7 @@ import lark
 
 from dra_driver.scheduling.cel.context import CompileContext
 from dra_driver.scheduling.cel.expr import Activation, Expr, _const
-from dra_driver.scheduling.cel.runtime import (
-    _ABSENT,
-    _err,
-    _map_key,
-    _no_overload,
-)
+from dra_driver.scheduling.cel.runtime import _ABSENT, _err, _map_key, _no_overload
 from dra_driver.scheduling.cel.types import (
     BOOL,
     BYTES,
@@ -44,6 +39,8 @@ from dra_driver.scheduling.cel.values import (
 
 
 class Literals(CompileContext):
+    """Compiles scalar, list and map literals."""
+
     def _entry(self, tree: lark.Tree[Any]) -> tuple[Expr, bool]:
         """A list element: the expression, and whether it is an optional entry (``?x``), whose
         value must be an optional and is left out when it is none."""

@@ -12,26 +12,14 @@ from dra_driver.scheduling.cel.comprehensions import _comprehension, _flat_cost
 from dra_driver.scheduling.cel.context import CompileContext
 from dra_driver.scheduling.cel.expr import Activation, Expr
 from dra_driver.scheduling.cel.parse import _PASS_THROUGH
-from dra_driver.scheduling.cel.runtime import (
-    _err,
-    _no_overload,
-)
-from dra_driver.scheduling.cel.types import (
-    _DEVICE_FIELDS,
-    BOOL,
-    DEVICE,
-    DYN,
-    INT,
-    opt_of,
-)
-from dra_driver.scheduling.cel.values import (
-    NONE,
-    OptionalValue,
-    _tname,
-)
+from dra_driver.scheduling.cel.runtime import _err, _no_overload
+from dra_driver.scheduling.cel.types import _DEVICE_FIELDS, BOOL, DEVICE, DYN, INT, opt_of
+from dra_driver.scheduling.cel.values import NONE, OptionalValue, _tname
 
 
 class Macros(CompileContext):
+    """Compiles ``has()``, ``cel.bind``, ``optMap``/``optFlatMap`` and the comprehensions."""
+
     def has(self, tree: lark.Tree[Any], arg_trees: list[lark.Tree[Any]]) -> Expr:
         node = arg_trees[0] if len(arg_trees) == 1 else None
         while node is not None and node.data in _PASS_THROUGH and len(node.children) == 1:
