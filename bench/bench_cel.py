@@ -14,7 +14,9 @@ from typing import Any
 from bench.table import Row, print_table
 from dra_driver.devices.classes import default_device_classes
 from dra_driver.scheduling import allocator, cel
-from dra_driver.scheduling.explain import explain_parsed, simulated_slices
+from dra_driver.scheduling.explanation import explain_parsed
+from dra_driver.scheduling.inventory import simulated_slices
+from dra_driver.sim.nvml import discover_simulated
 
 SELECTORS = {
     "memory compareTo": "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
@@ -51,7 +53,7 @@ def _claim(selector: str, count: int) -> dict[str, Any]:
 
 
 def _inventory() -> list[dict[str, Any]]:
-    template = simulated_slices(NODE_SPEC, node_name="node-0000")
+    template = simulated_slices(NODE_SPEC, discover=discover_simulated, node_name="node-0000")
     out = []
     for i in range(NODES):
         name = f"node-{i:04d}"
@@ -77,7 +79,10 @@ def _evals_per_second(expression: str, devices: list[cel.DeviceObject]) -> float
 
 def main() -> int:
     rows: list[Row] = []
-    slices = [allocator.parse_slice(s) for s in simulated_slices(NODE_SPEC, node_name="n")]
+    slices = [
+        allocator.parse_slice(s)
+        for s in simulated_slices(NODE_SPEC, discover=discover_simulated, node_name="n")
+    ]
     devices = [d.cel_device for s in slices for d in s.devices]
     for label, expr in SELECTORS.items():
         rate = _evals_per_second(expr, devices)

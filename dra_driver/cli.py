@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dra_driver import __version__
 from dra_driver.errors import ConfigError, DraError, SimulationSpecError
@@ -33,6 +33,9 @@ from dra_driver.paths import (
     DEFAULT_PLUGINS_DIR,
     DEFAULT_REGISTRAR_DIR,
 )
+
+if TYPE_CHECKING:
+    from dra_driver.gpus.info import Inventory
 
 
 @dataclass(frozen=True)
@@ -385,9 +388,7 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         return 0 if args and args[0] in ("-h", "--help") else 2
     command, rest = args[0], args[1:]
     if command == "explain":
-        from dra_driver.scheduling.explain import main as explain_main  # noqa: PLC0415
-
-        return int(explain_main(rest))
+        return explain_main(rest)
     if command == "devices":
         return devices_main(rest)
     if command == "status":
@@ -399,6 +400,26 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
 
         return simulate_event_main(rest)
     return main(rest)
+
+
+def explain_main(
+    argv: Sequence[str], *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """``gpu-dra explain``: ``scheduling.explain`` with simulated GPUs behind ``--simulate``.
+
+    ``scheduling`` sits below ``sim``, so the discovery of simulated GPUs is passed in from here
+    (imported only when ``--simulate`` runs it)."""
+    from dra_driver.scheduling.explain import main as explain  # noqa: PLC0415
+
+    return int(
+        explain(list(argv), stdout=stdout, stderr=stderr, discover_simulated=_discover_simulated)
+    )
+
+
+def _discover_simulated(spec: str, *, node_name: str) -> Inventory:
+    from dra_driver.sim.nvml import discover_simulated  # noqa: PLC0415
+
+    return discover_simulated(spec, node_name=node_name)
 
 
 def devices_main(argv: Sequence[str]) -> int:

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.scheduling.explain import main, simulated_slices
+from dra_driver.cli import explain_main as main
 from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE
+from tests.simulatedslices import simulated_slices
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.rglob("*.yaml"))

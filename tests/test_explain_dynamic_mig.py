@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_driver.cli import explain_main as main
 from dra_driver.devices.classes import default_device_classes
 from dra_driver.quantity import parse_quantity
-from dra_driver.scheduling.explain import allocate, main, result_json, simulated_slices
+from dra_driver.scheduling.explain import allocate, result_json
+from tests.simulatedslices import simulated_slices
 
 NODE = "node1"
 DRIVER = "gpu.nvidia.com"

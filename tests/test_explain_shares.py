@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.scheduling.explain import main
+from dra_driver.cli import explain_main as main
 from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"

@@ -21,12 +21,15 @@ message construction. Optional types include ``optMap``/``optFlatMap``, ``option
 
 Modules, in the order of the flow: values -> runtime -> one module per library
 (conversions, regex, strings, quantity, lists, sets, semver, optionals) -> functions ->
-types -> parse -> compiler -> why (explains a false selector) -> program.
+types -> parse -> expr, context (what the compiler's parts share) -> comprehensions (their run
+time), cost (the estimate) -> macros, literals -> compiler -> why (explains a false selector) ->
+program. The versions (which functions a Kubernetes minor declares, the cost limit) come from
+``scheduling.environment``, which knows nothing of this package.
 """
 
 from __future__ import annotations
 
-from dra_driver.scheduling.cel.compiler import Activation, Expr, Fn
+from dra_driver.scheduling.cel.expr import Activation, Expr, Fn
 from dra_driver.scheduling.cel.program import Program, compile_expression, compile_selector
 from dra_driver.scheduling.cel.types import (
     BOOL,

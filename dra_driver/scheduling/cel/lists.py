@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dra_driver.scheduling.cel.quantity import _q_add
-from dra_driver.scheduling.cel.runtime import _arith, _cmp, _eq, _err, _no_overload
-from dra_driver.scheduling.cel.values import CelQuantity, Semver
+from dra_driver.scheduling.cel.runtime import _arith, _cmp, _err, _no_overload
+from dra_driver.scheduling.cel.values import CelQuantity, Semver, _eq
 
 
 def _list(fn: str, v: Any) -> list[Any]:

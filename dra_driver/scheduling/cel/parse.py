@@ -8,6 +8,12 @@ from importlib import resources
 
 import lark
 
+# Grammar rules that only wrap their single child (a precedence level with no operator used).
+_PASS_THROUGH = frozenset(
+    ("expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication", "unary",
+     "member")
+)  # fmt: skip
+
 
 def _grammar() -> str:
     text = resources.files("celpy").joinpath("cel.lark").read_text(encoding="utf-8")

@@ -11,14 +11,11 @@ from lark.exceptions import LarkError, UnexpectedInput
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
 from dra_driver.scheduling import environment as env
-from dra_driver.scheduling.cel.compiler import (
-    Activation,
-    Expr,
-    _compile_error,
-    _Compiler,
-    _CostCounter,
-    _syntax_error,
-)
+from dra_driver.scheduling.cel.compiler import _Compiler
+from dra_driver.scheduling.cel.comprehensions import _CostCounter
+from dra_driver.scheduling.cel.context import _compile_error, _syntax_error
+from dra_driver.scheduling.cel.cost import estimate_cost
+from dra_driver.scheduling.cel.expr import Activation, Expr
 from dra_driver.scheduling.cel.parse import _parser
 from dra_driver.scheduling.cel.types import DEVICE, T
 from dra_driver.scheduling.cel.values import _COST, MAX_EXPRESSION_BYTES, DeviceObject, _tname
@@ -33,7 +30,7 @@ class Program:
     root: Expr
     # Whether evaluation needs a runtime cost counter (it has a comprehension); spec E.2.
     counts_cost: bool = False
-    estimated_cost: int = 0  # compile_selector's estimate (environment.estimate_cost)
+    estimated_cost: int = 0  # compile_selector's estimate (cost.estimate_cost)
 
     def evaluate(self, activation: Activation) -> Any:
         """Evaluate; raise CelRuntimeError (never a Python exception) on a CEL error, including
@@ -111,7 +108,7 @@ def compile_selector(
             program.root.line,
             program.root.column,
         )
-    cost = env.estimate_cost(program.root)
+    cost = estimate_cost(program.root)
     if cost > env.COST_LIMIT:
         raise CelCompileError(
             f"too complex, exceeds cost limit: estimated cost {cost} exceeds the limit of "

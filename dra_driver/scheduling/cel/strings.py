@@ -9,8 +9,8 @@ from typing import Any
 
 from dra_driver.errors import CelRuntimeError
 from dra_driver.scheduling.cel.conversions import _to_string
-from dra_driver.scheduling.cel.runtime import _eq, _err, _no_overload
-from dra_driver.scheduling.cel.values import CelType, UInt, _tname
+from dra_driver.scheduling.cel.runtime import _err, _no_overload
+from dra_driver.scheduling.cel.values import CelType, UInt, _eq, _tname
 
 # string.format (ext.Strings): %s %d %f %e %b %o %x %X and %%, precision for f and e (``%.3f``)
 _FORMAT_CLAUSE = re.compile(r"%(?:(%)|(?:\.(\d+))?(.))", re.S)

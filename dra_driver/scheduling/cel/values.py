@@ -1,9 +1,11 @@
 """CEL values of the DRA environment: uint, Kubernetes Quantity and Semver objects, optionals,
-types, the ``device`` variable, and how values print.
+types, the ``device`` variable, how values print, and CEL equality (heterogeneous ``==`` as
+cel-go has it; an optional's equality is its value's, so it lives here, below ``runtime``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -278,8 +280,57 @@ def show_value(v: Any) -> str:
     return _show(v)
 
 
-def _eq(*args: Any) -> Any:
-    """runtime._eq, imported when first called: runtime imports this module."""
-    from dra_driver.scheduling.cel.runtime import _eq as impl  # noqa: PLC0415
+# CEL equality lives with the values (an optional's equality is its value's), below runtime.
 
-    return impl(*args)
+
+def _eq(a: Any, b: Any) -> bool:
+    ta, tb = type(a), type(b)
+    if ta is tb and ta in (str, int, bool, float, bytes, UInt, type(None)):
+        return bool(a == b)
+    if ta is bool or tb is bool:
+        return False
+    if ta in (int, UInt, float) and tb in (int, UInt, float):
+        if ta is float or tb is float:
+            if (ta is float and math.isnan(a)) or (tb is float and math.isnan(b)):
+                return False
+            return _mixed_cmp(a, b) == 0
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        if len(a) != len(b):
+            return False
+        return all(k in b and _eq(x, b[k]) for k, x in a.items())
+    if ta is tb and ta in (CelQuantity, Semver, OptionalValue, CelType):
+        return bool(a == b)
+    return False
+
+
+_INT_MIN_AS_DOUBLE = float(-(2**63))
+
+
+_INT_MAX_AS_DOUBLE = float(2**63 - 1)  # rounds to 2^63, as Go's float64(math.MaxInt64)
+
+
+_UINT_MAX_AS_DOUBLE = float(2**64 - 1)
+
+
+def _mixed_cmp(a: Any, b: Any) -> int:
+    """An int or uint against a double, as cel-go compares them (neither is NaN): a double
+    outside the integer type's range orders by its sign; otherwise the integer is converted to a
+    double (so ``9223372036854775807 == 9223372036854775808.0``), exact comparison being what
+    Python would do instead."""
+    if type(a) is float:
+        return -_mixed_cmp(b, a)
+    if type(a) is int:
+        if b < _INT_MIN_AS_DOUBLE:
+            return 1
+        if b > _INT_MAX_AS_DOUBLE:
+            return -1
+    else:
+        if b < 0:
+            return 1
+        if b > _UINT_MAX_AS_DOUBLE:
+            return -1
+    fa = float(a)
+    return -1 if fa < b else (1 if fa > b else 0)

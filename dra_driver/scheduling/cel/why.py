@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.errors import CelRuntimeError
-from dra_driver.scheduling.cel.compiler import Activation, Expr
+from dra_driver.scheduling.cel.expr import Activation, Expr
 from dra_driver.scheduling.cel.lists import _ordering
 from dra_driver.scheduling.cel.quantity import _compare_to
 from dra_driver.scheduling.cel.values import Semver, _show
