@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dra_driver.devices import NodeDevices, Taint, with_taints
+from dra_driver.devices.model import NodeDevices, Taint, with_taints
 from dra_driver.errors import (
     KubeConflict,
     KubeError,

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dra_driver.devices import CounterSet, Device, NodeDevices, RequestPolicy, Version
+from dra_driver.devices.model import CounterSet, Device, NodeDevices, RequestPolicy, Version
 from dra_driver.errors import PublishError
 from dra_driver.resourceapi import (
     GROUP,
