@@ -1,6 +1,6 @@
 """What of the NVIDIA driver install a container needs, found once at start. Pure after the scan.
 
-First step of the CDI side of the flow: the node agent calls :func:`find_driver_files` once
+First step of the CDI side of the flow: the plugin calls :func:`find_driver_files` once at start
 (``CONTAINER_DRIVER_ROOT``, named in specs as ``NVIDIA_DRIVER_ROOT``); the resulting
 :class:`DriverFiles` says which device nodes, libraries, tools and other files each driver
 capability (NVIDIA_DRIVER_CAPABILITIES) gives a container, and :meth:`DriverFiles.edits` turns
