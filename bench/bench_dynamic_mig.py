@@ -22,7 +22,8 @@ from typing import Any
 
 from bench.table import Row, print_table
 from dra_driver.devices import NodeDevices, node_devices
-from dra_driver.publish.slices import build_slices, plan_sync
+from dra_driver.publish.slices import build_slices
+from dra_driver.publish.syncplan import plan_sync
 from dra_driver.sim.nvml import discover_simulated
 
 DRIVER = "gpu.nvidia.com"

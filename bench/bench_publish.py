@@ -30,7 +30,8 @@ from bench.table import Row, print_table
 from dra_driver.devices import CounterConsumption, CounterSet, Device, NodeDevices, Version
 from dra_driver.kube import KubeClient
 from dra_driver.publish.publisher import Backoff, Publisher
-from dra_driver.publish.slices import build_slices, plan_sync
+from dra_driver.publish.slices import build_slices
+from dra_driver.publish.syncplan import plan_sync
 from dra_driver.sim.localapi import FakeKubeApi, free_port
 
 DRIVER = "gpu.nvidia.com"

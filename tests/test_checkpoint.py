@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import threading
 import time
 from pathlib import Path
@@ -12,15 +11,12 @@ from typing import Any
 
 import pytest
 
-from dra_driver.errors import CheckpointCorrupt
 from dra_driver.prepare.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
-    ClaimLocks,
     ClaimRecord,
     PreparedDevice,
-    decode,
     read_state,
 )
 
@@ -343,48 +339,6 @@ def test_removed_claims_keep_no_cached_json_between_compactions(tmp_path: Path) 
     b.close()
     a.close()
     assert set(read_state(tmp_path / "plugin/checkpoint.json")[1]) == {"kept"}
-
-
-def _hold_claim_lock(
-    path: str,
-    uid: str,
-    held: multiprocessing.synchronize.Event,
-    release: multiprocessing.synchronize.Event,
-) -> None:  # type: ignore[name-defined]
-    locks = ClaimLocks(Path(path))
-    locks.open()
-    with locks.hold(uid):
-        held.set()
-        release.wait(10)
-
-
-def test_claim_locks_exclude_other_processes(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    held, release = ctx.Event(), ctx.Event()
-    proc = ctx.Process(
-        target=_hold_claim_lock, args=(str(tmp_path / "claims.lock"), "u1", held, release)
-    )
-    proc.start()
-    try:
-        assert held.wait(20)
-        locks = ClaimLocks(tmp_path / "claims.lock")
-        locks.open()
-        with locks.try_hold("u1") as got:
-            assert not got
-        with locks.try_hold("u2-other") as got:
-            assert got
-        release.set()
-        proc.join(10)
-        with locks.try_hold("u1") as got:
-            assert got
-    finally:
-        release.set()
-        proc.join(10)
-
-
-def test_decode_rejects_a_file_that_is_not_ours() -> None:
-    with pytest.raises(CheckpointCorrupt, match="missing data or checksum"):
-        decode(b'{"version": 2}')
 
 
 def test_get_needs_no_file_lock_while_nothing_changed_on_disk(

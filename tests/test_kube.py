@@ -1,10 +1,10 @@
-"""kube.py through the real kubernetes client, over HTTP, against dra_driver/sim/localapi.py."""
+"""kube/ through the real kubernetes client, over HTTP, against dra_driver/sim/localapi.py: the
+connection (discovery, errors, configuration), the ResourceSlice, claim, Node and Event calls."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from dra_driver.devices import Device, NodeDevices, Taint
 from dra_driver.errors import (
     ConfigError,
     KubeConflict,
@@ -23,37 +22,9 @@ from dra_driver.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
-from dra_driver.kube import API_PERMISSIONS, EXPLAIN_PERMISSIONS, KubeClient
-from dra_driver.publish.slices import build_slices, to_api_objects
+from dra_driver.kube import API_PERMISSIONS, KubeClient
 from dra_driver.sim.localapi import FakeKubeApi
-
-DRIVER = "gpu.nvidia.com"
-
-
-def client(api: FakeKubeApi, tmp_path: Path) -> KubeClient:
-    return KubeClient.from_config(
-        kubeconfig=api.write_kubeconfig(tmp_path / "kc"), timeout_s=2, connect_timeout_s=1
-    )
-
-
-def slice_body(node: str = "node1", *, devices: int = 2, driver: str = DRIVER) -> dict[str, Any]:
-    taint = Taint(key="gpu.nvidia.com/xid", value="79", effect="NoSchedule")
-    pool = build_slices(
-        NodeDevices(
-            devices=tuple(
-                Device(
-                    name=f"gpu-{i}",
-                    attributes={"type": "gpu"},
-                    capacity={"memory": "80Gi"},
-                    taints=(taint,) if i == 0 else (),
-                )
-                for i in range(devices)
-            )
-        ),
-        driver_name=driver,
-        node_name=node,
-    )
-    return to_api_objects(pool, node_uid="node-uid")[0]
+from tests.kubedata import DRIVER, claim, client, slice_body
 
 
 @pytest.fixture
@@ -168,54 +139,6 @@ def test_an_invalid_slice_is_rejected_with_the_servers_reason(kube: KubeClient) 
         kube.create_slice(body)
 
 
-# --- watch ---------------------------------------------------------------------------------------
-
-
-def test_watch_reports_creates_and_deletes_and_close_unblocks_it(
-    kubeapi: FakeKubeApi, kube: KubeClient
-) -> None:
-    start = kube.list_slices(driver_name=DRIVER, node_name="node1").resource_version
-    stream = kube.watch_slices(
-        driver_name=DRIVER, node_name="node1", resource_version=start, timeout_s=30
-    )
-    seen: list[tuple[str, str]] = []
-
-    def read() -> None:
-        for event in stream:
-            seen.append((event.type, event.object["spec"]["nodeName"]))
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    kube.create_slice(slice_body("node2"))  # filtered out by the field selector
-    stored = kube.create_slice(slice_body("node1"))
-    kubeapi.delete_slices(node_name="node1")
-    deadline = time.monotonic() + 5
-    while len(seen) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    began = time.monotonic()
-    stream.close()
-    reader.join(5)
-    assert not reader.is_alive()
-    assert time.monotonic() - began < 1.0
-    assert seen == [("ADDED", "node1"), ("DELETED", "node1")]
-    assert stored["metadata"]["name"]
-
-
-def test_a_watch_from_a_compacted_version_raises_gone(
-    kubeapi: FakeKubeApi, kube: KubeClient
-) -> None:
-    start = kube.list_slices(driver_name=DRIVER, node_name="node1").resource_version
-    kube.create_slice(slice_body())
-    kubeapi.compact()
-    with (
-        kube.watch_slices(
-            driver_name=DRIVER, node_name="node1", resource_version=start, timeout_s=5
-        ) as stream,
-        pytest.raises(KubeGone, match="too old resource version"),
-    ):
-        list(stream)
-
-
 # --- error mapping -------------------------------------------------------------------------------
 
 
@@ -296,32 +219,6 @@ def test_get_node_returns_the_node_and_raises_not_found(
     assert kube.get_node("node1")["metadata"]["uid"] == node["metadata"]["uid"]
     with pytest.raises(KubeNotFound, match='nodes "node9" not found'):
         kube.get_node("node9")
-
-
-def claim(namespace: str = "ns1") -> dict[str, Any]:
-    return {
-        "metadata": {"name": "claim-a", "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}},
-                    {
-                        "name": "any",
-                        "firstAvailable": [{"name": "big", "deviceClassName": "gpu.nvidia.com"}],
-                    },
-                ]
-            }
-        },
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpus", "driver": DRIVER, "pool": "node1", "device": "gpu-0"}
-                    ]
-                }
-            }
-        },
-    }
 
 
 @pytest.mark.parametrize("served", [("v1",), ("v1beta2",), ("v1beta1",)])
@@ -411,109 +308,6 @@ def test_without_kubeconfig_outside_a_pod_the_error_says_so(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="not running in a Pod"):
         KubeClient.from_config()
-
-
-def test_a_watch_broken_by_the_server_raises_unavailable_and_closes_cleanly(
-    kubeapi: FakeKubeApi, kube: KubeClient
-) -> None:
-    start = kube.list_slices(driver_name=DRIVER, node_name="node1").resource_version
-    stream = kube.watch_slices(
-        driver_name=DRIVER, node_name="node1", resource_version=start, timeout_s=30
-    )
-    outcome: list[BaseException | None] = []
-
-    def read() -> None:
-        try:
-            list(stream)
-            outcome.append(None)
-        except BaseException as exc:  # recorded and asserted below
-            outcome.append(exc)
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    time.sleep(0.1)
-    kubeapi.kill_connections()  # the API server goes away mid-watch (no final chunk)
-    reader.join(5)
-    assert not reader.is_alive()
-    (error,) = outcome
-    assert isinstance(error, KubeUnavailable), repr(error)
-    assert "watch resourceslices" in str(error)
-    # The reader's cleanup closes the stream after the break, and so may stop() from another
-    # thread: neither may raise (a raise here killed the publisher's watch thread).
-    stream.close()
-    stream.close()
-
-
-# --- what gpu-dra explain reads ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("served", [("v1",), ("v1beta2",), ("v1beta1",)])
-def test_list_resource_claims_returns_every_namespace_in_v1_shape(
-    tmp_path: Path, served: tuple[str, ...]
-) -> None:
-    api = FakeKubeApi(versions=served).start()
-    try:
-        stored = [api.add_claim(claim("ns2")), api.add_claim(claim("ns1"))]
-        kube = client(api, tmp_path)
-        got = kube.list_resource_claims()
-        kube.close()
-        assert [(c["metadata"]["namespace"], c["kind"], c["apiVersion"]) for c in got] == [
-            ("ns1", "ResourceClaim", "resource.k8s.io/v1"),
-            ("ns2", "ResourceClaim", "resource.k8s.io/v1"),
-        ]
-        assert got[0]["spec"] == stored[1]["spec"]
-        assert got[0]["status"] == stored[1]["status"]
-        assert got[0]["metadata"]["uid"] == stored[1]["metadata"]["uid"]
-        assert ("list", "resourceclaims", "", "") in api.requests
-    finally:
-        api.stop()
-
-
-DEVICE_TAINT_RULE = {
-    "metadata": {"name": "gpu-0-broken"},
-    "spec": {
-        "deviceSelector": {"driver": DRIVER, "pool": "node1", "device": "gpu-0"},
-        "taint": {"key": "example.com/broken", "effect": "NoSchedule"},
-    },
-}
-
-
-@pytest.mark.parametrize("version", ["v1alpha3", "v1beta2", "v1"])
-def test_device_taint_rules_are_listed_in_the_version_the_cluster_serves(
-    tmp_path: Path, version: str
-) -> None:
-    api = FakeKubeApi(device_taint_rule_versions=(version,)).start()
-    try:
-        api.put("devicetaintrules", DEVICE_TAINT_RULE)
-        kube = client(api, tmp_path)
-        rules = kube.list_device_taint_rules()
-        kube.close()
-        assert rules is not None
-        (rule,) = rules
-        assert rule["apiVersion"] == f"resource.k8s.io/{version}"
-        assert rule["kind"] == "DeviceTaintRule"
-        assert rule["spec"] == DEVICE_TAINT_RULE["spec"]
-    finally:
-        api.stop()
-
-
-def test_device_taint_rules_not_served_are_none(kubeapi: FakeKubeApi, kube: KubeClient) -> None:
-    assert kube.list_device_taint_rules() is None
-    assert not any(r.resource == "devicetaintrules" for r in kubeapi.requests)
-
-
-def test_every_request_explain_makes_is_listed_in_explain_permissions(tmp_path: Path) -> None:
-    api = FakeKubeApi(device_taint_rule_versions=("v1alpha3",)).start()
-    try:
-        kube = client(api, tmp_path)
-        kube.list_all_slices()
-        kube.list_device_classes()
-        kube.list_resource_claims()
-        kube.list_device_taint_rules()
-        kube.close()
-        assert api.permissions_used() == set(EXPLAIN_PERMISSIONS)
-    finally:
-        api.stop()
 
 
 def test_the_agent_path_loads_none_of_the_clients_model_machinery(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from dra_driver.devices import Device, NodeDevices, RequestPolicy, node_devices, validate_device
 from dra_driver.errors import DeviceModelError
-from dra_driver.publish.slices import build_slices, plan_sync
+from dra_driver.publish.slices import build_slices
+from dra_driver.publish.syncplan import plan_sync
 from dra_driver.quantity import parse_quantity
 from dra_driver.scheduling.allocator import ExactRequest, capacity_problem, parse_slice
 from dra_driver.sharing.shares import (

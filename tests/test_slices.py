@@ -1,11 +1,9 @@
-"""slices.py: chunking, API shapes, validation and the G.3 sync plan. Pure: no server involved;
+"""slices.py: chunking, API shapes and validation. Pure: no server involved;
 the slice limits are checked with the fake API server's independent validator, and the slices of a
 simulated MIG node against Kubernetes' strict OpenAPI schemas."""
 
 from __future__ import annotations
 
-import copy
-import itertools
 from typing import Any
 
 import kubernetes_validate
@@ -13,93 +11,24 @@ import pytest
 
 from dra_driver.devices import (
     CounterConsumption,
-    CounterSet,
     Device,
     NodeDevices,
     Taint,
-    Version,
     node_devices,
     with_taints,
 )
 from dra_driver.errors import PublishError
 from dra_driver.health.decisions import MAX_HEALTH_TAINTS
 from dra_driver.publish.slices import (
-    DesiredPool,
     SliceContent,
     build_slices,
     content_of,
-    convert_slice,
-    dropped_fields,
-    plan_sync,
     slice_index,
-    slice_to_v1,
     to_api_objects,
 )
 from dra_driver.sim.localapi import validate_slice
 from dra_driver.sim.nvml import discover_simulated
-
-DRIVER = "gpu.nvidia.com"
-NODE = "node1"
-_uid = itertools.count()
-
-
-def gpu(
-    minor: int,
-    *,
-    taints: tuple[Taint, ...] = (),
-    counter_set: str | None = None,
-    memory: str = "80Gi",
-) -> Device:
-    consumes = (
-        (CounterConsumption(counter_set=counter_set, counters={"memory": memory}),)
-        if counter_set
-        else ()
-    )
-    return Device(
-        name=f"gpu-{minor}",
-        attributes={
-            "type": "gpu",
-            "uuid": f"GPU-{minor:08d}",
-            "cudaComputeCapability": Version("9.0.0"),
-            "minorNumber": minor,
-            "mig": False,
-        },
-        capacity={"memory": memory},
-        consumes_counters=consumes,
-        taints=taints,
-    )
-
-
-def counter_set(name: str) -> CounterSet:
-    return CounterSet(name=name, counters={"memory": "80Gi", "multiprocessors": "132"})
-
-
-def build(node_devices: NodeDevices, **kw: Any) -> DesiredPool:
-    return build_slices(node_devices, driver_name=DRIVER, node_name=NODE, **kw)
-
-
-def stored(body: dict[str, Any]) -> dict[str, Any]:
-    """What the API server keeps of a created body: a name, uid, resourceVersion, taint times."""
-    obj = copy.deepcopy(body)
-    n = next(_uid)
-    meta = obj["metadata"]
-    meta["name"] = meta["generateName"] + f"x{n:04d}"[-5:]
-    meta["uid"] = f"uid-{n}"
-    meta["resourceVersion"] = str(1000 + n)
-    for device in obj["spec"].get("devices", ()):
-        for taint in device.get("taints", ()):
-            taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
-    return obj
-
-
-def publish(pool: DesiredPool) -> list[dict[str, Any]]:
-    plan = plan_sync(pool, [], node_uid="node-uid")
-    return [stored(w.body) for w in plan.creates]
-
-
-def sizes(pool: DesiredPool) -> list[tuple[int, int]]:
-    return [(len(s.devices), len(s.shared_counters)) for s in pool.slices]
-
+from tests.slicedata import DRIVER, NODE, build, counter_set, gpu, publish, sizes
 
 # --- chunking ------------------------------------------------------------------------------------
 
@@ -211,161 +140,6 @@ def test_a_device_name_that_is_not_a_dns_label_is_rejected() -> None:
         build(NodeDevices(devices=(device,)))
 
 
-# --- the sync plan -------------------------------------------------------------------------------
-
-
-def test_first_publication_creates_every_slice_at_generation_1() -> None:
-    pool = build(NodeDevices(devices=tuple(gpu(i) for i in range(200))))
-    plan = plan_sync(pool, [], node_uid="node-uid")
-    assert (plan.generation, plan.bumped) == (1, True)
-    assert [w.index for w in plan.creates] == [0, 1]
-    assert plan.updates == () and plan.deletes == ()
-    assert all(w.body["spec"]["pool"]["generation"] == 1 for w in plan.creates)
-
-
-def test_restart_with_unchanged_devices_plans_no_writes() -> None:
-    taint = Taint(key="gpu.nvidia.com/gpu-lost", value="", effect="NoSchedule")
-    devices = NodeDevices(
-        devices=tuple(gpu(i, taints=(taint,) if i == 3 else ()) for i in range(300)),
-        counter_sets=(counter_set("cs"),),
-    )
-    existing = publish(build(devices))
-    plan = plan_sync(build(devices), existing, node_uid="node-uid")
-    assert plan.write_count == 0
-    assert (plan.generation, plan.bumped) == (1, False)
-    assert sorted(plan.unchanged) == sorted(o["metadata"]["name"] for o in existing)
-
-
-def test_one_changed_slice_is_updated_in_place_at_the_same_generation() -> None:
-    devices = [gpu(i) for i in range(200)]
-    existing = publish(build(NodeDevices(devices=tuple(devices))))
-    devices[150] = gpu(150, memory="40Gi")
-    plan = plan_sync(build(NodeDevices(devices=tuple(devices))), existing, node_uid="node-uid")
-    assert (plan.generation, plan.bumped) == (1, False)
-    assert [w.index for w in plan.updates] == [1]
-    assert plan.creates == () and plan.deletes == ()
-    body = plan.updates[0].body
-    assert body["metadata"]["name"] == existing[1]["metadata"]["name"]
-    assert body["metadata"]["resourceVersion"] == existing[1]["metadata"]["resourceVersion"]
-    assert body["spec"]["devices"][150 - 128]["capacity"]["memory"] == {"value": "40Gi"}
-
-
-def test_two_changed_slices_bump_the_generation_and_rewrite_every_slice() -> None:
-    devices = [gpu(i) for i in range(300)]
-    existing = publish(build(NodeDevices(devices=tuple(devices))))
-    devices[0] = gpu(0, memory="40Gi")
-    devices[200] = gpu(200, memory="40Gi")
-    plan = plan_sync(build(NodeDevices(devices=tuple(devices))), existing, node_uid="node-uid")
-    assert (plan.generation, plan.bumped) == (2, True)
-    assert [w.index for w in plan.updates] == [0, 1, 2]
-    assert all(w.body["spec"]["pool"]["generation"] == 2 for w in plan.updates)
-
-
-def test_a_new_slice_bumps_the_generation() -> None:
-    existing = publish(build(NodeDevices(devices=tuple(gpu(i) for i in range(100)))))
-    plan = plan_sync(
-        build(NodeDevices(devices=tuple(gpu(i) for i in range(200)))), existing, node_uid="u"
-    )
-    assert (plan.generation, plan.bumped) == (2, True)
-    assert [w.index for w in plan.updates] == [0]
-    assert [w.index for w in plan.creates] == [1]
-    assert plan.creates[0].body["spec"]["pool"] == {
-        "name": NODE,
-        "generation": 2,
-        "resourceSliceCount": 2,
-    }
-
-
-def test_a_shrinking_pool_deletes_the_extra_slice() -> None:
-    existing = publish(build(NodeDevices(devices=tuple(gpu(i) for i in range(200)))))
-    plan = plan_sync(
-        build(NodeDevices(devices=tuple(gpu(i) for i in range(100)))), existing, node_uid="u"
-    )
-    assert [d.name for d in plan.deletes] == [existing[1]["metadata"]["name"]]
-    assert plan.deletes[0].uid == existing[1]["metadata"]["uid"]
-    assert [w.index for w in plan.updates] == [0]
-
-
-def test_foreign_names_old_generations_other_pools_and_duplicates_are_deleted() -> None:
-    pool = build(NodeDevices(devices=(gpu(0),)))
-    (good,) = publish(pool)
-    old_style = copy.deepcopy(good)
-    old_style["metadata"].update(name="node1-gpu.nvidia.com-abcde", uid="old")
-    duplicate = copy.deepcopy(good)
-    duplicate["metadata"].update(name=good["metadata"]["name"] + "z", uid="dup")
-    out_of_range = copy.deepcopy(good)
-    out_of_range["metadata"].update(name="00007-gpu.nvidia.com-node1-qqqqq", uid="range")
-    other_pool = copy.deepcopy(good)
-    other_pool["spec"]["pool"]["name"] = "renamed"
-    other_pool["metadata"].update(name="00000-gpu.nvidia.com-node1-other", uid="pool")
-    stale = copy.deepcopy(good)
-    stale["metadata"].update(name="00000-gpu.nvidia.com-node1-stale", uid="stale")
-    stale["spec"]["pool"]["generation"] = 0
-    plan = plan_sync(
-        pool, [old_style, duplicate, good, out_of_range, other_pool, stale], node_uid="node-uid"
-    )
-    assert {d.uid for d in plan.deletes} == {"old", "dup", "range", "pool", "stale"}
-    assert plan.updates == () and plan.creates == ()
-    assert plan.unchanged == (good["metadata"]["name"],)
-
-
-def test_a_driver_generation_above_the_current_one_is_used() -> None:
-    devices = NodeDevices(devices=(gpu(0),))
-    existing = publish(build(devices))
-    plan = plan_sync(build(devices, generation=7), existing, node_uid="node-uid")
-    assert (plan.generation, plan.bumped) == (7, True)
-    assert [w.index for w in plan.updates] == [0]
-
-
-def test_after_the_kubelet_wiped_the_slices_the_pool_restarts_at_generation_1() -> None:
-    devices = [gpu(i) for i in range(300)]
-    existing = publish(build(NodeDevices(devices=tuple(devices))))
-    devices[0] = gpu(0, memory="1Gi")
-    devices[299] = gpu(299, memory="1Gi")
-    plan = plan_sync(build(NodeDevices(devices=tuple(devices))), existing, node_uid="u")
-    assert plan.generation == 2
-    assert plan_sync(build(NodeDevices(devices=tuple(devices))), [], node_uid="u").generation == 1
-
-
-def test_server_set_taint_times_are_kept_on_update() -> None:
-    taint = Taint(key="gpu.nvidia.com/xid", value="79", effect="NoExecute")
-    before = build(NodeDevices(devices=(gpu(0, taints=(taint,)), gpu(1))))
-    existing = publish(before)
-    after = build(NodeDevices(devices=(gpu(0, taints=(taint,)), gpu(1, memory="1Gi"))))
-    (update,) = plan_sync(after, existing, node_uid="node-uid").updates
-    assert update.body["spec"]["devices"][0]["taints"] == [
-        {**existing[0]["spec"]["devices"][0]["taints"][0]}
-    ]
-    assert update.body["spec"]["devices"][0]["taints"][0]["timeAdded"] == "2026-01-01T00:00:00Z"
-
-
-def test_taint_times_within_a_second_are_equal_and_further_apart_are_not() -> None:
-    taint = Taint(key="k", value="v", effect="NoSchedule")
-    pool = build(NodeDevices(devices=(gpu(0, taints=(taint,)),)))
-    adopted = pool.with_slice(
-        0,
-        SliceContent(
-            devices=(
-                {
-                    **pool.slices[0].devices[0],
-                    "taints": [
-                        {
-                            "key": "k",
-                            "value": "v",
-                            "effect": "NoSchedule",
-                            "timeAdded": "2026-01-01T00:00:00.500000Z",
-                        }
-                    ],
-                },
-            )
-        ),
-    )
-    (obj,) = publish(pool)
-    assert plan_sync(adopted, [obj], node_uid="u").write_count == 0
-    obj["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-01-01T00:00:05Z"
-    assert plan_sync(adopted, [obj], node_uid="u").write_count == 1
-
-
 def test_slice_names_are_matched_by_index_prefix_even_when_truncated() -> None:
     long_node = "n" * 60
     pool = build_slices(NodeDevices(), driver_name=DRIVER, node_name=long_node)
@@ -374,48 +148,6 @@ def test_slice_names_are_matched_by_index_prefix_even_when_truncated() -> None:
     assert slice_index("00000-other.driver-" + long_node, pool) is None
     assert slice_index("0000g-gpu.nvidia.com-" + long_node, pool) is None
     assert slice_index("000000-gpu.nvidia.com-", pool) is None
-
-
-# --- shapes and dropped fields -------------------------------------------------------------------
-
-
-def test_v1beta1_wraps_device_fields_in_basic_and_converts_back() -> None:
-    taint = Taint(key="k", value="v", effect="NoSchedule")
-    pool = build(NodeDevices(devices=(gpu(0, taints=(taint,)),)))
-    (obj,) = to_api_objects(pool, node_uid="node-uid")
-    beta1 = convert_slice(obj, api_version="v1beta1")
-    assert beta1["apiVersion"] == "resource.k8s.io/v1beta1"
-    device = beta1["spec"]["devices"][0]
-    assert set(device) == {"name", "basic"}
-    assert device["basic"]["capacity"] == {"memory": {"value": "80Gi"}}
-    assert device["basic"]["taints"] == [{"key": "k", "value": "v", "effect": "NoSchedule"}]
-    assert slice_to_v1(beta1) == obj
-    beta2 = convert_slice(obj, api_version="v1beta2")
-    assert beta2["spec"] == obj["spec"]
-    assert beta2["apiVersion"] == "resource.k8s.io/v1beta2"
-
-
-def test_dropped_taints_and_counters_name_their_feature_gates() -> None:
-    taint = Taint(key="k", value="v", effect="NoSchedule")
-    pool = build(
-        NodeDevices(
-            devices=(gpu(0, taints=(taint,), counter_set="cs"),), counter_sets=(counter_set("cs"),)
-        )
-    )
-    sent = pool.slices[1]
-    kept = SliceContent(
-        devices=(
-            {k: v for k, v in sent.devices[0].items() if k not in ("taints", "consumesCounters")},
-        )
-    )
-    gates = {(d.path, d.gate) for d in dropped_fields(sent, kept)}
-    assert gates == {
-        ("devices[].taints", "DRADeviceTaints"),
-        ("devices[].consumesCounters", "DRAPartitionableDevices"),
-    }
-    counters = pool.slices[0]
-    assert [d.gate for d in dropped_fields(counters, SliceContent())] == ["DRAPartitionableDevices"]
-    assert dropped_fields(sent, sent) == ()
 
 
 def test_content_of_reads_devices_and_counters_of_an_object() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from dra_driver.resourceapi import DEVICE_CLASS, GROUP
+
 DEFAULT_DRIVER_NAME: Final = "gpu.nvidia.com"
 GPU_CLASS: Final = "gpu.nvidia.com"
 MIG_CLASS: Final = "mig.nvidia.com"
@@ -38,8 +40,8 @@ def default_device_classes(driver_name: str = DEFAULT_DRIVER_NAME) -> list[dict[
     """The chart's classes as resource.k8s.io/v1 DeviceClass objects."""
     return [
         {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
+            "apiVersion": f"{GROUP}/v1",
+            "kind": DEVICE_CLASS,
             "metadata": {"name": name},
             "spec": {"selectors": [{"cel": {"expression": class_expression(driver_name, kind)}}]},
         }

@@ -1,31 +1,21 @@
-"""Which claims this node has prepared: a versioned, checksummed snapshot plus a journal, shared
-by plugin instances.
+"""Which claims this node has prepared: a snapshot plus a journal, shared by plugin instances.
 
-Sits under prepare.py: every prepare and unprepare records its progress here before it answers
-the kubelet, so that a restarted plugin (or the second instance of a rolling update) knows what is
-prepared. Files in the plugin data dir:
+Sits under the preparer (prepare/__init__.py): every prepare and unprepare records its progress
+here before it answers the kubelet, so that a restarted plugin (or the second instance of a
+rolling update) knows what is prepared. The records are checkpointrecords.py's; their bytes on
+disk (``checkpoint.json``, the snapshot, and ``checkpoint.journal``, one line per commit) are
+checkpointformat.py's. This module owns the files and the in-memory copy:
 
-- ``checkpoint.json``, the snapshot, written atomically (temp file, fsync, rename, fsync of the
-  directory)::
-
-    {"version": 2, "checksum": "<sha256 of data>",
-     "data": {"bootId": ..., "seq": <last change>, "claims": {uid: record}}}
-
-- ``checkpoint.journal``, the changes since the snapshot, one JSON line per commit, appended
-  and fdatasync'd::
-
-    {"checksum": "<sha256 of entry>", "entry": {"seq": n, "put": {uid: record}, "del": [uid]}}
-
-  An append costs one small fdatasync where rewriting the snapshot costs a new file, two fsyncs
-  and a rename; that is most of a prepare's disk time. ``compact()`` folds the journal into a
-  new snapshot once it passes ``COMPACT_AFTER_BYTES``; the plugin calls it from its periodic
-  repair (off the prepare path) and on a clean stop.
+- The snapshot is written atomically (temp file, fsync, rename, fsync of the directory); a
+  commit appends one journal line and fdatasyncs it. An append costs one small fdatasync where
+  rewriting the snapshot costs a new file, two fsyncs and a rename; that is most of a prepare's
+  disk time. ``compact()`` folds the journal into a new snapshot once it passes
+  ``COMPACT_AFTER_BYTES``; the plugin calls it from its periodic repair (off the prepare path)
+  and on a clean stop.
 
 Rules:
 
-- Two phases per claim (nvidia-compat.md "Checkpoint"): ``PrepareStarted`` is recorded before
-  anything is changed on the node, ``PrepareCompleted`` once the CDI spec is on disk. A claim
-  left in ``PrepareStarted`` is rolled back by the next reconcile.
+- A claim left in ``PrepareStarted`` is rolled back by the next reconcile.
 - The node's boot ID is recorded: after a reboot nothing counts as prepared.
 - Snapshots of the earlier snapshot-only format (version 1) are read, so an upgrade keeps the
   prepared claims; the next snapshot is written as version 2.
@@ -38,121 +28,69 @@ Rules:
 - Damage (snapshot truncated, not JSON, wrong checksum, unknown future version; a journal line
   with a wrong checksum, or a gap in the sequence numbers) never stops the plugin: snapshot and
   journal are moved aside as ``<name>.corrupt-<ts>`` and reported; the caller rebuilds the
-  state (prepare.py: from the CDI specs on disk and the API).
+  state (the preparer: from the CDI specs on disk and the API).
 
-``ClaimLocks`` serialises work on one claim across threads and processes (byte-range locks on
-``claims.lock``), so the same claim is never prepared and unprepared at once.
+``ClaimLocks`` (checkpointlocks.py) serialises work on one claim across threads and processes.
+The names other modules import from here are re-exported from those three modules.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dra_driver.errors import CheckpointCorrupt, CheckpointError
 from dra_driver.fsutil import fsync_dir, write_all
+from dra_driver.prepare.checkpointformat import (
+    apply_entries,
+    claim_member,
+    decode,
+    decode_snapshot,
+    encode_journal_line,
+    encode_snapshot,
+    parse_journal,
+    record_json,
+)
+from dra_driver.prepare.checkpointlocks import ClaimLocks
+from dra_driver.prepare.checkpointrecords import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    ClaimRecord,
+    Claims,
+    Phase,
+    PreparedDevice,
+)
+
+__all__ = [
+    "BOOT_ID_PATH",
+    "PREPARE_COMPLETED",
+    "PREPARE_STARTED",
+    "Checkpoint",
+    "ClaimLocks",
+    "ClaimRecord",
+    "Claims",
+    "LoadReport",
+    "Phase",
+    "PreparedDevice",
+    "decode",
+    "read_boot_id",
+    "read_state",
+]
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: the snapshot-only format of earlier releases (no "seq")
 COMPACT_AFTER_BYTES = 256 * 1024  # journal size at which compact() folds it into the snapshot
 COMPACT_HARD_LIMIT_FACTOR = 8  # an append folds it itself past 8 x that (2 MiB)
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-Phase = Literal["PrepareStarted", "PrepareCompleted"]
-PREPARE_STARTED: Phase = "PrepareStarted"
-PREPARE_COMPLETED: Phase = "PrepareCompleted"
-_LOCK_STRIPES = 4096
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device of a prepared claim, as answered to the kubelet."""
-
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
-    admin_access: bool = False
-    config: Mapping[str, Any] = field(default_factory=dict)  # effective opaque config
-    # a share's consumedCapacity (shares.py; empty for a device held whole)
-    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ClaimRecord:
-    """A claim in the checkpoint. ``namespace``/``name`` are empty for a claim rebuilt from its
-    CDI spec after the checkpoint was lost; the next prepare of it fetches them again."""
-
-    uid: str
-    namespace: str
-    name: str
-    phase: Phase
-    devices: tuple[PreparedDevice, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "name": self.name,
-            "phase": self.phase,
-            "devices": [
-                {
-                    "requestNames": list(d.request_names),
-                    "pool": d.pool,
-                    "device": d.device,
-                    "cdiDeviceIds": list(d.cdi_device_ids),
-                    **({"shareId": d.share_id} if d.share_id is not None else {}),
-                    **(
-                        {"consumedCapacity": dict(d.consumed_capacity)}
-                        if d.consumed_capacity
-                        else {}
-                    ),
-                    **({"adminAccess": True} if d.admin_access else {}),
-                    "config": dict(d.config),
-                }
-                for d in self.devices
-            ],
-        }
-
-    @staticmethod
-    def from_json(uid: str, obj: Mapping[str, Any]) -> ClaimRecord:
-        phase = obj["phase"]
-        if phase not in (PREPARE_STARTED, PREPARE_COMPLETED):
-            raise ValueError(f"unknown phase {phase!r}")
-        return ClaimRecord(
-            uid=uid,
-            namespace=str(obj["namespace"]),
-            name=str(obj["name"]),
-            phase=phase,
-            devices=tuple(
-                PreparedDevice(
-                    request_names=tuple(str(r) for r in d["requestNames"]),
-                    pool=str(d["pool"]),
-                    device=str(d["device"]),
-                    cdi_device_ids=tuple(str(c) for c in d["cdiDeviceIds"]),
-                    share_id=None if d.get("shareId") is None else str(d["shareId"]),
-                    admin_access=bool(d.get("adminAccess", False)),
-                    config=dict(d.get("config") or {}),
-                    consumed_capacity={
-                        str(k): str(v) for k, v in (d.get("consumedCapacity") or {}).items()
-                    },
-                )
-                for d in obj["devices"]
-            ),
-        )
 
 
 @dataclass(frozen=True)
@@ -165,33 +103,6 @@ class LoadReport:
     corrupt_reason: str = ""
 
 
-class Claims(dict[str, ClaimRecord]):
-    """The claim table handed to a transaction; remembers which claims were changed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.touched: set[str] = set()
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.touched)
-
-    def __setitem__(self, key: str, value: ClaimRecord) -> None:
-        self.touched.add(key)
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        self.touched.add(key)
-        super().__delitem__(key)
-
-    def discard(self, key: str) -> ClaimRecord | None:
-        if key in self:
-            record = self[key]
-            del self[key]
-            return record
-        return None
-
-
 @dataclass
 class _Pending(Generic[T]):
     op: Callable[[Claims], T]
@@ -199,15 +110,6 @@ class _Pending(Generic[T]):
     done: bool = False
     result: T | None = None
     error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One journal line: the claims a group commit put and deleted."""
-
-    seq: int
-    put: dict[str, ClaimRecord]
-    delete: tuple[str, ...]
 
 
 def read_boot_id(path: Path) -> str:
@@ -335,13 +237,13 @@ class Checkpoint:
             self._write_snapshot_locked()
             return LoadReport(claims=0)
         try:
-            boot_id, seq, claims = _decode_snapshot(raw)
+            boot_id, seq, claims = decode_snapshot(raw)
         except CheckpointCorrupt as exc:
             return self._corrupt(self.path, str(exc))
         if boot_id != self.boot_id:
             try:
                 entries, _, _ = parse_journal(journal, after_seq=seq)
-                seq = _apply(claims, entries, seq)
+                seq = apply_entries(claims, entries, seq)
             except CheckpointCorrupt:
                 pass  # an earlier boot's journal: counted as far as it reads, then dropped
             log.info(
@@ -355,7 +257,7 @@ class Checkpoint:
             entries, end, torn = parse_journal(journal, after_seq=seq)
         except CheckpointCorrupt as exc:
             return self._corrupt(self.journal_path, str(exc))
-        seq = _apply(claims, entries, seq)
+        seq = apply_entries(claims, entries, seq)
         self._set_claims(claims, seq=seq)
         self._snapshot_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         self._journal_end = end
@@ -500,7 +402,7 @@ class Checkpoint:
                 self._corrupt(self.journal_path, str(exc))
                 return
             with self._cond:
-                self._seq = _apply(self._claims, entries, self._seq)
+                self._seq = apply_entries(self._claims, entries, self._seq)
                 self._forget_fragments([u for u in self._fragments if u not in self._claims])
             self._journal_end += end
             if torn:
@@ -554,17 +456,14 @@ class Checkpoint:
     def _append_locked(self, touched: set[str], *, durable: bool) -> None:
         with self._cond:
             seq = self._seq + 1
-            put = ",".join(
-                f"{json.dumps(uid)}:{self._fragment(uid)}"
+            put = [
+                claim_member(uid, self._fragment(uid))
                 for uid in sorted(touched)
                 if uid in self._claims
-            )
+            ]
             removed = sorted(uid for uid in touched if uid not in self._claims)
-            delete = _canonical(removed)
             self._forget_fragments(removed)
-        entry = f'{{"del":{delete},"put":{{{put}}},"seq":{seq}}}'
-        checksum = hashlib.sha256(entry.encode()).hexdigest()
-        line = f'{{"checksum":"{checksum}","entry":{entry}}}\n'.encode()
+        line = encode_journal_line(seq=seq, put=put, delete=removed)
         write_all(self._journal_fd, line)
         if durable:
             os.fdatasync(self._journal_fd)
@@ -604,7 +503,7 @@ class Checkpoint:
         record = self._claims[uid]
         cached = self._fragments.get(uid)
         if cached is None or cached[0] is not record:
-            cached = (record, _canonical(record.to_json()))
+            cached = (record, record_json(record))
             self._fragments[uid] = cached
         return cached[1]
 
@@ -616,15 +515,10 @@ class Checkpoint:
             self._fragments.pop(uid, None)
 
     def _encode_snapshot(self) -> bytes:
-        parts = [f"{json.dumps(uid)}:{self._fragment(uid)}" for uid in sorted(self._claims)]
+        parts = [claim_member(uid, self._fragment(uid)) for uid in sorted(self._claims)]
         for uid in [u for u in self._fragments if u not in self._claims]:
             del self._fragments[uid]
-        data = (
-            f'{{"bootId":{json.dumps(self.boot_id)},"claims":{{{",".join(parts)}}},'
-            f'"seq":{self._seq}}}'
-        )
-        checksum = hashlib.sha256(data.encode()).hexdigest()
-        return f'{{"version":{VERSION},"checksum":"{checksum}","data":{data}}}\n'.encode()
+        return encode_snapshot(boot_id=self.boot_id, seq=self._seq, claims=parts)
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
@@ -637,182 +531,16 @@ class Checkpoint:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
 
-def decode(raw: bytes) -> tuple[str, dict[str, ClaimRecord]]:
-    """Parse and verify a snapshot file; CheckpointCorrupt says why it cannot be used."""
-    boot_id, _, claims = _decode_snapshot(raw)
-    return boot_id, claims
-
-
 def read_state(path: Path) -> tuple[str, dict[str, ClaimRecord]]:
     """Boot ID and claims recorded by the snapshot at ``path`` and its journal (read-only).
 
     For tools and tests; a torn last journal line is ignored as the plugin would.
     """
-    boot_id, seq, claims = _decode_snapshot(path.read_bytes())
+    boot_id, seq, claims = decode_snapshot(path.read_bytes())
     try:
         journal = path.with_name(path.stem + ".journal").read_bytes()
     except FileNotFoundError:
         journal = b""
     entries, _, _ = parse_journal(journal, after_seq=seq)
-    _apply(claims, entries, seq)
+    apply_entries(claims, entries, seq)
     return boot_id, claims
-
-
-def _decode_snapshot(raw: bytes) -> tuple[str, int, dict[str, ClaimRecord]]:
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointCorrupt(f"not valid JSON ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise CheckpointCorrupt("not a JSON object")
-    version = obj.get("version")
-    if not isinstance(version, int) or version not in READABLE_VERSIONS:
-        raise CheckpointCorrupt(
-            f"version {version!r} is not supported (this plugin reads "
-            f"{', '.join(map(str, READABLE_VERSIONS))})"
-        )
-    data = obj.get("data")
-    checksum = obj.get("checksum")
-    if not isinstance(data, dict) or not isinstance(checksum, str):
-        raise CheckpointCorrupt("missing data or checksum")
-    if hashlib.sha256(_canonical(data).encode()).hexdigest() != checksum:
-        raise CheckpointCorrupt("checksum does not match the content")
-    try:
-        boot_id = str(data["bootId"])
-        seq = data["seq"] if version >= 2 else 0
-        if not isinstance(seq, int) or seq < 0:
-            raise ValueError(f"bad sequence number {seq!r}")
-        claims = {
-            str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in data["claims"].items()
-        }
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointCorrupt(f"malformed content ({exc!r})") from exc
-    return boot_id, seq, claims
-
-
-def parse_journal(
-    raw: bytes, *, after_seq: int, strict: bool = False
-) -> tuple[list[_Entry], int, bool]:
-    """Verified entries of journal bytes that follow snapshot/entry ``after_seq``.
-
-    Returns the entries, how many bytes of complete lines were read, and whether the bytes end
-    in a torn line (no newline: a writer killed mid-append). Lines the snapshot already holds
-    (``seq <= after_seq``, left by a compaction interrupted before it emptied the journal) are
-    skipped, unless ``strict`` (reading on from a known point, where every line must be new).
-    A damaged complete line or a gap in the sequence raises CheckpointCorrupt.
-    """
-    entries: list[_Entry] = []
-    expected = after_seq + 1
-    pos = 0
-    while pos < len(raw):
-        newline = raw.find(b"\n", pos)
-        if newline < 0:
-            return entries, pos, True
-        entry = _decode_entry(raw[pos:newline], where=f"journal line at byte {pos}")
-        if entry.seq != expected:
-            if entry.seq < expected and not entries and not strict:
-                pos = newline + 1
-                continue
-            raise CheckpointCorrupt(
-                f"journal line at byte {pos} has sequence number {entry.seq}, "
-                f"expected {expected} (lines are missing or out of order)"
-            )
-        entries.append(entry)
-        expected += 1
-        pos = newline + 1
-    return entries, pos, False
-
-
-def _decode_entry(line: bytes, *, where: str) -> _Entry:
-    try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointCorrupt(f"{where}: not valid JSON ({exc})") from exc
-    if not isinstance(obj, dict) or not isinstance(obj.get("entry"), dict):
-        raise CheckpointCorrupt(f"{where}: not a journal entry")
-    entry = obj["entry"]
-    if hashlib.sha256(_canonical(entry).encode()).hexdigest() != obj.get("checksum"):
-        raise CheckpointCorrupt(f"{where}: checksum does not match the content")
-    try:
-        seq = entry["seq"]
-        if not isinstance(seq, int):
-            raise TypeError(f"bad sequence number {seq!r}")
-        put = {str(uid): ClaimRecord.from_json(str(uid), rec) for uid, rec in entry["put"].items()}
-        delete = tuple(str(uid) for uid in entry["del"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointCorrupt(f"{where}: malformed content ({exc!r})") from exc
-    return _Entry(seq=seq, put=put, delete=delete)
-
-
-def _apply(claims: dict[str, ClaimRecord], entries: list[_Entry], seq: int) -> int:
-    """Apply journal entries to ``claims`` in order; return the last sequence number."""
-    for entry in entries:
-        claims.update(entry.put)
-        for uid in entry.delete:
-            claims.pop(uid, None)
-        seq = entry.seq
-    return seq
-
-
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-class ClaimLocks:
-    """Mutual exclusion per claim UID, across threads of this process and across processes.
-
-    A UID maps to one of 4096 stripes: a thread lock (threads of one process share POSIX
-    record locks, so those alone would not exclude each other) plus a one-byte ``lockf`` range
-    in ``claims.lock``. Two unrelated claims rarely share a stripe; when they do they merely
-    wait for each other. Lock files never pile up, unlike one file per claim.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._threads = [threading.Lock() for _ in range(_LOCK_STRIPES)]
-        self._fd = -1
-
-    def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    @staticmethod
-    def _stripe(uid: str) -> int:
-        return zlib.crc32(uid.encode()) % _LOCK_STRIPES
-
-    @contextmanager
-    def hold(self, uid: str) -> Iterator[None]:
-        """Wait for and hold the claim's lock."""
-        stripe = self._stripe(uid)
-        with self._threads[stripe]:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, stripe)
-            try:
-                yield
-            finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
-
-    @contextmanager
-    def try_hold(self, uid: str) -> Iterator[bool]:
-        """Hold the claim's lock if nobody does; yields False (and holds nothing) otherwise."""
-        stripe = self._stripe(uid)
-        thread_lock = self._threads[stripe]
-        if not thread_lock.acquire(blocking=False):
-            yield False
-            return
-        try:
-            try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
-            except OSError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
-        finally:
-            thread_lock.release()

@@ -1,2 +1,3 @@
-"""ResourceSlices: the pure slice bodies built from the node's devices (``slices``) and the
-publisher that keeps the API server equal to them (``publisher``)."""
+"""ResourceSlices: the pure slice bodies built from the node's devices (``slices``), the pure plan
+that makes the API server's slices equal them (``syncplan``), and the publisher that carries the
+plan out through kube/ (``publisher``)."""

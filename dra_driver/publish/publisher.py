@@ -1,6 +1,6 @@
 """Keeps the API server's ResourceSlices of this node equal to the desired ones.
 
-Place in the flow: devices.NodeDevices -> (slices.build_slices) -> **Publisher** -> kube.py.
+Place in the flow: devices.NodeDevices -> (slices.build_slices) -> **Publisher** -> kube/.
 The node agent starts one Publisher; it runs two threads:
 
 * the watcher lists our slices (field selector ``spec.driver=<driver>,spec.nodeName=<node>``) and
@@ -9,7 +9,7 @@ The node agent starts one Publisher; it runs two threads:
   relist. Connection trouble -> exponential backoff with jitter.
 * the syncer waits to be woken, lets a burst of events settle (``debounce_s``, well under the 2 s
   re-sync promise; the Go helper waits 30 s), lists the slices, computes the G.3 plan
-  (slices.plan_sync) and writes it: deletes, updates, creates. A restart with unchanged devices
+  (syncplan.plan_sync) and writes it: deletes, updates, creates. A restart with unchanged devices
   adopts the existing slices and writes nothing.
 
 Failures never end the threads: unreachable API server or 5xx/429 -> backoff (``Backoff``);
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dra_driver.devices import NodeDevices, Taint, with_taints
+from dra_driver.devices.model import NodeDevices, Taint, with_taints
 from dra_driver.errors import (
     KubeConflict,
     KubeError,
@@ -40,16 +40,9 @@ from dra_driver.errors import (
     KubeUnavailable,
 )
 from dra_driver.heartbeat import Heartbeat
-from dra_driver.publish.slices import (
-    DesiredPool,
-    JsonDict,
-    SliceWrite,
-    SyncPlan,
-    build_slices,
-    content_of,
-    dropped_fields,
-    plan_sync,
-)
+from dra_driver.publish.slices import DesiredPool, build_slices, content_of
+from dra_driver.publish.syncplan import SliceWrite, SyncPlan, dropped_fields, plan_sync
+from dra_driver.resourceapi import JsonDict
 
 log = logging.getLogger(__name__)
 

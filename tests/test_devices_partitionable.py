@@ -1,5 +1,6 @@
-"""Dynamic MIG (--mig-mode dynamic): partitionable GPUs published as NVIDIA's driver publishes
-them (counter set names and layout, device names, consumption), and the GPUs that stay static.
+"""partitionable.py, dynamic MIG (--mig-mode dynamic): partitionable GPUs published as NVIDIA's
+driver publishes them (counter set names and layout, device names, consumption), and the GPUs
+that stay static.
 
 Inventories come from the simulated NVML library through the real discovery code, so the
 profiles and placement tables are what ``nvmlDeviceGetGpuInstancePossiblePlacements`` reports.
@@ -13,27 +14,23 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dra_driver.devices import (
-    Device,
-    NodeDevices,
-    Taint,
+from dra_driver.devices.model import Device, NodeDevices, Taint, with_taints
+from dra_driver.devices.names import (
     counter_set_name,
-    is_partitionable,
     mig_device_name,
     mig_instance_name,
-    node_devices,
     parse_mig_device_name,
-    unmanaged_mig_devices,
-    with_taints,
 )
+from dra_driver.devices.partitionable import is_partitionable, unmanaged_mig_devices
+from dra_driver.devices.pool import node_devices
 from dra_driver.errors import DeviceModelError, PublishError
 from dra_driver.gpus.info import Inventory
-from dra_driver.publish.slices import (
+from dra_driver.kube.conversion import convert_slice
+from dra_driver.publish.slices import build_slices
+from dra_driver.publish.syncplan import plan_sync
+from dra_driver.resourceapi import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS,
-    build_slices,
-    convert_slice,
-    plan_sync,
 )
 from dra_driver.sim.localapi import validate_slice
 from dra_driver.sim.nvml import discover_simulated

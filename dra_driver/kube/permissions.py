@@ -1,0 +1,61 @@
+"""Every API call the driver's code can make, as (verb, API group, resource) tables.
+
+The chart's RBAC is checked against these (tests/test_chart.py): the ClusterRole grants exactly
+:data:`API_PERMISSIONS`, the namespaced Role exactly :data:`MPS_PERMISSIONS`; the offline tools
+(``gpu-dra explain``/``status``) document what their users need. Change a table with the call
+that needs it.
+"""
+
+from __future__ import annotations
+
+from dra_driver.resourceapi import GROUP
+
+API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("get", "", "nodes"),
+        ("create", "", "events"),
+        ("get", GROUP, "resourceclaims"),
+        ("list", GROUP, "resourceslices"),
+        ("watch", GROUP, "resourceslices"),
+        ("create", GROUP, "resourceslices"),
+        ("update", GROUP, "resourceslices"),
+        ("delete", GROUP, "resourceslices"),
+    }
+)
+"""Every (verb, API group, resource) the node agent requests across the cluster; "" is the core
+group. The chart's ClusterRole grants exactly these. Discovery (``GET /apis/resource.k8s.io``)
+is a non-resource URL every authenticated user may read."""
+
+MPS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("get", "apps", "deployments"),
+        ("list", "apps", "deployments"),
+        ("create", "apps", "deployments"),
+        ("delete", "apps", "deployments"),
+    }
+)
+"""What the node agent requests in its own namespace only: the Deployments that run MPS control
+daemons (mpsdaemon.py). The chart's Role grants exactly these."""
+
+EXPLAIN_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("list", GROUP, "resourceslices"),
+        ("list", GROUP, "deviceclasses"),
+        ("list", GROUP, "resourceclaims"),
+        ("list", GROUP, "devicetaintrules"),
+    }
+)
+"""What ``gpu-dra explain --kubeconfig`` reads, with the user's own credentials (never the
+agent's ServiceAccount): every node's slices, the cluster's DeviceClasses, the ResourceClaims of
+all namespaces (the devices already in use) and the DeviceTaintRules where served."""
+
+STATUS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("list", GROUP, "resourceslices"),
+        ("list", GROUP, "resourceclaims"),
+        ("list", "", "pods"),
+    }
+)
+"""What ``gpu-dra status --kubeconfig`` reads, with the user's own credentials: every node's
+slices, the ResourceClaims of all namespaces (which claim holds which device), and the agent's pods
+(where their metrics are served). Without the pods it still shows slices and claims."""
