@@ -32,6 +32,7 @@ from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.migmanager import MigManager, MigSlot
 from dra_driver.kube import KubeClient
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
@@ -181,10 +182,12 @@ def dynamic_mps_node(
             checkpoint=checkpoint,
             locks=locks,
             claims=store,
-            timeslicer=NvidiaSmi(fake.root, timeout_s=5),
-            mps_daemons=daemons,
-            mig=DynamicMig(recording),
-            consumable_shares=consumable_shares,
+            steps=prepare_steps(
+                timeslicer=NvidiaSmi(fake.root, timeout_s=5),
+                mps_daemons=daemons,
+                mig=DynamicMig(recording),
+                consumable_shares=consumable_shares,
+            ),
         )
         env = Env(tmp, fake, api, kubelet, store, preparer, recording, inventory)
         recording.seen = env.seen

@@ -28,6 +28,7 @@ from dra_driver.errors import (
     PrepareError,
     TimeSliceFailed,
 )
+from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, checkpoint, device_targets
 from dra_driver.prepare.checkpoint import (
     PREPARE_COMPLETED,
@@ -99,9 +100,11 @@ def build_env(
         checkpoint=checkpoint,
         locks=locks,
         claims=store,
-        timeslicer=timeslicer or NvidiaSmi(fake_root, timeout_s=5),
-        consumable_shares=consumable_shares,
-        share_enforcer=share_enforcer,
+        steps=prepare_steps(
+            timeslicer=timeslicer or NvidiaSmi(fake_root, timeout_s=5),
+            consumable_shares=consumable_shares,
+            share_enforcer=share_enforcer,
+        ),
     )
     return Env(preparer, store, specs, checkpoint, tmp)
 
