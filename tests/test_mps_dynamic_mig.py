@@ -3,7 +3,7 @@
 The node of tests/test_mps.py (local API server, stand-in kubelet running the fake driver root's
 nvidia-cuda-mps-control -f, stand-in nvidia-smi, a real tmpfs) over simulated GPUs whose MIG
 instances are created and destroyed by the real NVML call sequence (gpus/migmanager.py through
-pynvml into the simulated library, as tests/test_prepare_dynamic_mig.py). A claim allocated a
+pynvml into the simulated library, as tests/test_mig_instance_step.py). A claim allocated a
 MIG placement with no instance and an MPS config: prepare creates the instance before it starts
 the daemon (which must serve the new MIG UUID), unprepare and rollback stop the daemon before the
 instance is destroyed. The order is read from what the stand-ins had recorded when NVML was asked

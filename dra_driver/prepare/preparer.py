@@ -43,7 +43,6 @@ from dra_driver.errors import (
     ClaimFetchFailed,
     ClaimNotFound,
     DeviceConflict,
-    DraError,
     KubeError,
     PrepareError,
 )
@@ -64,16 +63,12 @@ from dra_driver.prepare.plan import (
     ClaimSource,
     PlannedDevice,
     answer,
-    get,
     owner,
     plan_claim,
-    recorded_capabilities,
-    recorded_claim,
     reserved_pods,
-    stale_reason,
     validate_ref,
 )
-from dra_driver.prepare.rebuild import rebuild_from_specs
+from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.step import Step, StepFactory, no_steps, steps_of
 from dra_driver.prepare.targets import DeviceTarget, TargetSet
 
@@ -110,7 +105,7 @@ class _Node:
         return tuple(self._preparer._planning.values())
 
 
-class Preparer:
+class Preparer(Repair):
     """Prepares and unprepares claims; safe to call from many threads and two processes.
     ``steps`` builds the features' steps (node/ wires them; none: devices and driver files
     only)."""
@@ -538,151 +533,3 @@ class Preparer:
         claim (its prepare, or a reconcile pass: every prepared claim at start, then every
         reconcile interval). A claim not read since this process started has none yet."""
         return dict(self._pods)
-
-    # -- repair ------------------------------------------------------------------------------
-
-    def reconcile(self) -> dict[str, int]:
-        """Repair the node's state; run at start and periodically. Returns what it did.
-
-        - temp files of spec writes a crash interrupted are deleted; spare spec files a dead
-          instance left are adopted (or deleted, past ``max_spares``);
-        - claims left ``PrepareStarted`` by a crash are rolled back;
-        - CDI specs of ours that no claim in the checkpoint owns are removed;
-        - claims whose spec disappeared (or rebuilt ones) get their spec written again; one
-          holding a partitioned device (dynamic MIG) has its spec compared and rewritten when
-          its instance was made again;
-        - claims no pod can use any more (deleted, re-created, deallocated, reserved for no
-          pod: plan.stale_reason) are unprepared;
-        - then each step reconciles the node with the checkpoint.
-        Claims another thread or instance is working on right now are left alone.
-        """
-        done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
-                "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
-        _, done["stale_spares_removed"] = self.specs.collect_spares()
-        for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
-            with self.locks.try_hold(uid) as held:
-                if held and self.specs.remove_temp_file(temp):
-                    done["temp_files_removed"] += 1
-        records = self.checkpoint.snapshot()
-        for uid, record in records.items():
-            if record.phase != PREPARE_STARTED:
-                continue
-            with self.locks.try_hold(uid) as held:
-                current = self.checkpoint.get(uid) if held else None
-                if current is not None and current.phase == PREPARE_STARTED:
-                    try:
-                        self._roll_back(current)
-                    except PrepareError as exc:
-                        log.error(
-                            "cannot roll back a half-done prepare; will retry",
-                            extra={"claim_uid": uid, "error": str(exc)},
-                        )
-                        continue
-                    done["rolled_back"] += 1
-        for uid in sorted(self.specs.claim_uids() - set(records)):
-            with self.locks.try_hold(uid) as held:
-                if held and self.checkpoint.get(uid) is None and self.specs.remove(uid):
-                    done["orphan_specs_removed"] += 1
-        targets = self._current.targets  # one version for the pass
-        for uid, record in self.checkpoint.snapshot().items():
-            if record.phase != PREPARE_COMPLETED:
-                continue
-            with self.locks.try_hold(uid) as held:
-                if not held:
-                    continue
-                reason = self._stale_reason(record) if record.namespace else None
-                if reason is None:
-                    if self._rewrite_spec(record, targets):
-                        done["specs_rewritten"] += 1
-                    continue
-                log.info(
-                    "unpreparing a claim no pod can use any more",
-                    extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
-                           "reason": reason},
-                )  # fmt: skip
-                self._unprepare_locked(uid)
-                done["unprepared_gone"] += 1
-        for step in self.steps:
-            for key, n in step.reconcile().items():
-                done[key] = done.get(key, 0) + n
-        live = self.checkpoint.snapshot()  # claims another instance unprepared
-        for uid in list(self._pods):
-            if uid not in live:
-                self._pods.pop(uid, None)
-        return done
-
-    def _rewrite_spec(self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]) -> bool:
-        """Write a prepared claim's spec again when it is missing; one holding a partitioned
-        device (its instance may have been made again, with other ids) is compared and written
-        when it differs. Each step gives its plan of the claim (and repairs what it needs:
-        steps.Step.recorded). A device gone since the claim was prepared (the plugin reports
-        those) has no nodes to give; a spec needs at least one device. True when written."""
-        claim = recorded_claim(record, targets)
-        compare = any(d.target.partitioned for d in claim.devices)
-        if not compare and self.specs.path_for(record.uid).exists():
-            return False
-        steps: _Planned = []
-        try:
-            for step in self.steps:
-                step_plan = step.recorded(record, claim)
-                if step_plan is not None:
-                    steps.append((step, step_plan))
-        except DraError:
-            return False  # the step logged why; the next pass tries again
-        if not claim.devices:
-            return False
-        spec = self._encode_spec(record.uid, claim.devices, recorded_capabilities(record), steps)
-        if compare and spec == self.specs.read(record.uid):
-            return False
-        self.specs.write(record.uid, spec)
-        return True
-
-    def _clear_stale(self, holders: Iterable[str]) -> bool:
-        """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
-        server says no pod can use any more: a record whose unprepare was lost never blocks a
-        device. True when one was cleared. A holder being worked on right now is left alone."""
-        cleared = False
-        for uid in holders:
-            record = self.checkpoint.get(uid)
-            if record is None or not record.namespace:
-                continue
-            reason = self._stale_reason(record)
-            if reason is None:
-                continue
-            with self.locks.try_hold(uid) as held:
-                if held and self.checkpoint.get(uid) == record:
-                    log.warning(
-                        "unpreparing a stale claim that held a device another claim needs",
-                        extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
-                               "reason": reason},
-                    )  # fmt: skip
-                    self._unprepare_locked(uid)
-                    cleared = True
-        return cleared
-
-    def _stale_reason(self, record: ClaimRecord) -> str | None:
-        """Why no pod on this node can use the prepared claim any more, by the API server
-        (plan.stale_reason); None while one may, or when the server cannot be asked (never
-        guess). Remembers the pods the claim is reserved for."""
-        try:
-            claim = self.claims.get_resource_claim(namespace=record.namespace, name=record.name)
-        except KubeError as exc:
-            log.warning(
-                "cannot check whether a prepared claim is still in use; will retry",
-                extra={"claim_uid": record.uid, "error": str(exc)},
-            )
-            return None
-        if claim is not None and get(claim, "metadata", "uid") == record.uid:
-            self._pods[record.uid] = reserved_pods(claim)
-        return stale_reason(record, claim, driver_name=self.driver_name, node_name=self.node_name)
-
-    def rebuild_from_specs(self, *, booted_at_s: float = 0.0) -> int:
-        """After the checkpoint was lost: record every claim that has a spec of ours on disk
-        (rebuild.py)."""
-        return rebuild_from_specs(
-            self.specs,
-            self.checkpoint,
-            node_name=self.node_name,
-            cdi_vendor=self.cdi_vendor,
-            booted_at_s=booted_at_s,
-        )

@@ -1,4 +1,5 @@
-"""The whole GPU of a partitionable GPU (dynamic MIG) through prepare.Preparer: prepare takes the
+"""The whole GPU of a partitionable GPU (dynamic MIG; mig/modeswitch_step.py) through
+prepare.Preparer: prepare takes the
 GPU out of MIG mode behind a durable mark, unprepare puts it back, discovery keeps showing the
 partitionable GPU meanwhile, and every crash leftover is repaired.
 
