@@ -1,7 +1,7 @@
 """Dynamic MIG instances (mig/instance_step.py) through prepare.Preparer: instances created on
-prepare and destroyed on unprepare by the real NVML call sequence (gpus/migmanager.py through pynvml into the simulated library),
-crash recovery from the checkpoint's records, and the rules (foreign instances, processes,
-overlaps). The kill -9 loops are in tests/test_plugin_faults.py."""
+prepare and destroyed on unprepare by the real NVML call sequence (gpus/migmanager.py through
+pynvml into the simulated library), crash recovery from the checkpoint's records, and the rules
+(foreign instances, processes, overlaps). The kill -9 loops are in tests/test_plugin_faults.py."""
 
 from __future__ import annotations
 
