@@ -59,19 +59,19 @@ class Recording(Step):
         self.calls.append(f"{self.name}.plan {self._phase(claim.ref.uid)}")
         return None if self.skip else f"{self.name}-plan"
 
-    def check(self, plan: str, claim: ClaimPlan, claims: Claims) -> None:
+    def check(self, plan: str, claim: ClaimPlan, *, claims: Claims) -> None:
         self.calls.append(f"{self.name}.check")
         if self.conflict:
             raise DeviceConflict(f"{self.name} refuses", holders=())
 
-    def apply(self, plan: str, claim: ClaimPlan, started: Callable[[], None]) -> None:
+    def apply(self, plan: str, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         assert plan == f"{self.name}-plan"
         started()
         self.calls.append(f"{self.name}.apply {self._phase(claim.ref.uid)}")
         if self.fail_apply is not None:
             raise self.fail_apply
 
-    def edit(self, plan: str, device: PlannedDevice, spec: cdi.ClaimDevice) -> cdi.ClaimDevice:
+    def edit(self, plan: str, device: PlannedDevice, *, spec: cdi.ClaimDevice) -> cdi.ClaimDevice:
         return replace(spec, env=(*spec.env, f"STEP_{self.name.upper()}={device.target.name}"))
 
     def keeps_record(self, record: ClaimRecord) -> bool:

@@ -76,7 +76,7 @@ class MigInstanceStep(Step):
             self.mig.check_foreign(target.gpu, target.name, recorded=others)
         return InstancePlan(tuple(t.name for t in dynamic), partitioned)
 
-    def check(self, plan: InstancePlan, claim: ClaimPlan, claims: Claims) -> None:
+    def check(self, plan: InstancePlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse devices of one GPU whose memory slices overlap a device another claim holds."""
         for other in claims.values():
             if other.uid == claim.ref.uid:
@@ -94,7 +94,7 @@ class MigInstanceStep(Step):
                             holders=(other.uid,),
                         )
 
-    def apply(self, plan: InstancePlan, claim: ClaimPlan, started: Callable[[], None]) -> None:
+    def apply(self, plan: InstancePlan, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Record the claim ``PrepareStarted`` (so every instance made is named by a record),
         then create the instance of each dynamic device; the claim's devices carry them."""
         if not plan.dynamic:

@@ -34,7 +34,7 @@ log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 class MigModeStep(Step):
     """Takes GPUs claimed whole out of MIG mode and back (``marks``: the GPUs taken out)."""
 
-    def __init__(self, node: NodeState, mig: DynamicMig, marks: MigOffMarks) -> None:
+    def __init__(self, node: NodeState, mig: DynamicMig, *, marks: MigOffMarks) -> None:
         self._node = node
         self.mig = mig
         self.marks = marks
@@ -53,7 +53,7 @@ class MigModeStep(Step):
         return whole or None
 
     def apply(
-        self, plan: tuple[DeviceTarget, ...], claim: ClaimPlan, started: Callable[[], None]
+        self, plan: tuple[DeviceTarget, ...], claim: ClaimPlan, *, started: Callable[[], None]
     ) -> None:
         """Record the claim ``PrepareStarted``, then take each GPU it holds whole out of MIG
         mode (MigFailed: it has MIG instances or runs processes, or NVML refused)."""

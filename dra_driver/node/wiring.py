@@ -55,7 +55,7 @@ def prepare_steps(
         steps: list[Step] = []
         if mig is not None:
             marks = MigOffMarks(node.state_dir / MARKS_DIRECTORY)
-            steps += [MigModeStep(node, mig, marks), MigInstanceStep(node, mig)]
+            steps += [MigModeStep(node, mig, marks=marks), MigInstanceStep(node, mig)]
         enforcer = share_enforcer
         if enforcer is None and mps_daemons is not None:
             enforcer = MpsShareEnforcer(mps_daemons, device_by_uuid(node))

@@ -4,7 +4,8 @@ node against the checkpoint (``reconcile``). It knows no feature: time slicing, 
 MIG are steps (step.py) that node/ hands it.
 
 Flow position: plugin/ (gRPC) -> here -> plan.py (the claim checked) -> the steps -> cdi/
-(spec files) + checkpoint.py (state).
+(spec files) + checkpoint.py (state). Repair (reconcile, the rebuild from specs) is repair.py's
+half of the class.
 
 Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
 1. Validate what the kubelet sent (the UID is a UUID, so it can safely name a file).
@@ -331,7 +332,7 @@ class Preparer(Repair):
 
         for step, step_plan in steps:
             try:
-                step.apply(step_plan, plan, started)
+                step.apply(step_plan, plan, started=started)
             except BaseException:
                 self._roll_back_quietly(plan.ref.uid)
                 raise
@@ -376,7 +377,7 @@ class Preparer(Repair):
                             holders=(other.uid,),
                         )
             for step, step_plan in steps:
-                step.check(step_plan, plan, claims)
+                step.check(step_plan, plan, claims=claims)
             claims[ref.uid] = ClaimRecord(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=phase, devices=devices
             )
@@ -401,7 +402,7 @@ class Preparer(Repair):
             if device.share is not None:
                 spec = replace(spec, name=name)
             for step, step_plan in steps:
-                spec = step.edit(step_plan, device, spec)
+                spec = step.edit(step_plan, device, spec=spec)
             out.append(spec)
         return self._spec_encoder.encode(claim_uid, out, capabilities)
 

@@ -86,19 +86,19 @@ class Step(Protocol):
         replace devices in ``claim.devices`` by refined ones. None: nothing to do."""
         raise NotImplementedError
 
-    def check(self, plan: Any, claim: ClaimPlan, claims: Claims) -> None:
+    def check(self, plan: Any, claim: ClaimPlan, *, claims: Claims) -> None:
         """Inside the transaction that records ``claim``: raise DeviceConflict (naming the
         holders) when ``claims`` (the checkpoint's, this claim's own record included) hold
         what this claim cannot share with them."""
         return None
 
-    def apply(self, plan: Any, claim: ClaimPlan, started: Callable[[], None]) -> None:
+    def apply(self, plan: Any, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Change the node for ``claim``; call ``started()`` before the first change (it
         records the claim ``PrepareStarted``, durably). May refine ``claim.devices``. A failure
         raises; the core then rolls the claim back (release, record, restore)."""
         return None
 
-    def edit(self, plan: Any, device: PlannedDevice, spec: cdi.ClaimDevice) -> cdi.ClaimDevice:
+    def edit(self, plan: Any, device: PlannedDevice, *, spec: cdi.ClaimDevice) -> cdi.ClaimDevice:
         """The CDI device ``spec`` of ``device`` with what this step adds (env, mounts)."""
         return spec
 

@@ -140,7 +140,7 @@ class MpsStep(Step):
         daemon = mps.MpsDaemon(owner=uid, devices=devices, base=self._daemons.base)
         return daemon, mps.limits(shared[0][1], devices)
 
-    def check(self, plan: MpsPlan, claim: ClaimPlan, claims: Claims) -> None:
+    def check(self, plan: MpsPlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse a device another claim shares with another strategy where either is MPS."""
         for other in claims.values():
             if other.uid == claim.ref.uid:
@@ -156,7 +156,7 @@ class MpsStep(Step):
                         holders=(other.uid,),
                     )
 
-    def apply(self, plan: MpsPlan, claim: ClaimPlan, started: Callable[[], None]) -> None:
+    def apply(self, plan: MpsPlan, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Record the claim ``PrepareStarted``, then start its daemon (MpsFailed on failure)."""
         if not plan.shared:
             return
@@ -166,7 +166,9 @@ class MpsStep(Step):
         started()
         self._daemons.start(*plan.daemon)
 
-    def edit(self, plan: MpsPlan, device: PlannedDevice, spec: cdi.ClaimDevice) -> cdi.ClaimDevice:
+    def edit(
+        self, plan: MpsPlan, device: PlannedDevice, *, spec: cdi.ClaimDevice
+    ) -> cdi.ClaimDevice:
         """The devices the daemon serves get what makes a container its client."""
         if plan.daemon is None or device.share is not None:
             return spec

@@ -148,7 +148,7 @@ class ShareStep(Step):
         memory = target.gpu.memory_bytes if target.mig is None else target.mig.profile.memory_bytes
         return shares.device_capacity(self._mode, memory_bytes=memory)
 
-    def check(self, plan: SharePlan, claim: ClaimPlan, claims: Claims) -> None:
+    def check(self, plan: SharePlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse shares that, with those other claims hold, do not fit their device."""
         consumed = {name: list(mine) for name, mine in plan.consumed.items()}
         sharers: dict[str, list[str]] = {name: [] for name in consumed}
@@ -169,7 +169,7 @@ class ShareStep(Step):
                     holders=tuple(sharers[name]),
                 )
 
-    def apply(self, plan: SharePlan, claim: ClaimPlan, started: Callable[[], None]) -> None:
+    def apply(self, plan: SharePlan, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Make sure the shared MPS daemon of every device the claim has a share of runs
         (a failure releases a daemon no other share uses, with the rollback)."""
         assert self._enforcer is not None  # plan refuses shares without one
@@ -192,7 +192,7 @@ class ShareStep(Step):
             log.info("acquired a device's shared MPS daemon", extra={"device": name})
 
     def edit(
-        self, plan: SharePlan | bool, device: PlannedDevice, spec: cdi.ClaimDevice
+        self, plan: SharePlan | bool, device: PlannedDevice, *, spec: cdi.ClaimDevice
     ) -> cdi.ClaimDevice:
         """A share's CDI device gets the share's limits and what makes a container a client of
         the device's shared MPS daemon."""

@@ -71,7 +71,7 @@ class TimeSliceStep(Step):
             )
         return SlicePlan(intervals, frozenset(uuids))
 
-    def check(self, plan: SlicePlan, claim: ClaimPlan, claims: Claims) -> None:
+    def check(self, plan: SlicePlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse a GPU another claim asks another interval of (one GPU has one time slice)."""
         for other in claims.values():
             if other.uid == claim.ref.uid:
@@ -88,7 +88,7 @@ class TimeSliceStep(Step):
                         holders=(other.uid,),
                     )
 
-    def apply(self, plan: SlicePlan, claim: ClaimPlan, started: Callable[[], None]) -> None:
+    def apply(self, plan: SlicePlan, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Record the claim ``PrepareStarted``, then set the time slice of each GPU it asks one
         of; TimeSliceFailed names what nvidia-smi said."""
         started()
