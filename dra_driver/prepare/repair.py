@@ -207,7 +207,7 @@ class Repair:
         """Write a prepared claim's spec again when it is missing; one holding a partitioned
         device (its instance may have been made again, with other ids) is compared and written
         when it differs. Each step gives its plan of the claim (and repairs what it needs:
-        steps.Step.recorded). A device gone since the claim was prepared (the plugin reports
+        step.Step.recorded). A device gone since the claim was prepared (the plugin reports
         those) has no nodes to give; a spec needs at least one device. True when written."""
         claim = recorded_claim(record, targets)
         compare = any(d.target.partitioned for d in claim.devices)
