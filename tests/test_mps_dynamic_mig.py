@@ -282,6 +282,26 @@ def test_the_daemon_serves_the_instance_prepare_made_and_stops_before_it_is_dest
         assert not env.preparer.specs.path_for(uid).exists()
 
 
+def test_reconcile_keeps_the_mps_client_edits_in_the_spec_of_a_dynamic_mig_device() -> None:
+    """Reconcile compares the spec of a claim holding a dynamic MIG device with what it would
+    write now (its instance may have been made again): that includes the daemon's client edits,
+    so a correct spec is left alone rather than rewritten without them."""
+    with dynamic_mps_node() as env:
+        claim = mig_mps_claim(env)
+        uid = claim["metadata"]["uid"]
+        env.preparer.prepare(env.ref(claim))
+        path = env.preparer.specs.path_for(uid)
+        before = path.read_bytes()
+        assert env.preparer.reconcile()["specs_rewritten"] == 0
+        assert path.read_bytes() == before
+        (cdi_device,) = json.loads(before)["devices"]
+        assert cdi_device["containerEdits"]["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+        path.unlink()  # a lost spec is written again the same, client edits included
+        assert env.preparer.reconcile()["specs_rewritten"] == 1
+        assert path.read_bytes() == before
+        env.preparer.unprepare(env.ref(claim))
+
+
 def test_a_daemon_that_fails_to_start_rolls_back_and_destroys_the_instance() -> None:
     with dynamic_mps_node(start_timeout_s=1.5) as env:
         (env.fake.root / "usr/bin" / MPS_CONTROL_FAIL).write_text("cannot open /dev/nvidiactl\n")
