@@ -23,6 +23,7 @@ from typing import Any
 
 from dra_driver import cdi
 from dra_driver.kube import KubeClient
+from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.sharing.mpsdaemon import MpsDaemons
 from dra_driver.sharing.shares import DISABLED, SharesMode
@@ -124,18 +125,20 @@ def mps_node(spec: str, *, consumable_shares: SharesMode = DISABLED) -> Iterator
             checkpoint=checkpoint,
             locks=locks,
             claims=store,
-            timeslicer=NvidiaSmi(fake.root),
-            mps_daemons=MpsDaemons(
-                api=kube,
-                namespace=NAMESPACE,
-                node_name="node1",
-                driver_name="gpu.nvidia.com",
-                image="gpu-dra:bench",
-                base=tmp / "plugin/mps",
-                driver_root=fake.root,
-                host_driver_root=fake.root,
+            steps=prepare_steps(
+                timeslicer=NvidiaSmi(fake.root),
+                mps_daemons=MpsDaemons(
+                    api=kube,
+                    namespace=NAMESPACE,
+                    node_name="node1",
+                    driver_name="gpu.nvidia.com",
+                    image="gpu-dra:bench",
+                    base=tmp / "plugin/mps",
+                    driver_root=fake.root,
+                    host_driver_root=fake.root,
+                ),
+                consumable_shares=consumable_shares,
             ),
-            consumable_shares=consumable_shares,
         )
         try:
             yield MpsNode(tmp, fake, api, kubelet, store, preparer)

@@ -22,6 +22,7 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.migmanager import MigManager
 from dra_driver.mig import modeswitch
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.prepare.checkpoint import Checkpoint
 from dra_driver.sim.fakedriver import make_fake_driver
@@ -41,6 +42,7 @@ class DynamicNode:
     checkpoint: Checkpoint
     manager: MigManager
     files: cdi.DriverFiles
+    mig_off: modeswitch.MigOffMarks  # the marks of GPUs taken out of MIG mode (the step's)
 
     def ref(self, claim: dict[str, Any]) -> ClaimRef:
         meta = claim["metadata"]
@@ -52,7 +54,7 @@ class DynamicNode:
 
     def inventory(self) -> Inventory:
         """What the agent's discovery shows: NVML with the marks laid over it."""
-        return modeswitch.discover_with_marks(self.raw, self.preparer.mig_off)
+        return modeswitch.discover_with_marks(self.raw, self.mig_off)
 
     def spec_nodes(self, uid: str) -> list[str]:
         """The device nodes of the claim's CDI spec (one device)."""
@@ -97,11 +99,10 @@ def open_node(
             checkpoint=checkpoint,
             locks=locks,
             claims=claims,
-            mig=DynamicMig(manager),
-            **preparer,
+            steps=prepare_steps(mig=DynamicMig(manager), **preparer),
         )
         try:
-            yield DynamicNode(node, prepare, claims, specs, checkpoint, manager, files)
+            yield DynamicNode(node, prepare, claims, specs, checkpoint, manager, files, marks)
         finally:
             prepare.close()
             checkpoint.close()

@@ -24,7 +24,7 @@ from dra_driver.gpus import nvml
 from dra_driver.kube import KubeClient
 from dra_driver.mig import modeswitch
 from dra_driver.node.config import Config
-from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.nvml import SimulatedNvmlLibrary, _CFunction, simulated_nvml
 
@@ -62,7 +62,7 @@ def child(settings: dict[str, str], crash: str) -> None:
             )
             if crash:
                 die_at(node.library, crash)
-        plugin = KubeletPlugin(
+        plugin = kubelet_plugin(
             config=config,
             inventory=inventory,
             claims=kube,

@@ -23,7 +23,7 @@ from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.gpus import nvml
 from dra_driver.kube import KubeClient
 from dra_driver.node.config import Config
-from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.sim.fakedriver import make_fake_driver, make_node, simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 from dra_driver.sim.nvml import simulated_nvml
@@ -55,7 +55,7 @@ def test_container_gets_device_nodes_environment_and_driver_files(
     claim = kubeapi.add_claim(allocated_claim(name="podman", driver=driver, devices=["gpu-1"]))
     uid = claim["metadata"]["uid"]
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
-    plugin = KubeletPlugin(
+    plugin = kubelet_plugin(
         config=Config(
             node_name="node1",
             driver_name=driver,
@@ -148,7 +148,7 @@ def test_each_share_of_one_gpu_gets_its_own_mps_limit_in_the_container(
         claims.append(kubeapi.add_claim(claim))
     inventory = simulated_inventory("h100:2", node_name="node1")
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
-    plugin = KubeletPlugin(
+    plugin = kubelet_plugin(
         config=Config(
             node_name="node1",
             driver_name=driver,
@@ -241,7 +241,7 @@ def test_container_runs_on_a_mig_device_created_by_prepare(
     with simulated_nvml(
         "a100-40gb:2:mig", node_name="node1", state_path=config.simulated_mig_state_path
     ) as node:
-        plugin = KubeletPlugin(
+        plugin = kubelet_plugin(
             config=config,
             inventory=nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root),
             claims=kube,

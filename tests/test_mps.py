@@ -27,6 +27,7 @@ from dra_driver import cdi
 from dra_driver.errors import ConfigDecodeError, ConfigNotSupported, DeviceConflict, MpsFailed
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
+from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
@@ -83,6 +84,8 @@ class Env:
     preparers: list[Preparer]
     start_timeout_s: float = 10.0
     consumable_shares: SharesMode = DISABLED
+    without_mps: bool = False  # the next restart() builds no MPS daemons (no --mps-image)
+    daemons: MpsDaemons | None = None  # the last restart()'s
 
     @property
     def preparer(self) -> Preparer:
@@ -125,10 +128,13 @@ class Env:
             checkpoint=checkpoint,
             locks=locks,
             claims=self.store,
-            timeslicer=NvidiaSmi(self.fake.root, timeout_s=5),
-            mps_daemons=daemons,
-            consumable_shares=self.consumable_shares,
+            steps=prepare_steps(
+                timeslicer=NvidiaSmi(self.fake.root, timeout_s=5),
+                mps_daemons=None if self.without_mps else daemons,
+                consumable_shares=self.consumable_shares,
+            ),
         )
+        self.daemons = daemons
         self.preparers.append(preparer)
         return preparer
 
@@ -460,8 +466,8 @@ def test_mps_and_time_slicing_of_one_gpu_by_two_claims_is_refused(env: Env) -> N
 
 
 def test_an_agent_without_an_mps_image_refuses_mps_naming_the_flag(env: Env) -> None:
+    env.without_mps = True  # as the plugin builds it without --mps-image
     preparer = env.restart()
-    preparer._mps = None  # as the plugin builds it without --mps-image
     claim = env.store.add(allocated_claim(name="c", configs=[mps_config()]))
     with pytest.raises(ConfigNotSupported, match=r"started without --mps-image \(MPS_IMAGE\)"):
         preparer.prepare(env.ref(claim))
@@ -584,10 +590,10 @@ def test_a_refused_limit_fails_the_claim_and_leaves_nothing(env: Env) -> None:
         devices=(mps.MpsDevice(uuid=env.uuid("gpu-0"), memory_bytes=2**34, exclusive_gpu=None),),
         base=env.mps_base,
     )
-    assert env.preparer._mps is not None
+    assert env.daemons is not None
     with pytest.raises(MpsFailed, match=r"refused its limits .*Invalid value -1M"):
-        env.preparer._mps.start(daemon, bad)
-    env.preparer._mps.stop(uid)
+        env.daemons.start(daemon, bad)
+    env.daemons.stop(uid)
     env.assert_nothing_left()
 
 

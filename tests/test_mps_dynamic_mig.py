@@ -3,7 +3,7 @@
 The node of tests/test_mps.py (local API server, stand-in kubelet running the fake driver root's
 nvidia-cuda-mps-control -f, stand-in nvidia-smi, a real tmpfs) over simulated GPUs whose MIG
 instances are created and destroyed by the real NVML call sequence (gpus/migmanager.py through
-pynvml into the simulated library, as tests/test_prepare_dynamic_mig.py). A claim allocated a
+pynvml into the simulated library, as tests/test_mig_instance_step.py). A claim allocated a
 MIG placement with no instance and an MPS config: prepare creates the instance before it starts
 the daemon (which must serve the new MIG UUID), unprepare and rollback stop the daemon before the
 instance is destroyed. The order is read from what the stand-ins had recorded when NVML was asked
@@ -32,6 +32,7 @@ from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.migmanager import MigManager, MigSlot
 from dra_driver.kube import KubeClient
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
 from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
@@ -181,10 +182,12 @@ def dynamic_mps_node(
             checkpoint=checkpoint,
             locks=locks,
             claims=store,
-            timeslicer=NvidiaSmi(fake.root, timeout_s=5),
-            mps_daemons=daemons,
-            mig=DynamicMig(recording),
-            consumable_shares=consumable_shares,
+            steps=prepare_steps(
+                timeslicer=NvidiaSmi(fake.root, timeout_s=5),
+                mps_daemons=daemons,
+                mig=DynamicMig(recording),
+                consumable_shares=consumable_shares,
+            ),
         )
         env = Env(tmp, fake, api, kubelet, store, preparer, recording, inventory)
         recording.seen = env.seen
@@ -277,6 +280,26 @@ def test_the_daemon_serves_the_instance_prepare_made_and_stops_before_it_is_dest
         assert env.deployments() == [] and mounts_under(env.tmp) == []
         assert env.preparer.checkpoint.get(uid) is None
         assert not env.preparer.specs.path_for(uid).exists()
+
+
+def test_reconcile_keeps_the_mps_client_edits_in_the_spec_of_a_dynamic_mig_device() -> None:
+    """Reconcile compares the spec of a claim holding a dynamic MIG device with what it would
+    write now (its instance may have been made again): that includes the daemon's client edits,
+    so a correct spec is left alone rather than rewritten without them."""
+    with dynamic_mps_node() as env:
+        claim = mig_mps_claim(env)
+        uid = claim["metadata"]["uid"]
+        env.preparer.prepare(env.ref(claim))
+        path = env.preparer.specs.path_for(uid)
+        before = path.read_bytes()
+        assert env.preparer.reconcile()["specs_rewritten"] == 0
+        assert path.read_bytes() == before
+        (cdi_device,) = json.loads(before)["devices"]
+        assert cdi_device["containerEdits"]["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+        path.unlink()  # a lost spec is written again the same, client edits included
+        assert env.preparer.reconcile()["specs_rewritten"] == 1
+        assert path.read_bytes() == before
+        env.preparer.unprepare(env.ref(claim))
 
 
 def test_a_daemon_that_fails_to_start_rolls_back_and_destroys_the_instance() -> None:

@@ -23,7 +23,7 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
 from dra_driver.node.config import Config
-from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 from dra_driver.sim.localkubelet import DeploymentKubelet
@@ -65,7 +65,7 @@ def test_a_shared_claims_container_sees_the_mps_env_and_mounts(
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
     kubelet = DeploymentKubelet(kubeapi, node_name="node1", log_dir=short_tmp / "pods").start()
     plugins = short_tmp / "p"
-    plugin = KubeletPlugin(
+    plugin = kubelet_plugin(
         config=Config(
             node_name="node1",
             driver_name=driver,

@@ -24,6 +24,7 @@ from dra_driver.kube import KubeClient
 from dra_driver.node.agent import Discovery
 from dra_driver.node.config import Config
 from dra_driver.node.probes import ProbeServer, SocketChecker
+from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.test_plugin_server import inventory, make_config, start_plugin
@@ -148,7 +149,7 @@ def probe_server(plugin: KubeletPlugin, **checks: Any) -> ProbeServer:
 def test_a_stuck_reconcile_pass_fails_liveness_until_it_ends(
     tmp_path: Path, kube: KubeClient
 ) -> None:
-    plugin = KubeletPlugin(
+    plugin = kubelet_plugin(
         config=make_config(tmp_path),
         inventory=inventory(),
         claims=kube,

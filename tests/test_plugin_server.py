@@ -29,6 +29,7 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
 from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.node.config import Config
+from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from dra_driver.sharing.shares import ShareEnforcer
@@ -77,7 +78,7 @@ def start_plugin(
     consumable_shares: str = "disabled",
     share_enforcer: ShareEnforcer | None = None,
 ) -> KubeletPlugin:
-    plugin = KubeletPlugin(
+    plugin = kubelet_plugin(
         config=make_config(tmp, pod_uid=pod_uid, consumable_shares=consumable_shares),
         share_enforcer=share_enforcer,
         inventory=gpus or inventory(),
@@ -121,9 +122,9 @@ def v1_claim(claim: dict[str, object]) -> v1.Claim:
 def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlugin) -> None:
     assert (
         plugin.paths.registration
-        == plugin.config.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+        == plugin.settings.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
     )
-    assert plugin.paths.dra == plugin.config.plugin_data_dir / "dra.sock"
+    assert plugin.paths.dra == plugin.settings.plugin_data_dir / "dra.sock"
     with channel(plugin.paths.registration) as ch:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
     assert info.type == "DRAPlugin"
@@ -202,7 +203,7 @@ def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
         for d in beta.claims[uid].devices
     ] == [(g[0], g[2], g[3]) for g in got]
     assert ("get", "resourceclaims", "ml", "train") in kubeapi.requests
-    assert (plugin.config.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.json").exists()
+    assert (plugin.settings.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.json").exists()
 
 
 def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
@@ -224,13 +225,13 @@ def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
     }
     # the spec is gone; on a disk its file is kept as a hidden spare for the next prepare,
     # until stop (on a tmpfs, cdi.CdiSpecDir keeps none)
-    if in_memory_fs(plugin.config.cdi_root):
-        assert list(plugin.config.cdi_root.iterdir()) == []
+    if in_memory_fs(plugin.settings.cdi_root):
+        assert list(plugin.settings.cdi_root.iterdir()) == []
     else:
-        (spare,) = plugin.config.cdi_root.iterdir()
-        assert spares_in(plugin.config.cdi_root) == [spare] and held(spare)
+        (spare,) = plugin.settings.cdi_root.iterdir()
+        assert spares_in(plugin.settings.cdi_root) == [spare] and held(spare)
     plugin.stop()
-    assert list(plugin.config.cdi_root.iterdir()) == []
+    assert list(plugin.settings.cdi_root.iterdir()) == []
 
 
 def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
@@ -279,12 +280,12 @@ def test_a_batch_of_1000_claims_gets_1000_answers(
         )
         assert len(answer.claims) == 1000
         assert all(e.error == "" and len(e.devices) == 1 for e in answer.claims.values())
-        assert len(list(plugin.config.cdi_root.glob("*.json"))) == 1000
+        assert len(list(plugin.settings.cdi_root.glob("*.json"))) == 1000
         gone = stub.NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(c) for c in claims]), timeout=45
         )
     assert len(gone.claims) == 1000 and all(e.error == "" for e in gone.claims.values())
-    assert list(plugin.config.cdi_root.glob("*.json")) == []
+    assert list(plugin.settings.cdi_root.glob("*.json")) == []
 
 
 def test_health_stream_lists_every_device_and_repeats(plugin: KubeletPlugin) -> None:
@@ -351,8 +352,8 @@ def test_rolling_update_instances_serve_side_by_side_and_share_state(
     old = start_plugin(short_tmp, kube, pod_uid=new_uid())
     new = start_plugin(short_tmp, kube, pod_uid=new_uid())
     try:
-        assert old.paths.registration.name == f"gpu.nvidia.com-{old.config.pod_uid}-reg.sock"
-        assert old.paths.dra.name == f"dra-{old.config.pod_uid}.sock"
+        assert old.paths.registration.name == f"gpu.nvidia.com-{old.settings.pod_uid}-reg.sock"
+        assert old.paths.dra.name == f"dra-{old.settings.pod_uid}.sock"
         assert old.paths.dra != new.paths.dra and old.paths.registration != new.paths.registration
         assert all(len(str(p)) < 108 for p in (old.paths.dra, old.paths.registration))
         claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-5"]))
@@ -389,7 +390,7 @@ def test_damaged_checkpoint_is_moved_aside_reported_and_rebuilt(
             v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
         )
     plugin.stop()
-    path = plugin.config.checkpoint_path
+    path = plugin.settings.checkpoint_path
     data = json.loads(path.read_bytes())
     data["data"]["claims"][claim["metadata"]["uid"]]["devices"][0]["device"] = "gpu-7"
     path.write_text(json.dumps(data))  # content changed, checksum not: wrong checksum
@@ -423,7 +424,7 @@ def test_claims_deleted_from_the_api_are_unprepared_at_start(
     kubeapi.put("resourceclaims", replace_uid(claim))
     plugin = start_plugin(tmp_path, kube)
     try:
-        assert list(plugin.config.cdi_root.glob("*.json")) == []
+        assert list(plugin.settings.cdi_root.glob("*.json")) == []
         assert plugin.checkpoint.snapshot() == {}
     finally:
         plugin.stop()
@@ -432,7 +433,7 @@ def test_claims_deleted_from_the_api_are_unprepared_at_start(
 def test_too_long_socket_paths_are_a_clear_config_error(tmp_path: Path, kube: KubeClient) -> None:
     deep = tmp_path / ("d" * 60)
     with pytest.raises(ConfigError, match="Unix socket path limit"):
-        KubeletPlugin(
+        kubelet_plugin(
             config=make_config(deep, pod_uid=new_uid()), inventory=inventory(), claims=kube
         )
 
@@ -454,7 +455,7 @@ def test_config_change_keeps_paths(tmp_path: Path) -> None:
 def test_the_reconcile_loop_survives_an_unexpected_error(
     tmp_path: Path, kube: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    plugin = KubeletPlugin(
+    plugin = kubelet_plugin(
         config=make_config(tmp_path),
         inventory=inventory(),
         claims=kube,

@@ -11,6 +11,7 @@ import pytest
 
 from dra_driver.devices import Device, NodeDevices, RequestPolicy, node_devices, validate_device
 from dra_driver.errors import DeviceModelError
+from dra_driver.prepare.plan import parse_share_device_name, share_device_name
 from dra_driver.publish.slices import build_slices
 from dra_driver.publish.syncplan import plan_sync
 from dra_driver.quantity import parse_quantity
@@ -19,8 +20,6 @@ from dra_driver.sharing.shares import (
     DISABLED,
     SharesMode,
     parse_mode,
-    parse_share_device_name,
-    share_device_name,
     share_env,
     shareable,
 )

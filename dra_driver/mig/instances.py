@@ -1,7 +1,8 @@
 """The MIG instances of prepared claims (dynamic MIG): which instance a device name stands
 for, which devices overlap, and creating/destroying them safely.
 
-Flow position: prepare.py -> here -> gpus/migmanager.py (NVML). With ``--mig-mode=dynamic`` a
+Flow position: prepare/ -> instance_step.py, modeswitch_step.py -> here -> gpus/migmanager.py
+(NVML). With ``--mig-mode=dynamic`` a
 MIG-enabled GPU offers every placement of every GPU-instance profile as a device
 (``gpu-<minor>-mig-<slug>-<giProfileId>-<start>``, devices.mig_device_name; what is published is
 dynamicmig.py's). Prepare creates the device's GPU instance at its placement and a compute
@@ -15,48 +16,24 @@ Rules kept here:
   is created while processes run on the full GPU (outside MIG instances), none is destroyed
   while processes run in it.
 
-The name functions are pure; :class:`DynamicMig` does its NVML through a :class:`MigBackend`.
+The name functions are pure (a placement's DynamicSlot, and every placement of a GPU, are
+prepare/targets.py's: the devices a claim may be allocated name them); :class:`DynamicMig` does
+its NVML through a :class:`MigBackend`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dra_driver.devices import gpu_device_name, mig_device_name, parse_mig_device_name
 from dra_driver.errors import DeviceModelError, ForeignMigInstances, MigFailed
-from dra_driver.gpus.info import GpuInfo, MigInstance, MigPlacement, MigProfile
+from dra_driver.gpus.info import GpuInfo, MigInstance
+from dra_driver.prepare.targets import DynamicSlot
 
 if TYPE_CHECKING:  # the NVML side is imported by whoever builds the backend
     from dra_driver.gpus.migmanager import MigSlot
     from dra_driver.mig.modeswitch import MigOffMarks
-
-
-@dataclass(frozen=True)
-class DynamicSlot:
-    """What a dynamic MIG device stands for: a GPU-instance profile at a placement."""
-
-    profile: MigProfile
-    placement: MigPlacement
-
-    @property
-    def memory_slices(self) -> frozenset[int]:
-        return frozenset(range(self.placement.start, self.placement.start + self.placement.size))
-
-
-def dynamic_slots(gpu: GpuInfo) -> dict[str, DynamicSlot]:
-    """Device name -> slot, for every placement of every GPU-instance profile of ``gpu``."""
-    return {
-        mig_device_name(
-            parent_minor=gpu.minor,
-            profile=profile.name,
-            profile_id=profile.profile_id,
-            placement_start=placement.start,
-        ): DynamicSlot(profile, placement)
-        for profile in gpu.mig_profiles
-        for placement in profile.placements
-    }
 
 
 def slot_of(gpu: GpuInfo, name: str) -> DynamicSlot | None:

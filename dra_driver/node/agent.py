@@ -52,6 +52,7 @@ from dra_driver.node import cpuaffinity, log
 from dra_driver.node.config import Config
 from dra_driver.node.http_server import HttpServer, metrics_server
 from dra_driver.node.probes import ProbeServer, SocketChecker
+from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publish.publisher import Publisher
@@ -251,7 +252,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             # Bound before anything is served: a port in use fails the start with a clear error.
             scrapes = metrics_server(registry, port=config.metrics_port)
             stack.callback(scrapes.stop)
-        plugin = KubeletPlugin(
+        plugin = kubelet_plugin(
             config=config,
             inventory=inventory,
             claims=kube,

@@ -1,4 +1,4 @@
-"""The DRA node services v1 and v1beta1 (spec B): gRPC messages <-> prepare.py.
+"""The DRA node services v1 and v1beta1 (spec B): gRPC messages <-> prepare.Preparer.
 
 Both versions have the same semantics; v1beta1 has no ``share_id``. Every claim of a request gets
 an entry in the answer (the kubelet treats a missing entry as an error), per-claim failures go in

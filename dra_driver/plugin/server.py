@@ -9,6 +9,9 @@ start() (spec A.3 order, checklist H):
    soon as it registers us); both stay up for the life of the process;
 5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
 
+The plugin builds nothing feature-specific: node/wiring.py gives it its settings and the
+preparer's steps (time slicing, MPS, shares, MIG).
+
 The health stream reports each device's health from the ``health`` source (the agent's
 healthmonitor.HealthMonitor), and sends at once when it calls :meth:`KubeletPlugin.health_changed`.
 
@@ -50,16 +53,13 @@ from dra_driver.cdi import hook as cdihook
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.heartbeat import Heartbeat
-from dra_driver.node.config import Config
 from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
-from dra_driver.prepare import ClaimSource, Preparer, device_targets
+from dra_driver.plugin.settings import PluginSettings
+from dra_driver.prepare import ClaimSource, Preparer, StepFactory, device_targets, no_steps
 from dra_driver.prepare.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
-from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
-from dra_driver.sharing.shares import ShareEnforcer
-from dra_driver.sharing.timeslice import NvidiaSmi
 
 if TYPE_CHECKING:
     from dra_driver.kube import EventType
@@ -121,19 +121,22 @@ def node_event_reporter(kube: NodeEventSink, *, node_name: str) -> EventReporter
 class KubeletPlugin:
     """The registration and DRA services of one node, backed by prepare.Preparer.
 
-    ``claims`` is where ResourceClaims are read (kube.KubeClient). ``report_event`` posts a
-    Warning Event on the Node (used when the checkpoint was damaged). ``metrics``, when
-    given, is updated by the DRA services. ``health`` gives each device's health to the health
-    stream (without it every device is reported UNKNOWN). ``proc_root`` and ``boot_id_path``
-    exist so tests can point them at fake files.
+    ``settings`` say where things are (node/wiring.py fills them from the agent's Config);
+    ``steps`` builds the preparer's feature steps (node/wiring.py: none, devices and driver
+    files only). ``claims`` is where ResourceClaims are read (kube.KubeClient).
+    ``report_event`` posts a Warning Event on the Node (used when the checkpoint was damaged).
+    ``metrics``, when given, is updated by the DRA services. ``health`` gives each device's
+    health to the health stream (without it every device is reported UNKNOWN). ``proc_root``
+    and ``boot_id_path`` exist so tests can point them at fake files.
     """
 
     def __init__(
         self,
         *,
-        config: Config,
+        settings: PluginSettings,
         inventory: Inventory,
         claims: ClaimSource,
+        steps: StepFactory = no_steps,
         report_event: EventReporter | None = None,
         metrics: DriverMetrics | None = None,
         health: HealthStates | None = None,
@@ -141,24 +144,21 @@ class KubeletPlugin:
         boot_id_path: Path = BOOT_ID_PATH,
         health_interval_s: float = DEFAULT_INTERVAL_S,
         reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
-        share_enforcer: ShareEnforcer | None = None,
-        deployments: DeploymentApi | None = None,
         static_gpus: frozenset[str] = frozenset(),
     ) -> None:
-        self.config = config
-        self._share_enforcer = share_enforcer
+        self.settings = settings
+        self._steps = steps
         self.inventory = inventory
         # GPUs in MIG mode that stay static under --mig-mode dynamic (foreign MIG devices;
         # dynamicmig.ManagedMig.left_static): prepare accepts their existing MIG devices.
         self.static_gpus = static_gpus
         self.paths = sockets.socket_paths(
-            registrar_dir=config.kubelet_registrar_directory_path,
-            plugin_dir=config.plugin_data_dir,
-            driver_name=config.driver_name,
-            pod_uid=config.pod_uid,
+            registrar_dir=settings.kubelet_registrar_directory_path,
+            plugin_dir=settings.plugin_data_dir,
+            driver_name=settings.driver_name,
+            pod_uid=settings.pod_uid,
         )
         self._claims = claims
-        self._deployments = deployments
         self._report_event = report_event
         self.metrics = metrics
         self._health_states = health
@@ -166,10 +166,10 @@ class KubeletPlugin:
         self._health_interval_s = health_interval_s
         self._reconcile_interval_s = reconcile_interval_s
         self._stopping = threading.Event()
-        self.checkpoint = Checkpoint(config.checkpoint_path, boot_id_path=boot_id_path)
+        self.checkpoint = Checkpoint(settings.checkpoint_path, boot_id_path=boot_id_path)
         self.checkpoint.on_corrupt = self._checkpoint_corrupt
-        self.locks = ClaimLocks(config.plugin_data_dir / "claims.lock")
-        self.specs = cdi.CdiSpecDir(config.cdi_root, vendor=config.cdi_vendor)
+        self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock")
+        self.specs = cdi.CdiSpecDir(settings.cdi_root, vendor=settings.cdi_vendor)
         self.preparer: Preparer | None = None
         self.registration: RegistrationServicer | None = None
         self._dra_server: grpc.Server | None = None
@@ -184,7 +184,7 @@ class KubeletPlugin:
 
     def start(self) -> None:
         """Prepare state, then serve dra.sock, then the registration socket. Not re-entrant."""
-        cfg = self.config
+        cfg = self.settings
         driver_version = self.inventory.gpus[0].driver_version if self.inventory.gpus else None
         # Scanned where this process sees the install, named in specs as the host sees it.
         files = cdi.find_driver_files(
@@ -212,12 +212,6 @@ class KubeletPlugin:
         self.specs.ensure()
         self.locks.open()
         report = self.checkpoint.open()
-        mig = None
-        if cfg.mig_mode == "dynamic":
-            from dra_driver.gpus.migmanager import MigManager  # noqa: PLC0415  (NVML: only then)
-            from dra_driver.mig.instances import DynamicMig  # noqa: PLC0415
-
-            mig = DynamicMig(MigManager())
         self.preparer = Preparer(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
@@ -228,12 +222,7 @@ class KubeletPlugin:
             checkpoint=self.checkpoint,
             locks=self.locks,
             claims=self._claims,
-            # run from the agent's view of the driver root, as the files were scanned
-            timeslicer=NvidiaSmi(cfg.driver_root_in_container),
-            mig=mig,
-            consumable_shares=cfg.shares_mode,
-            share_enforcer=self._share_enforcer,
-            mps_daemons=self._mps_daemons(),
+            steps=self._steps,
         )
         self._recover(report)
         self._report_missing_devices()
@@ -246,26 +235,6 @@ class KubeletPlugin:
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
         self._reconciler.start()
-
-    def _mps_daemons(self) -> MpsDaemons | None:
-        """The MPS control daemons of this node (None without an image or API access: MPS
-        claims are then refused)."""
-        cfg = self.config
-        if cfg.mps_image is None or self._deployments is None:
-            return None
-        return MpsDaemons(
-            api=self._deployments,
-            namespace=cfg.pod_namespace,
-            node_name=cfg.node_name,
-            driver_name=cfg.driver_name,
-            image=cfg.mps_image,
-            image_pull_secrets=cfg.mps_image_pull_secrets,
-            image_pull_policy=cfg.mps_image_pull_policy,
-            base=cfg.mps_dir,
-            driver_root=cfg.driver_root_in_container,
-            host_driver_root=cfg.nvidia_driver_root,
-            start_timeout_s=cfg.mps_start_timeout_s,
-        )
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving and remove both sockets. Safe to call twice or before start()."""
@@ -326,7 +295,7 @@ class KubeletPlugin:
         minors = cdi.read_mig_cap_minors(self._proc_root / MIG_MINORS)
         files = replace(self.preparer.files, mig_cap_minors=minors)
         self.preparer.set_targets(
-            device_targets(inventory, self.config.mig_mode, self.static_gpus), files
+            device_targets(inventory, self.settings.mig_mode, self.static_gpus), files
         )
         self.inventory = inventory
         if self._health is not None:
@@ -391,7 +360,7 @@ class KubeletPlugin:
         """``gpu_dra_prepared_devices_missing`` at scrape time: (node, driver) -> n."""
         assert self.preparer is not None
         names = {name for _, gone in self.preparer.missing_devices() for name in gone}
-        return {(self.config.node_name, self.config.driver_name): float(len(names))}
+        return {(self.settings.node_name, self.settings.driver_name): float(len(names))}
 
     def _post_event(self, reason: str, message: str) -> None:
         if self._report_event is None:
@@ -405,11 +374,11 @@ class KubeletPlugin:
 
     def _hook_path(self) -> str | None:
         """The host path of the CDI hook the specs name (installs the builtin one)."""
-        hook = self.config.cdi_hook
+        hook = self.settings.cdi_hook
         if hook == cdihook.NONE:
             return None
         if hook == cdihook.BUILTIN:
-            return str(cdihook.install(self.config.hook_dir))
+            return str(cdihook.install(self.settings.hook_dir))
         return hook  # a host path we cannot see from here: taken as given
 
     def _recover(self, report: LoadReport) -> None:
@@ -431,7 +400,7 @@ class KubeletPlugin:
     def _prepared_devices(self) -> dict[tuple[str, ...], float]:
         """``nvidia_dra_prepared_devices`` at scrape time: (node, driver, device_type) -> n."""
         assert self.preparer is not None
-        cfg = self.config
+        cfg = self.settings
         return {
             (cfg.node_name, cfg.driver_name, device_type): float(n)
             for device_type, n in self.preparer.prepared_devices_by_type().items()
@@ -450,7 +419,7 @@ class KubeletPlugin:
         if self.preparer is not None and self._reconciler is not None:
             self._rebuild_needed = True
         message = (
-            f"The DRA plugin's checkpoint {self.config.checkpoint_path} was damaged ({reason}); "
+            f"The DRA plugin's checkpoint {self.settings.checkpoint_path} was damaged ({reason}); "
             f"it was moved to {moved_to.name} and the state is rebuilt from the CDI specs."
         )
         if self._report_event is None:
@@ -471,7 +440,7 @@ class KubeletPlugin:
         )
         preparer = self.preparer
         self._health = HealthServicer(
-            pool=self.config.node_name,
+            pool=self.settings.node_name,
             device_names=lambda: sorted(preparer.targets),  # the current devices, at each report
             health=self._health_states,
             stopping=self._stopping,
@@ -483,7 +452,7 @@ class KubeletPlugin:
 
     def _start_registration_server(self) -> None:
         self.registration = RegistrationServicer(
-            driver_name=self.config.driver_name,
+            driver_name=self.settings.driver_name,
             endpoint=str(self.paths.dra),
             versions=(*DRA_SERVICES, HEALTH_SERVICE),
         )

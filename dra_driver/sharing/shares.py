@@ -4,10 +4,12 @@ what one share may consume, and what a share's container is told. Pure.
 Place in the flow: ``devices.node_devices`` -> :func:`shareable` (chosen by
 ``--consumable-shares``) -> slices.py publishes ``allowMultipleAllocations`` and the
 ``requestPolicy`` of each capacity. The scheduler then gives each allocation result on such a
-device a ``shareID`` and its ``consumedCapacity``; prepare.py checks them with
-:func:`share_of_result` / :func:`capacity_problem` and writes one CDI device per share, named by
-:func:`share_device_name`, whose environment :func:`share_env` computes from the consumed capacity
-alone. The shared MPS daemon of a device is run by a :class:`ShareEnforcer` (the MPS module).
+device a ``shareID`` and its ``consumedCapacity``; the share step (share_step.py) checks
+them with :func:`share_of_result` / :func:`capacity_problem` and the preparer writes one CDI
+device per share, named by :func:`share_device_name` (prepare/plan.py: the checkpoint and the
+rebuild from specs read it too), whose environment :func:`share_env` computes from the consumed
+capacity alone. The shared MPS daemon of a device is run by a :class:`ShareEnforcer` (the MPS
+module).
 
 Modes, as NVIDIA's driver names them (nvidia-compat.md "Consumable shares"), plus ``compute``:
 
@@ -39,6 +41,7 @@ from fractions import Fraction
 from typing import Literal, Protocol
 
 from dra_driver.devices import Device, NodeDevices, RequestPolicy
+from dra_driver.prepare.plan import Share
 from dra_driver.quantity import QuantityError, binary, decimal, format_quantity, parse_quantity
 
 MODES = ("disabled", "unlimited", "memory", "compute")
@@ -51,7 +54,6 @@ ENV_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _SHARE_ID = re.compile(rf"^{_UUID}$")
-_SHARE_DEVICE = re.compile(rf"^(?P<device>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-share-(?P<share>{_UUID})$")
 
 
 @dataclass(frozen=True)
@@ -167,15 +169,6 @@ def device_capacity(mode: SharesMode, *, memory_bytes: int) -> dict[str, str]:
 # --- one share, at prepare -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Share:
-    """One allocation result on a shareable device: its ``shareID`` and ``consumedCapacity``
-    (canonical quantities, as the scheduler wrote them)."""
-
-    share_id: str
-    consumed: Mapping[str, str]
-
-
 def share_of_result(
     *, share_id: object, consumed: object, device: str, shareable_device: bool
 ) -> Share | None:
@@ -238,19 +231,6 @@ def capacity_problem(
                 f"which has {capacity[name]}"
             )
     return None
-
-
-def share_device_name(device: str, share_id: str) -> str:
-    """The name a share's CDI device carries after the claim UID: ``<device>-share-<shareID>``."""
-    return f"{device}-share-{share_id}"
-
-
-def parse_share_device_name(name: str) -> tuple[str, str | None]:
-    """(device, share ID) from a name of :func:`share_device_name`, else (name, None)."""
-    match = _SHARE_DEVICE.match(name)
-    if match is None:
-        return name, None
-    return match["device"], match["share"]
 
 
 def share_env(*, device_uuid: str, consumed: Mapping[str, str]) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
-"""Dynamic MIG through prepare.Preparer: instances created on prepare and destroyed on unprepare
-by the real NVML call sequence (gpus/migmanager.py through pynvml into the simulated library),
-crash recovery from the checkpoint's records, and the rules (foreign instances, processes,
-overlaps). The kill -9 loops are in tests/test_plugin_faults.py."""
+"""Dynamic MIG instances (mig/instance_step.py) through prepare.Preparer: instances created on
+prepare and destroyed on unprepare by the real NVML call sequence (gpus/migmanager.py through
+pynvml into the simulated library), crash recovery from the checkpoint's records, and the rules
+(foreign instances, processes, overlaps). The kill -9 loops are in tests/test_plugin_faults.py."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from dra_driver.devices import mig_device_name
 from dra_driver.errors import DeviceConflict, MigFailed, PrepareError
 from dra_driver.gpus.info import GpuInfo
+from dra_driver.mig.instance_step import MigInstanceStep
 from dra_driver.mig.instances import DynamicMig, overlaps
 from dra_driver.prepare import device_targets
 from dra_driver.prepare.checkpoint import (
@@ -324,7 +325,8 @@ def test_an_instance_made_by_hand_between_the_check_and_the_create_is_never_dest
             super().check_foreign(gpu, name, **kwargs)
             env.manager.create(gpu.uuid, profile_id=9, start=4, size=4, slices=3, name="by hand")
 
-    env.preparer._mig = Racing(env.manager)
+    (step,) = [s for s in env.preparer.steps if isinstance(s, MigInstanceStep)]
+    step.mig = Racing(env.manager)
     claim = env.store.add(allocated_claim(name="c1", devices=[THREE_G_AT_4]))
     with pytest.raises(MigFailed, match="did not create"):
         env.preparer.prepare(env.ref(claim))

@@ -1,4 +1,5 @@
-"""The whole GPU of a partitionable GPU (dynamic MIG) through prepare.Preparer: prepare takes the
+"""The whole GPU of a partitionable GPU (dynamic MIG; mig/modeswitch_step.py) through
+prepare.Preparer: prepare takes the
 GPU out of MIG mode behind a durable mark, unprepare puts it back, discovery keeps showing the
 partitionable GPU meanwhile, and every crash leftover is repaired.
 
@@ -46,7 +47,7 @@ class Env(DynamicNode):
         return self.manager.mig_mode(gpu.uuid)
 
     def marked(self) -> frozenset[str]:
-        return self.preparer.mig_off.uuids()
+        return self.mig_off.uuids()
 
     def uuid(self, minor: int = 0) -> str:
         return next(g.uuid for g in self.raw().gpus if g.minor == minor)
@@ -196,7 +197,7 @@ def test_a_claim_left_prepare_started_is_rolled_back_into_mig_mode(env: Env) -> 
             ),
         )
     )  # fmt: skip
-    DynamicMig(env.manager).leave_mig_mode(gpu, WHOLE, env.preparer.mig_off, recorded=frozenset)
+    DynamicMig(env.manager).leave_mig_mode(gpu, WHOLE, env.mig_off, recorded=frozenset)
     assert env.mig_mode(0) == (False, False)
 
     assert env.preparer.reconcile()["rolled_back"] == 1
@@ -252,8 +253,8 @@ def test_a_mark_that_cannot_be_read_is_reported_and_the_gpu_shown_as_nvml_says(
 ) -> None:
     claim = env.store.add(allocated_claim(name="whole", devices=[WHOLE]))
     env.preparer.prepare(env.ref(claim))
-    env.preparer.mig_off.path(env.uuid(0)).write_text("{not json")
-    assert env.preparer.mig_off.read() == {}
+    env.mig_off.path(env.uuid(0)).write_text("{not json")
+    assert env.mig_off.read() == {}
     assert "cannot read the mark" in caplog.text
     assert not env.inventory().gpus[0].mig_enabled  # shown as NVML says
     assert env.marked() == {env.uuid(0)}  # but still found by the repair

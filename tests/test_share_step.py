@@ -1,4 +1,5 @@
-"""Prepare and unprepare of consumable shares (KEP-5075; shares.py, prepare.py).
+"""Prepare and unprepare of consumable shares (KEP-5075): sharing/share_step.py and shares.py
+through prepare.Preparer.
 
 Simulated GPUs, the fake driver root and real files (CDI dir, checkpoint) as in test_prepare;
 the share enforcer is tests/shareenforcer.py's RecordingEnforcer, standing in for the MPS

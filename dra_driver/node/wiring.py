@@ -1,0 +1,177 @@
+"""Which prepare steps this node runs, and the kubelet plugin that serves them, built from the
+agent's Config.
+
+Flow position: node/agent.py -> here -> plugin.server.KubeletPlugin (given its settings and a
+step factory) -> prepare.Preparer (calls the factory with what the steps may read of it).
+
+The steps, in prepare order (the preparer undoes them in reverse): the whole-GPU MIG-mode
+switch and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's instance exists
+before anything runs on it), time slicing, MPS, consumable shares. A new feature is one step
+module in its package and one line in :func:`prepare_steps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dra_driver.mig.instance_step import MigInstanceStep
+from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks
+from dra_driver.mig.modeswitch_step import MigModeStep
+from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthStates
+from dra_driver.plugin.server import DEFAULT_RECONCILE_INTERVAL_S, EventReporter, KubeletPlugin
+from dra_driver.plugin.settings import PluginSettings
+from dra_driver.prepare import ClaimSource, NodeState, Step, StepFactory
+from dra_driver.prepare.checkpoint import BOOT_ID_PATH
+from dra_driver.sharing import shares
+from dra_driver.sharing.mps_step import MpsStep
+from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
+from dra_driver.sharing.mpsshares import MpsShareEnforcer
+from dra_driver.sharing.share_step import ShareStep, device_by_uuid
+from dra_driver.sharing.timeslice import NvidiaSmi, TimeSlicer
+from dra_driver.sharing.timeslice_step import TimeSliceStep
+
+if TYPE_CHECKING:
+    from dra_driver.gpus.info import Inventory
+    from dra_driver.metrics import DriverMetrics
+    from dra_driver.mig.instances import DynamicMig
+    from dra_driver.node.config import Config
+
+
+def prepare_steps(
+    *,
+    timeslicer: TimeSlicer | None = None,
+    mps_daemons: MpsDaemons | None = None,
+    consumable_shares: shares.SharesMode = shares.DISABLED,
+    share_enforcer: shares.ShareEnforcer | None = None,
+    mig: DynamicMig | None = None,
+) -> StepFactory:
+    """The step factory of a node with these features (None: claims asking for it are
+    refused; ``mig`` None: static MIG, no MIG step). Without an enforcer, shares are enforced
+    by ``mps_daemons`` (one shared MPS daemon per device)."""
+
+    def build(node: NodeState) -> list[Step]:
+        steps: list[Step] = []
+        if mig is not None:
+            marks = MigOffMarks(node.state_dir / MARKS_DIRECTORY)
+            steps += [MigModeStep(node, mig, marks=marks), MigInstanceStep(node, mig)]
+        enforcer = share_enforcer
+        if enforcer is None and mps_daemons is not None:
+            enforcer = MpsShareEnforcer(mps_daemons, device_by_uuid(node))
+        share = ShareStep(
+            node,
+            mode=consumable_shares,
+            enforcer=enforcer,
+            mps_base=None if mps_daemons is None else mps_daemons.base,
+        )
+        steps += [
+            TimeSliceStep(node, timeslicer),
+            MpsStep(node, mps_daemons, keep=share.owners),
+            share,
+        ]
+        return steps
+
+    return build
+
+
+def mps_daemons(config: Config, deployments: DeploymentApi | None) -> MpsDaemons | None:
+    """The MPS control daemons of this node (None without an image or API access: MPS
+    claims are then refused)."""
+    if config.mps_image is None or deployments is None:
+        return None
+    return MpsDaemons(
+        api=deployments,
+        namespace=config.pod_namespace,
+        node_name=config.node_name,
+        driver_name=config.driver_name,
+        image=config.mps_image,
+        image_pull_secrets=config.mps_image_pull_secrets,
+        image_pull_policy=config.mps_image_pull_policy,
+        base=config.mps_dir,
+        driver_root=config.driver_root_in_container,
+        host_driver_root=config.nvidia_driver_root,
+        start_timeout_s=config.mps_start_timeout_s,
+    )
+
+
+def config_steps(
+    config: Config,
+    *,
+    deployments: DeploymentApi | None = None,
+    share_enforcer: shares.ShareEnforcer | None = None,
+) -> StepFactory:
+    """The steps ``config`` asks for. NVML's MIG session (dynamic MIG) is opened when the
+    preparer is built, at the plugin's start, and closed with it."""
+
+    def build(node: NodeState) -> Sequence[Step]:
+        mig = None
+        if config.mig_mode == "dynamic":
+            from dra_driver.gpus.migmanager import MigManager  # noqa: PLC0415  (NVML: only then)
+            from dra_driver.mig.instances import DynamicMig  # noqa: PLC0415
+
+            mig = DynamicMig(MigManager())
+        return prepare_steps(
+            # run from the agent's view of the driver root, as the files were scanned
+            timeslicer=NvidiaSmi(config.driver_root_in_container),
+            mps_daemons=mps_daemons(config, deployments),
+            consumable_shares=config.shares_mode,
+            share_enforcer=share_enforcer,
+            mig=mig,
+        )(node)
+
+    return build
+
+
+def plugin_settings(config: Config) -> PluginSettings:
+    """What the kubelet plugin needs of ``config``."""
+    return PluginSettings(
+        node_name=config.node_name,
+        driver_name=config.driver_name,
+        cdi_vendor=config.cdi_vendor,
+        nvidia_driver_root=config.nvidia_driver_root,
+        driver_root_in_container=config.driver_root_in_container,
+        kubelet_registrar_directory_path=config.kubelet_registrar_directory_path,
+        plugin_data_dir=config.plugin_data_dir,
+        checkpoint_path=config.checkpoint_path,
+        cdi_root=config.cdi_root,
+        cdi_hook=config.cdi_hook,
+        hook_dir=config.hook_dir,
+        mig_mode=config.mig_mode,
+        pod_uid=config.pod_uid,
+    )
+
+
+def kubelet_plugin(
+    *,
+    config: Config,
+    inventory: Inventory,
+    claims: ClaimSource,
+    deployments: DeploymentApi | None = None,
+    share_enforcer: shares.ShareEnforcer | None = None,
+    report_event: EventReporter | None = None,
+    metrics: DriverMetrics | None = None,
+    health: HealthStates | None = None,
+    proc_root: Path = Path("/proc"),
+    boot_id_path: Path = BOOT_ID_PATH,
+    health_interval_s: float = DEFAULT_INTERVAL_S,
+    reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
+    static_gpus: frozenset[str] = frozenset(),
+) -> KubeletPlugin:
+    """The kubelet plugin of ``config``, its settings and steps wired (``deployments``: the
+    API the MPS daemons are Deployments in; ``share_enforcer``: instead of MPS's); the rest as
+    KubeletPlugin takes it."""
+    return KubeletPlugin(
+        settings=plugin_settings(config),
+        inventory=inventory,
+        claims=claims,
+        steps=config_steps(config, deployments=deployments, share_enforcer=share_enforcer),
+        report_event=report_event,
+        metrics=metrics,
+        health=health,
+        proc_root=proc_root,
+        boot_id_path=boot_id_path,
+        health_interval_s=health_interval_s,
+        reconcile_interval_s=reconcile_interval_s,
+        static_gpus=static_gpus,
+    )

@@ -1,0 +1,30 @@
+"""What the kubelet plugin needs to know of the node: names, directories, the driver root and
+the CDI hook, as plain values (node/ fills them from its Config).
+
+Flow position: node/wiring.py -> :class:`PluginSettings` -> server.KubeletPlugin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginSettings:
+    """The settings of one kubelet plugin."""
+
+    node_name: str
+    driver_name: str
+    cdi_vendor: str  # CDI vendor for claim specs (``k8s.<driver>``)
+    nvidia_driver_root: Path  # the driver root as the host sees it (specs name host paths)
+    driver_root_in_container: Path  # the driver root as this process sees it (scanned)
+    kubelet_registrar_directory_path: Path
+    plugin_data_dir: Path  # our directory under the kubelet plugins directory
+    checkpoint_path: Path
+    cdi_root: Path
+    cdi_hook: str  # "builtin", "none", or the host path of a hook binary (cdi/hook)
+    hook_dir: Path  # where the builtin CDI hook is installed (a host path)
+    mig_mode: Literal["static", "dynamic"] = "static"
+    pod_uid: str | None = None
