@@ -51,7 +51,7 @@ def simulated_nvml(
     pynvml's previous library, symbol cache and reference count on exit, so blocks may be used
     one after another or nested in one process (the installing and restoring are not for
     concurrent use; the library itself may be called from several threads). ``inbox``: a file
-    other processes append faults to (gpus/injector.py); lines already in it are skipped.
+    other processes append faults to (sim/faults.py); lines already in it are skipped.
     ``state_path``: the file the node keeps its MIG instances in (see SimulatedMigInstances),
     read here when it exists, so a second block on the same file sees the instances the first
     created; None keeps them in memory, starting from the spec's layout. ``compute_modes``: see
