@@ -98,9 +98,9 @@ class SimulatedNvmlLibrary:
             "nvmlDeviceGetCount_v2": self._count,
             "nvmlDeviceGetHandleByIndex_v2": self._handle_by_index,
             **self.devices.functions(),
-            **self.readings.functions(),
             **self.health.functions(),
             **self.mig.functions(),
+            **self.readings.functions(),
         }
         self._functions = {
             name: CFunction(name, self._traced(name, f)) for name, f in impls.items()
