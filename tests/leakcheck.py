@@ -163,7 +163,8 @@ class LeakCheck:
                 reporter.write_line(line, red=True)
         else:
             print(title, *lines, sep="\n", file=sys.stderr)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # (an interrupted run stays so)
 
     def pytest_unconfigure(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
