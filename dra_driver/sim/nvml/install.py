@@ -47,10 +47,12 @@ def simulated_nvml(
     """Install simulated GPUs as pynvml's NVML library for the duration of the block.
 
     Parses ``spec`` first (SimulationSpecError before anything changes), writes a sysfs tree to a
-    temporary directory (removed afterwards; pass ``node.sysfs_root`` to discovery), and restores
-    pynvml's previous library, symbol cache and reference count on exit, so blocks may be used
-    one after another or nested in one process (the installing and restoring are not for
-    concurrent use; the library itself may be called from several threads). ``inbox``: a file
+    temporary directory (``gpu-dra-sysfs-*`` in ``TMPDIR``, removed when the block ends, on an
+    exception too, but not by a process killed with SIGKILL; pass ``node.sysfs_root`` to
+    discovery), and restores pynvml's previous library, symbol cache and reference count on
+    exit, so blocks may be used one after another or nested in one process (the installing and
+    restoring are not for concurrent use; the library itself may be called from several
+    threads). ``inbox``: a file
     other processes append faults to (sim/faults.py); lines already in it are skipped.
     ``state_path``: the file the node keeps its MIG instances in (see SimulatedMigInstances),
     read here when it exists, so a second block on the same file sees the instances the first
