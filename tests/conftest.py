@@ -8,6 +8,13 @@ from pathlib import Path
 import pytest
 
 from dra_driver.sim.localapi import FakeKubeApi
+from tests import leakcheck
+
+
+@pytest.hookimpl(tryfirst=True)  # before anything reads the temporary directory
+def pytest_configure(config: pytest.Config) -> None:
+    """Fail the run if it leaves temporary files or processes behind (tests/leakcheck.py)."""
+    leakcheck.install(config)
 
 
 @pytest.fixture

@@ -8,15 +8,19 @@ settings the child runs on live simulated NVML (its MIG state in the plugin dire
 ``spawn <NVML function>:before|after`` makes it kill itself at that call (a crash point).
 Forking an already-imported interpreter keeps a restart at a few milliseconds, so a test can
 kill and restart the plugin a hundred times within seconds. gRPC is only ever initialised in
-the children.
+the children. Nothing outlives the test: the zygote dies with the process that started it and
+each instance with the zygote (``die_with_parent``), and the instances, killed with SIGKILL by
+design, make their temporary files (the simulated sysfs tree) in the test's directory.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import sys
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -73,6 +77,13 @@ def child(settings: dict[str, str], crash: str) -> None:
         plugin.serve_until_signal()
 
 
+def die_with_parent() -> None:
+    """Get SIGKILL when the parent process exits (prctl PR_SET_PDEATHSIG, linux/prctl.h)."""
+    pr_set_pdeathsig = 1
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
 def die_at(library: SimulatedNvmlLibrary, crash: str) -> None:
     """``crash`` is ``<NVML function>:before`` or ``:after``: the process kills itself with
     SIGKILL at the first call of that function, before it runs or once it has run."""
@@ -90,9 +101,13 @@ def die_at(library: SimulatedNvmlLibrary, crash: str) -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent()
+    # An instance killed with SIGKILL cannot remove what it made; the test removes its directory.
+    tempfile.tempdir = os.environ["TMPDIR"] = str(Path(sys.argv[1]).resolve().parent)
     SETTINGS = json.loads(Path(sys.argv[1]).read_text())
     INVENTORY = simulated_inventory(SETTINGS["simulate"], node_name="node1")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # killed children are reaped at once
+    ZYGOTE = os.getpid()
     for line in sys.stdin:
         command, _, crash = line.strip().partition(" ")
         if command != "spawn":
@@ -100,7 +115,9 @@ if __name__ == "__main__":
         pid = os.fork()
         if pid == 0:
             try:
-                child(SETTINGS, crash)
+                die_with_parent()
+                if os.getppid() == ZYGOTE:  # else the zygote died before prctl
+                    child(SETTINGS, crash)
             finally:
                 os._exit(0)
         print(pid, flush=True)

@@ -56,6 +56,7 @@ class PluginProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # one process group: close() ends it all
         )
         self.pid = 0
         self.reg_socket = Path(settings["registry"]) / "gpu.nvidia.com-reg.sock"
@@ -89,14 +90,34 @@ class PluginProcess:
             time.sleep(0.001)
 
     def close(self) -> None:
-        if self.pid:
+        try:
+            if self.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGTERM)
+            if self.zygote.stdin is not None:
+                self.zygote.stdin.close()
+            self.zygote.wait(timeout=10)
+            if self.zygote.stdout is not None:
+                self.zygote.stdout.close()
+        finally:
+            # Every instance, and what it started (a hanging nvidia-smi), is in the zygote's
+            # process group: none outlives the test or races the removal of its directory.
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
-        if self.zygote.stdin is not None:
-            self.zygote.stdin.close()
-        self.zygote.wait(timeout=10)
-        if self.zygote.stdout is not None:
-            self.zygote.stdout.close()
+                os.killpg(self.zygote.pid, signal.SIGKILL)
+            self.zygote.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while _group_alive(self.zygote.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is alive (zombies are dead: init reaps them)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if state != "Z" and int(group) == pgid:
+                return True
+    return False
 
 
 @pytest.fixture

@@ -187,6 +187,8 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         logger.info("the agent runs on one CPU (--cpu-affinity one)", extra={"cpu": pinned})
     stop = stop or threading.Event()
     with ExitStack() as stack:
+        # From the start: a SIGTERM during start-up stops cleanly too (simulated GPUs' files).
+        stack.enter_context(_stop_on_signals(stop))
         discovery = Discovery(config, stack)
         inventory = discovery.discover()
         mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)

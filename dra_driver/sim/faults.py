@@ -1,10 +1,10 @@
 """Faults for simulated GPUs, and ``gpu-dra simulate-event``, which injects them from outside.
 
-:class:`SimulatedFault` is what can happen to a simulated GPU; gpus/simulated.py carries it out
+:class:`SimulatedFault` is what can happen to a simulated GPU; sim/nvml (health.py) carries it out
 (``node.library.health.inject(fault)`` in the same process). The command appends one line to
 the simulated node's inbox
 (``<kubelet plugins dir>/<driver>/simulated-faults.jsonl``, config.simulated_faults_path); the
-agent's simulated NVML (gpus/simulated.py) reads it within 20 ms and the health monitor sees the
+agent's simulated NVML (sim/nvml/health.py) reads it within 20 ms and the health monitor sees the
 fault through NVML as it would see the real thing. Runs on the node or in the agent's pod (the
 chart sets the directory and driver variables there). A module of its own so that the agent
 loads it only when a fault arrives.

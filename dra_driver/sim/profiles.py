@@ -1,6 +1,6 @@
 """Hardware profiles of real NVIDIA GPUs, as NVML reports them: the data simulated GPUs serve.
 
-Pure data, read by gpus/simulated.py (which answers NVML calls from it) and by tests. Every number
+Pure data, read by sim/nvml (which answers NVML calls from it) and by tests. Every number
 is what the NVML C library returns on that product: ``nvmlDeviceGetName``, total memory in MiB
 (``nvmlDeviceGetMemoryInfo``), and per GPU-instance profile the fields of
 ``nvmlGpuInstanceProfileInfo_v2`` plus ``nvmlDeviceGetGpuInstancePossiblePlacements``.

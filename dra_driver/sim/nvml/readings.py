@@ -1,0 +1,221 @@
+"""Telemetry readings of the simulated library: load, memory, temperature, power, clocks, ECC.
+
+The telemetry side of the simulated library (library.py collects the table): utilisation,
+memory used, temperature, power and its limit, SM clock and ECC counts, and the lookup by UUID
+telemetry uses. They move over time as a deterministic function of the device's UUID and the
+library's ``clock`` (``simulated_load``), higher while the library's ``workload`` says a device
+runs work (the agent points it at the devices prepared claims hold). MIG device handles answer
+NOT_SUPPORTED for all but memory, and a GPU in MIG mode for utilisation, as nvml.h documents
+for real GPUs. A fault's temperature and ECC errors (health.py) take precedence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+from dra_driver.sim.nvml.abi import (
+    GPU_IS_LOST,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    SUCCESS,
+    as_int,
+    pointee,
+    set_pointer,
+)
+from dra_driver.sim.nvml.node import SimulatedGpu, SimulatedMig, digest
+
+if TYPE_CHECKING:
+    from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
+
+
+@dataclass(frozen=True)
+class _Envelope:
+    """Power and clock range of a product (NVIDIA's data sheets; idle values typical)."""
+
+    power_limit_w: int
+    idle_power_w: int
+    max_sm_clock_mhz: int
+    idle_sm_clock_mhz: int
+
+
+_ENVELOPES = {
+    "a100-40gb": _Envelope(400, 55, 1410, 210),
+    "a100-80gb": _Envelope(400, 60, 1410, 210),
+    "h100-80gb": _Envelope(700, 70, 1980, 345),
+    "h200-141gb": _Envelope(700, 75, 1980, 345),
+    "l4": _Envelope(72, 16, 2040, 210),
+    "t4": _Envelope(70, 10, 1590, 300),
+}
+_DEFAULT_ENVELOPE = _Envelope(300, 40, 1500, 300)
+
+
+def _envelope(gpu: SimulatedGpu) -> _Envelope:
+    return _ENVELOPES.get(gpu.spec.hardware.key, _DEFAULT_ENVELOPE)
+
+
+def simulated_load(uuid: str, *, now_s: float, busy: bool) -> float:
+    """How hard a simulated device works at ``now_s``, 0..1; the same for the same arguments.
+
+    A slow wave with a period and phase of the UUID's own (2-6 minutes), plus a step that
+    changes every 5 s: idle devices stay at a few percent, busy ones between 65 and 95 %.
+    """
+    seed = digest("load", uuid)
+    period_s = 120 + 240 * seed[1] / 255
+    wave = 0.5 + 0.5 * math.sin(2 * math.pi * (now_s / period_s + seed[0] / 255))
+    step = digest("step", uuid, int(now_s // 5))[0] / 255 - 0.5
+    load = 0.65 + 0.25 * wave + 0.1 * step if busy else 0.03 + 0.06 * wave + 0.04 * step
+    return min(1.0, max(0.0, load))
+
+
+class SimulatedReadings:
+    """The telemetry functions of one simulated library; the state they read is the library's
+    (``clock``, ``workload``, ``ecc_errors``, the MIG devices, the health faults)."""
+
+    def __init__(self, library: SimulatedNvmlLibrary) -> None:
+        self._library = library
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "nvmlDeviceGetHandleByUUID": self._handle_by_uuid,
+            "nvmlDeviceGetUtilizationRates": self._utilization_rates,
+            "nvmlDeviceGetTemperature": self._temperature,
+            "nvmlDeviceGetPowerUsage": self._power_usage,
+            "nvmlDeviceGetEnforcedPowerLimit": self._enforced_power_limit,
+            "nvmlDeviceGetClockInfo": self._clock_info,
+            "nvmlDeviceGetTotalEccErrors": self._total_ecc_errors,
+        }
+
+    def _load(self, gpu: SimulatedGpu, mig: SimulatedMig | None) -> float:
+        """0..1, how hard the device works now. A GPU in MIG mode works when one of its MIG
+        devices does."""
+        workload = self._library.workload
+        if mig is not None:
+            busy = workload is not None and workload(mig.uuid)
+            return simulated_load(mig.uuid, now_s=self._library.clock(), busy=busy)
+        busy = workload is not None and (
+            workload(gpu.uuid) or any(workload(m.uuid) for m in self._library.mig.devices(gpu))
+        )
+        return simulated_load(gpu.uuid, now_s=self._library.clock(), busy=busy)
+
+    def memory_used_bytes(
+        self, gpu: SimulatedGpu, mig: SimulatedMig | None, *, total_bytes: int
+    ) -> int:
+        """Memory in use on the GPU or MIG device (of ``total_bytes``), in whole MiB; a GPU in
+        MIG mode uses what its MIG devices use, plus the driver's share."""
+        if mig is None and self._library.mig.enabled(gpu):
+            used = sum(
+                self.memory_used_bytes(gpu, m, total_bytes=m.profile.memory_mib << 20)
+                for m in self._library.mig.devices(gpu)
+            )
+            return min(total_bytes, used + (total_bytes >> 9))  # + the driver's own share
+        # Memory follows the slow part of the load (allocations outlive kernel bursts).
+        load = self._load(gpu, mig)
+        fraction = 0.004 + 0.85 * load * load
+        return int(total_bytes * min(fraction, 0.97)) & ~0xFFFFF  # whole MiB, as NVML reports
+
+    def _telemetry_device(
+        self, handle: Any
+    ) -> tuple[SimulatedGpu | None, SimulatedMig | None, int]:
+        """The device of a full-GPU telemetry query; MIG device handles are NOT_SUPPORTED."""
+        gpu, mig, rc = self._library.device(handle)
+        if rc == SUCCESS and mig is not None:
+            return gpu, mig, NOT_SUPPORTED
+        return gpu, mig, rc
+
+    def _handle_by_uuid(self, uuid_arg: Any, ref: Any) -> int:
+        raw = uuid_arg if isinstance(uuid_arg, bytes) else uuid_arg.value
+        wanted = (raw or b"").decode()
+        for address, gpu in self._library.handles.gpus.items():
+            if gpu.uuid == wanted:
+                if gpu.spec.fail or not self._library.health.answers(gpu):
+                    return GPU_IS_LOST
+                set_pointer(ref, address)
+                return SUCCESS
+        for address, (parent, mig) in self._library.mig.view.mig_devices.items():
+            if mig.uuid == wanted:
+                if parent.spec.fail or not self._library.health.answers(parent):
+                    return GPU_IS_LOST
+                set_pointer(ref, address)
+                return SUCCESS
+        return NOT_FOUND
+
+    def gpu_temperature(self, gpu: SimulatedGpu) -> int:
+        """A fault's temperature, else the reading that moves with the GPU's load."""
+        injected = self._library.health.temperature(gpu)
+        return injected if injected is not None else round(31 + 44 * self._load(gpu, None))
+
+    def _utilization_rates(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        if self._library.mig.enabled(gpu):
+            return NOT_SUPPORTED  # nvml.h: not supported on MIG-enabled GPUs
+        load = self._load(gpu, None)
+        rates = pointee(ref)
+        rates.gpu = round(100 * load)
+        rates.memory = round(70 * load)
+        return SUCCESS
+
+    def _temperature(self, handle: Any, sensor: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        if as_int(sensor) != pynvml.NVML_TEMPERATURE_GPU:
+            return INVALID_ARGUMENT
+        pointee(ref).value = self.gpu_temperature(gpu)
+        return SUCCESS
+
+    def _power_usage(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        envelope = _envelope(gpu)
+        span_w = envelope.power_limit_w - envelope.idle_power_w
+        watts = envelope.idle_power_w + 0.9 * span_w * self._load(gpu, None)
+        pointee(ref).value = round(watts * 1000)  # milliwatts
+        return SUCCESS
+
+    def _enforced_power_limit(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        pointee(ref).value = _envelope(gpu).power_limit_w * 1000  # milliwatts
+        return SUCCESS
+
+    def _clock_info(self, handle: Any, clock_type: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        if as_int(clock_type) not in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return NOT_SUPPORTED
+        envelope = _envelope(gpu)
+        load = self._load(gpu, None)
+        boost = min(1.0, 1.25 * load) if load > 0.05 else 0.0
+        mhz = envelope.idle_sm_clock_mhz + boost * (
+            envelope.max_sm_clock_mhz - envelope.idle_sm_clock_mhz
+        )
+        pointee(ref).value = round(mhz / 15) * 15  # clocks move in 15 MHz steps
+        return SUCCESS
+
+    def _total_ecc_errors(self, handle: Any, error_type: Any, counter_type: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        kind = as_int(error_type)
+        if kind not in (
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        ) or as_int(counter_type) not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            return INVALID_ARGUMENT
+        count = self._library.ecc_errors.get((gpu.uuid, kind), 0)
+        if kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:  # the faults' double-bit errors
+            volatile = as_int(counter_type) == pynvml.NVML_VOLATILE_ECC
+            count += self._library.health.uncorrected_ecc(gpu, volatile=volatile)
+        pointee(ref).value = count
+        return SUCCESS
