@@ -4,17 +4,17 @@ Is the hand-written keep-alive reader (dra_driver/kube/keepalive.py) still worth
 Each GET is the whole ``KubeClient.get_resource_claim`` a prepare makes (headers from the official
 client,
 the request, the answer, JSON decoding, v1 conversion), against the local API server
-(dra_driver/sim/localapi.py) run in its own process, as a real API server would be, so its work does
+(dra_driver/sim/localapi/) run in its own process, as a real API server would be, so its work does
 not count as ours. Over HTTP and over HTTPS (the server's own CA; the DaemonSet always uses TLS).
 
 Compared, on one kept-alive connection each, in alternating batches so both see the same machine
 phase:
 
-* keepalive: the path kube.py uses (KeepAliveGetter);
+* keepalive: the path kube/ uses (KeepAliveGetter);
 * official: the same KubeClient with the claim GET on the official client's transport
-  (``rest.RESTClientObject``, urllib3's PoolManager), the path kube.py falls back to;
+  (``rest.RESTClientObject``, urllib3's PoolManager), the path kube/ falls back to;
 * typed API, for information: ``ResourceV1Api.read_namespaced_resource_claim``, which also builds
-  the client's model objects (kube.py never uses it).
+  the client's model objects (kube/ never uses it).
 
 Per GET: CPU time of the calling thread and wall time, the median over batches of each batch's
 mean. The rule of issue 10: the hand-written reader stays only while it saves at least 0.1 ms of
@@ -72,7 +72,7 @@ def _per_get_ms(get: Callable[[int], Any]) -> tuple[float, float]:
 
 def _compare(kubeconfig: Path, names: list[str]) -> dict[str, tuple[float, float]]:
     """Median per-GET (CPU ms, wall ms) of each way of getting a claim."""
-    from kubernetes.client import (  # noqa: PLC0415  (kube.py trims the package)
+    from kubernetes.client import (  # noqa: PLC0415  (kube/ trims the package)
         ApiClient,
         ResourceV1Api,
     )
@@ -81,7 +81,7 @@ def _compare(kubeconfig: Path, names: list[str]) -> dict[str, tuple[float, float
     official = KubeClient.from_config(kubeconfig=kubeconfig)
     assert keepalive._getter is not None and official._getter is not None
     official._getter.close()
-    official._getter = None  # the official client's path, as kube.py falls back to it
+    official._getter = None  # the official client's path, as kube/ falls back to it
     typed = ResourceV1Api(ApiClient(official.configuration))
     ways: dict[str, Callable[[int], Any]] = {
         "keepalive": lambda i: keepalive.get_resource_claim(

@@ -1,7 +1,7 @@
 """GPU health: from a fault in the simulated NVML to the taint stored by the API server, and back.
 
 The agent's pieces, in-process: simulated GPUs (8 H100) through pynvml, the HealthMonitor, the
-real Publisher and Kubernetes client over HTTP to dra_driver/sim/localapi.py. Each run injects the
+real Publisher and Kubernetes client over HTTP to dra_driver/sim/localapi/. Each run injects the
 fault into the simulated NVML library and polls the stored ResourceSlice until it shows.
 
 Rows (median of 10 each):

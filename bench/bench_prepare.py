@@ -6,7 +6,7 @@ Real path end to end: the agent process exactly as the chart's DaemonSet runs it
 dra_driver``, in-cluster configuration from the ServiceAccount files, JSON log lines at level info
 written to a file as a container log is, Prometheus metrics on), gRPC over its real Unix socket,
 the claim fetched over TLS with a bearer token from the local API server (bench/cluster.py,
-dra_driver/sim/localapi.py, in its own process as a real API server would be, so its work does
+dra_driver/sim/localapi/, in its own process as a real API server would be, so its work does
 not count as ours), which answers a GET ``--api-latency-ms`` after it arrived (default 0.5 ms;
 env BENCH_API_LATENCY_MS), a real API server's latency for it: the stand-in's own work counts
 toward it, a sleep makes up the rest, and the table reports the latency measured in the server;

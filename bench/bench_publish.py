@@ -3,7 +3,7 @@
 Rows:
 * build + diff of a 1,000-device pool (slices.build_slices + plan_sync against the stored slices,
   the restart path that compares every device), median of 30 runs: <= 50 ms;
-* the publisher (kube.KubeClient over HTTP to dra_driver/sim/localapi.py): time from the
+* the publisher (kube.KubeClient over HTTP to dra_driver/sim/localapi/): time from the
   kubelet-style
   deletion of all slices to all slices stored again, median of 5: <= 2 s; writes when a second
   publisher starts with unchanged devices: 0;

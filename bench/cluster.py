@@ -1,6 +1,6 @@
 """The cluster side of the prepare benches (bench_prepare, bench_grpc_floor,
 bench_dynamic_mig_prepare): the stand-in API server in a process of its own, as a real one would
-be (dra_driver/sim/localapi.py, so its work does not count as the plugin's), the claims it
+be (dra_driver/sim/localapi/, so its work does not count as the plugin's), the claims it
 holds, and the prepare bench's workload over them; and how the benches start and stop their
 helper processes.
 """

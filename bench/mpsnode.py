@@ -2,7 +2,7 @@
 
 As tests/test_mps.py sets it up: the agent's Preparer in process with real mpsdaemon.MpsDaemons
 (so consumable shares get the real mpsshares.MpsShareEnforcer), each daemon a Deployment created
-through the real Kubernetes client over HTTP to dra_driver/sim/localapi.py and run by the stand-in
+through the real Kubernetes client over HTTP to dra_driver/sim/localapi/ and run by the stand-in
 kubelet (dra_driver/sim/localkubelet.py) as a process of its own; the fake driver root's stand-in
 nvidia-cuda-mps-control (-f and the client) and nvidia-smi (compute mode); the shm tmpfs a real
 mount, so root only. Claims come from an in-memory source (no API latency in a prepare).

@@ -1,5 +1,5 @@
 """The error hierarchy of the driver. Third-party exceptions are converted at the boundary
-that meets them (NVML in gpus/nvml.py, the API in kube.py) with ``raise ... from exc``.
+that meets them (NVML in gpus/nvml.py, the API in kube/) with ``raise ... from exc``.
 
     DraError
     ├── ConfigError               a flag or environment variable is invalid (names the flag)

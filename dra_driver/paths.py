@@ -26,5 +26,5 @@ def simulated_faults_path(plugin_data_dir: Path) -> Path:
 
 def simulated_mig_state_path(plugin_data_dir: Path) -> Path:
     """Where a simulated node keeps its MIG instances, so they outlive an agent restart
-    (gpus/simulated.py SimulatedMigInstances)."""
+    (sim/nvml/ SimulatedMigInstances)."""
     return plugin_data_dir / "simulated-mig.json"

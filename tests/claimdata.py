@@ -70,8 +70,8 @@ def opaque(
 
 
 class ClaimStore:
-    """An in-memory ClaimSource (prepare.ClaimSource) for tests of prepare.py's logic alone;
-    the gRPC tests use the real KubeClient against dra_driver/sim/localapi.py instead."""
+    """An in-memory ClaimSource (prepare.ClaimSource) for tests of prepare/'s logic alone;
+    the gRPC tests use the real KubeClient against dra_driver/sim/localapi/ instead."""
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}

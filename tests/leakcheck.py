@@ -2,16 +2,19 @@
 
 A pytest plugin (tests/conftest.py installs it). At the start of the session it gives the run a
 private temporary directory (``TMPDIR`` and ``tempfile.tempdir``, inherited by every process the
-tests start; pytest's own basetemp stays where it was, ``PYTEST_DEBUG_TEMPROOT``) and marks the
-environment with a token of its own (``GPU_DRA_TEST_SESSION``). At the end, once every fixture
-is torn down, it fails the run, naming each, if
+tests start; pytest's basetemp, the home of every ``tmp_path``, is its subdirectory ``pytest``
+unless ``--basetemp`` names another) and marks the environment with a token of its own
+(``GPU_DRA_TEST_SESSION``). At the end, once every fixture is torn down, it fails the run, naming
+each, if
 
-- the private directory holds anything: a temporary file or directory the code under test or a
-  test made and did not remove (``leftover_entries``);
+- the private directory holds anything but pytest's basetemp: a temporary file or directory the
+  code under test or a test made and did not remove (``leftover_entries``);
 - a process this session started is alive: a descendant of pytest, or any process whose
   environment carries the token (an orphan, reparented away from pytest) (``session_processes``).
 
-What it names is then removed or killed, so one leak does not pile up run after run. Both
+What it names is then removed or killed, so one leak does not pile up run after run, and the
+private directory goes, basetemp included: a run leaves nothing in ``/tmp`` (``tmp_path``
+directories are not kept for a look after the run; ``--basetemp`` keeps them where it says). Both
 checks look only at what is this session's own (its directory, its token), so tests that other
 sessions run on the machine at the same time cannot make it fail.
 """
@@ -137,16 +140,22 @@ class LeakCheck:
         # pytest's own retention of the last runs).
         os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", outer)
         self.directory = Path(tempfile.mkdtemp(prefix="gdtests-", dir=outer))
+        # Every tmp_path under the private directory: no shorter than pytest's own
+        # (/tmp/pytest-of-<user>/pytest-<n>), so Unix socket paths stay within their limit.
+        self.basetemp = self.directory / "pytest"
         os.environ["TMPDIR"] = tempfile.tempdir = str(self.directory)
         os.environ[TOKEN_VARIABLE] = self.token
 
     def problems(self) -> list[str]:
         """What this session left behind, one line each; removes and kills what it names."""
         gc.collect()  # objects whose finalizers remove their files (weakref.finalize)
+        _stop_resource_tracker()
         alive = _wait_for_exits(root_pid=os.getpid(), token=self.token, grace_s=GRACE_S)
         lines = [f"process {p.pid} still running: {p.command}" for p in alive]
         _kill(alive)
         for entry in leftover_entries(self.directory):
+            if entry == self.basetemp:
+                continue
             lines.append(f"left in the temporary directory: {entry.name}")
         return lines
 
@@ -178,7 +187,22 @@ class LeakCheck:
             os.environ.pop("PYTEST_DEBUG_TEMPROOT", None)
 
 
+def _stop_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker if a test started it (a ``spawn`` context's
+    Event does): the interpreter's own helper process, which would otherwise stop only when
+    pytest exits, after this check."""
+    from multiprocessing import resource_tracker  # noqa: PLC0415  (only when a test used it)
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 def install(config: pytest.Config) -> None:
-    """Check this session (from a ``pytest_configure`` hook that runs first)."""
+    """Check this session (from a ``pytest_configure`` hook that runs before pytest's own, so
+    that the basetemp it sets is the one pytest uses)."""
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
-        config.pluginmanager.register(LeakCheck(), PLUGIN_NAME)
+        check = LeakCheck()
+        if config.option.basetemp is None:
+            config.option.basetemp = str(check.basetemp)
+        config.pluginmanager.register(check, PLUGIN_NAME)

@@ -1,4 +1,4 @@
-"""dynamicmig.py: the MIG devices the agent counts as its own before and after the plugin opens
+"""mig/dynamic.py: the MIG devices the agent counts as its own before and after the plugin opens
 the checkpoint, and the GPUs dynamic mode leaves static."""
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def test_cel_selectors_compile(path: Path) -> None:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_opaque_configs_are_accepted_and_carried_out_by_the_driver(path: Path) -> None:
-    # what prepare.py does with each config: decode, check it fits the device, check it is
+    # what prepare/ does with each config: decode, check it fits the device, check it is
     # something the agent carries out today (an example never promises what is refused)
     for spec in claim_specs(load(path)):
         requests = {r["name"]: r for r in spec["devices"]["requests"]}

@@ -1,4 +1,4 @@
-"""kube/ through the real kubernetes client, over HTTP, against dra_driver/sim/localapi.py: the
+"""kube/ through the real kubernetes client, over HTTP, against dra_driver/sim/localapi/: the
 connection (discovery, errors, configuration), the ResourceSlice, claim, Node and Event calls."""
 
 from __future__ import annotations

@@ -131,3 +131,13 @@ def test_leftover_entries_lists_a_directory_and_nothing_for_a_missing_one(tmp_pa
 
     assert [p.name for p in leakcheck.leftover_entries(tmp_path)] == ["a", "b"]
     assert leakcheck.leftover_entries(tmp_path / "missing") == []
+
+
+def test_tmp_path_lives_in_the_sessions_private_directory_which_goes_with_the_session(
+    tmp_path: Path,
+) -> None:
+    session_dir = Path(os.environ["TMPDIR"])
+    assert session_dir.name.startswith("gdtests-")
+    assert tmp_path.is_relative_to(session_dir / "pytest")
+    # no longer than pytest's own basetemp (/tmp/pytest-of-<user>/pytest-<n>): socket paths fit
+    assert len(str(session_dir / "pytest")) <= len("/tmp/pytest-of-root/pytest-99")

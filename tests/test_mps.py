@@ -1,7 +1,7 @@
 """MPS sharing end to end below gRPC: prepare.Preparer with real MPS daemons.
 
 The daemons run as the cluster would run them: prepare creates a Deployment through the real
-Kubernetes client against the local API server (localapi.py), the stand-in kubelet
+Kubernetes client against the local API server (sim/localapi/), the stand-in kubelet
 (localkubelet.py) runs its pod's command (the fake driver root's stand-in
 nvidia-cuda-mps-control -f) as a process of its own session, and the agent talks to it through
 its pipe directory with the stand-in client. Compute mode is set by the stand-in nvidia-smi, and

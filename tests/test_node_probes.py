@@ -1,4 +1,4 @@
-"""HTTP probes of health.py against a real plugin (real sockets): liveness (sockets, loops) and
+"""HTTP probes of node/probes.py against a real plugin (real sockets): liveness (sockets, loops) and
 readiness (kubelet registration, slices, NVML), one line per failing condition."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """KubeletPlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
-real Kubernetes client from the local API server (dra_driver/sim/localapi.py), real files."""
+real Kubernetes client from the local API server (dra_driver/sim/localapi/), real files."""
 
 from __future__ import annotations
 

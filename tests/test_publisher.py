@@ -1,4 +1,4 @@
-"""The publisher against dra_driver/sim/localapi.py, through kube.KubeClient and the real client."""
+"""The publisher against dra_driver/sim/localapi/, through kube.KubeClient and the real client."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""telemetry.py: targets, claim holders and the collector with injected readings (pure), the
+"""telemetry/sampler.py: targets, claim holders and the collector with injected readings (pure), the
 sampling loop's interval, then the simulated GPUs read through the real pynvml calls and scraped
 over real HTTP from the agent's metrics server, parsed with prometheus_client's parser."""
 

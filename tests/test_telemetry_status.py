@@ -239,7 +239,7 @@ def test_cluster_wide_merges_slices_claims_taints_and_each_reachable_agent(
     rc, out, _ = run(["--kubeconfig", kubeconfig], capsys)
     assert rc == 0
     assert "taint gpu.nvidia.com/unhealthy=xid-79:NoSchedule" in out
-    # Exactly the reads kube.py declares for it (docs name them for RBAC).
+    # Exactly the reads kube/ declares for it (docs name them for RBAC).
     reads = {request for request in api.permissions_used() if request[0] == "list"}
     assert reads == set(STATUS_PERMISSIONS)
     assert "default/infer" in out and "note: gpu-node-2: agent metrics unavailable" in out

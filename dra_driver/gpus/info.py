@@ -1,7 +1,7 @@
 """What discovery reports about the node's GPUs: plain frozen values, no NVML types.
 
-These are the facts devices.py turns into DRA devices and prepare/cdi.py use to build container
-edits. Memory is in bytes, versions are as NVML reports them (normalised later, in devices.py).
+These are the facts devices/ turns into DRA devices and prepare/cdi.py use to build container
+edits. Memory is in bytes, versions are as NVML reports them (normalised later, in devices/).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Creating and destroying MIG instances through NVML: the NVML boundary of dynamic MIG.
 
-Place in the flow: beside discovery (gpus/nvml.py); dynamicmig.py calls it for prepare (create
+Place in the flow: beside discovery (gpus/nvml.py); mig/dynamic.py calls it for prepare (create
 a dynamic MIG device's GPU instance at its placement and a compute instance of the full compute
 profile on it), unprepare and recovery (find and destroy), and asks it which processes run.
 Every NVML error becomes a MigFailed naming the device, the call and what NVML's code means, so

@@ -3,7 +3,7 @@
 ``discover`` loads ``libnvidia-ml.so.1`` from the NVIDIA driver root, asks NVML about every GPU
 and returns plain ``gpus.info`` values that devices.py turns into DRA devices. This module is the
 NVML boundary: pynvml's exceptions become ``errors.DiscoveryError`` subclasses here and nowhere
-else. With ``--simulate`` the library pynvml calls is gpus/simulated.py's stand-in; the code
+else. With ``--simulate`` the library pynvml calls is sim/nvml/'s stand-in; the code
 below does not know the difference.
 
 Strings that users match in CEL selectors (brand, architecture, MIG profile names) are spelled

@@ -1,6 +1,6 @@
 """Keep-alive GETs for the one API read on the prepare path, on the official client's settings.
 
-Place in the flow: kube.py sends the ResourceClaim GET of every NodePrepareResources through
+Place in the flow: kube/ sends the ResourceClaim GET of every NodePrepareResources through
 :class:`KeepAliveGetter`; every other call (slices, watches, events, discovery) goes through the
 official client.
 
@@ -28,7 +28,7 @@ spare.)
 
 What stays the official client's: the host, the TLS settings (CA file or data, client
 certificate, ``verify_ssl``, ``tls_server_name``, ``assert_hostname=False``) and the request
-headers, which kube.py asks the client for on every request (so a refreshed ServiceAccount token
+headers, which kube/ asks the client for on every request (so a refreshed ServiceAccount token
 is used). A configuration this module does not handle exactly as the official client would (a
 proxy in use, custom socket options, a non-boolean ``assert_hostname``) makes
 :meth:`KeepAliveGetter.for_configuration` return None, and the caller keeps the official path.
@@ -46,7 +46,7 @@ warning once, and is tried again at the next check. (urllib3 reads the files aga
 connection, but keeps the connections it pooled with the old ones.) Certificate data given inline
 (``ca_cert_data``) cannot change.
 
-The deadline: ``timeout_s`` (10 s by default; kube.py passes its own ``timeout_s``) bounds a
+The deadline: ``timeout_s`` (10 s by default; kube/ passes its own ``timeout_s``) bounds a
 whole GET, connect, TLS handshake, request and the whole answer, a retry included. Every wait on
 the socket is given what is left of it, so a server that sends one byte every half second cannot
 hold a prepare (the kubelet gives a NodePrepareResources call 45 s in all) past it. Only name

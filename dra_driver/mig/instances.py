@@ -5,7 +5,7 @@ Flow position: prepare/ -> instance_step.py, modeswitch_step.py -> here -> gpus/
 (NVML). With ``--mig-mode=dynamic`` a
 MIG-enabled GPU offers every placement of every GPU-instance profile as a device
 (``gpu-<minor>-mig-<slug>-<giProfileId>-<start>``, devices.mig_device_name; what is published is
-dynamicmig.py's). Prepare creates the device's GPU instance at its placement and a compute
+mig/dynamic.py's). Prepare creates the device's GPU instance at its placement and a compute
 instance of the full compute profile; unprepare destroys them (docs/plugin.md "Dynamic MIG").
 
 Rules kept here:
@@ -250,7 +250,7 @@ class DynamicMig:
         already out of MIG mode is left so, and marked). Refused (MigFailed) while the GPU has
         MIG instances (ForeignMigInstances for those ``recorded()`` does not name) or runs
         processes; NVML's refusal (a GPU that needs a reset, processes) leaves it in MIG mode.
-        The mark (migoff.py) is written durably before the mode changes."""
+        The mark (mig/modeswitch.py) is written durably before the mode changes."""
         current, _ = self.backend.mig_mode(gpu.uuid)
         if current:
             present = self._listed(gpu)

@@ -2,8 +2,9 @@
 sees them meanwhile.
 
 Place in the flow: in ``--mig-mode=dynamic`` a partitionable GPU that can leave MIG mode without
-a reset also offers itself whole (``gpu-<minor>``, consuming every counter; devices.py). Prepare
-of that device takes the GPU out of MIG mode and unprepare puts it back (prepare.py, through
+a reset also offers itself whole (``gpu-<minor>``, consuming every counter;
+devices/partitionable.py). Prepare
+of that device takes the GPU out of MIG mode and unprepare puts it back (prepare/, through
 miginstances.DynamicMig). While the GPU is out of MIG mode, NVML reports neither MIG mode nor
 its GPU-instance profiles, yet the node must keep publishing the same partitionable GPU (the
 scheduler allocated the whole GPU out of its counters; flipping to a plain GPU and back would
@@ -76,7 +77,7 @@ def _profile(data: Mapping[str, Any]) -> MigProfile:
 
 class MigOffMarks:
     """The marks in one directory (``<plugin dir>/mig-off``). Callers serialise changes to one
-    GPU's mark (prepare.py holds its MIG-mode lock); reads may run alongside."""
+    GPU's mark (prepare/ holds its MIG-mode lock); reads may run alongside."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

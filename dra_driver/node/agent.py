@@ -3,7 +3,8 @@
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
 Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
 Prometheus metrics (``--metrics-port``, off by default), with per-device telemetry sampled every
-``--telemetry-interval`` (telemetry.py; its health and XID series come from the HealthMonitor).
+``--telemetry-interval`` (telemetry/sampler.py; its health and XID series come from the
+HealthMonitor).
 The HealthMonitor watches the GPUs through NVML and puts taints on unhealthy devices (through
 the Publisher) and their health into the kubelet's health stream (through the plugin). Then it
 re-discovers periodically: GPUs appearing or disappearing and MIG layout changes (a MIG device
@@ -13,7 +14,7 @@ published; a known GPU that stops answering stays published (tainted gpu-lost) r
 vanishing under its claims. Background tasks retry on
 their own; what cannot be retried ends the process with a non-zero code so the DaemonSet
 restarts it. Every loop keeps a heartbeat for ``/healthz``; ``/readyz`` also needs the kubelet's
-registration, current slices and NVML answering (health.py). SIGTERM/SIGINT stop everything and
+registration, current slices and NVML answering (probes.py). SIGTERM/SIGINT stop everything and
 remove the sockets.
 """
 

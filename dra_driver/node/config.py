@@ -64,7 +64,7 @@ class Config:
     # nvidia-cdi-hook compatible binary (cdihook/__init__.py).
     cdi_hook: str = DEFAULT_CDI_HOOK
     simulate: str | None = None
-    mig_mode: MigMode = "static"  # devices.py "MIG modes"
+    mig_mode: MigMode = "static"  # devices/ "MIG modes"
     kubeconfig: Path | None = None
     pod_uid: str | None = None
     pod_namespace: str = "default"
@@ -76,7 +76,7 @@ class Config:
     rediscover_interval_s: float = 60.0
     # Seconds between telemetry samples (GPU and MIG readings on /metrics); 0 turns them off.
     telemetry_interval_s: float = 10.0
-    # GPU health (devicehealth.py, healthmonitor.py)
+    # GPU health (health/decisions.py, health/monitor.py)
     health_ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     health_fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS
     health_taint_effect: TaintEffect = "NoSchedule"

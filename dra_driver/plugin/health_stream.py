@@ -1,7 +1,7 @@
 """The ``v1alpha1.DRAResourceHealth`` stream (spec B.4): device health for the kubelet.
 
 Each message is the full list of our devices (devices missing from a report decay to Unknown),
-with each device's health as the health monitor (healthmonitor.py) published it: HEALTHY,
+with each device's health as the health monitor (health/monitor.py) published it: HEALTHY,
 UNHEALTHY (with the reasons as ``message``: XIDs, a lost GPU, ECC errors, ...) or UNKNOWN (NVML
 does not answer, or the GPU was not checked yet), and ``last_updated_time`` = when that health
 last changed. The list is re-sent every ``interval_s`` (10 s), well inside the

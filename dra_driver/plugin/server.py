@@ -18,7 +18,7 @@ healthmonitor.HealthMonitor), and sends at once when it calls :meth:`KubeletPlug
 set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts and what the health
 stream lists in one step; prepared claims holding a device that is gone are reported (log,
 Warning Event ``PreparedDeviceMissing`` on the Node, ``gpu_dra_prepared_devices_missing``).
-readiness_problems() and heartbeats feed the probes (health.py).
+readiness_problems() and heartbeats feed the probes (node/probes.py).
 
 With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
 and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.

@@ -1,7 +1,7 @@
 """Opaque device configuration of our driver (``resource.nvidia.com/v1beta1``). Pure.
 
 Claims and DeviceClasses carry ``opaque: {driver: gpu.nvidia.com, parameters: {...}}``; the
-scheduler copies them into ``status.allocation.devices.config``. prepare.py picks the entries
+scheduler copies them into ``status.allocation.devices.config``. prepare/ picks the entries
 that apply to a device (class configs first, then claim configs, later wins) and this module
 decodes them strictly, with the same kinds and field names as NVIDIA's driver
 (nvidia-compat.md "Opaque configuration"): an unknown kind or field is an error for that claim,
@@ -11,7 +11,7 @@ Decoding is complete, so a mistake anywhere in a config is reported precisely; c
 out is a separate question (``check_supported``): a config that asks for what the agent does not
 do (time slicing of a MIG device, where it has no effect) is refused for that claim, never
 accepted and ignored. Time slicing of a full GPU and MPS (full GPU or MIG device) are carried
-out by prepare.py.
+out by prepare/.
 
 ``driverCapabilities`` is an extension of ours (NVIDIA's driver does not know the field): the
 NVIDIA container runtime's ``NVIDIA_DRIVER_CAPABILITIES`` names, which select the driver
@@ -197,8 +197,8 @@ def check_fits(config: DeviceConfig, *, device_type: DeviceType, device_name: st
 def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> None:
     """Refuse a valid config that asks for what this agent does not carry out.
 
-    Time slicing of a full GPU (prepare.py, timeslice.py) and MPS on a GPU or a MIG device
-    (prepare.py, mps.py, mpsdaemon.py: whether the agent can run daemons, and whether the limits
+    Time slicing of a full GPU (prepare/, timeslice.py) and MPS on a GPU or a MIG device
+    (prepare/, mps.py, mpsdaemon.py: whether the agent can run daemons, and whether the limits
     fit the devices, is checked there) are carried out. Refused: time slicing of a MIG device,
     which has no effect there.
     """

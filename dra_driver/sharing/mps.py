@@ -1,6 +1,6 @@
 """MPS sharing (``sharing: {strategy: MPS}``): what one MPS control daemon is, in data. Pure.
 
-Flow position: prepare.py decides which devices of a claim share one daemon and asks here for
+Flow position: prepare/ decides which devices of a claim share one daemon and asks here for
 everything that can be computed without touching the node: the daemon's names and directories,
 the limits its mpsConfig asks for (validated against the devices), the commands that set them,
 the Deployment that runs it, and the CDI edits that make a container its client.

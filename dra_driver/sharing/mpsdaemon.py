@@ -1,6 +1,6 @@
 """MPS control daemons on this node: starting, adopting and stopping them (the I/O of mps.py).
 
-Flow position: prepare.py -> here -> nvidia-smi (compute mode, timeslice.NvidiaSmi), the
+Flow position: prepare/ -> here -> nvidia-smi (compute mode, timeslice.NvidiaSmi), the
 filesystem (directories, a tmpfs), the API server (one Deployment per daemon, kube.KubeClient)
 and the daemon's control pipe (the driver root's ``nvidia-cuda-mps-control``).
 
@@ -390,7 +390,7 @@ class MpsDaemons:
 def _once_more(call: Callable[[], T]) -> T:
     """``call()``, tried a second time when the API server could not be reached (a kept-alive
     connection the server had closed fails that way): the client itself never retries
-    (kube.py), and a prepare should not fail on one dropped connection."""
+    (kube/), and a prepare should not fail on one dropped connection."""
     try:
         return call()
     except KubeUnavailable as exc:

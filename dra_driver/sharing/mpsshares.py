@@ -1,6 +1,6 @@
 """Consumable shares enforced by MPS: the ShareEnforcer (shares.py) on mpsdaemon.MpsDaemons.
 
-Flow position: prepare.py (the first share of a device) -> here -> mpsdaemon.py. One MPS control
+Flow position: prepare/ (the first share of a device) -> here -> mpsdaemon.py. One MPS control
 daemon per shared device (a full GPU or a MIG device), owned by ``shares.share_owner(device)``
 and started like a claim's daemon (EXCLUSIVE_PROCESS compute mode on a full GPU, directories,
 tmpfs, a Deployment outside the agent, adopted after a restart), but without default limits:

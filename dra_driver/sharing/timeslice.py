@@ -1,7 +1,7 @@
 """A full GPU's time slice (``GpuConfig`` ``sharing: {strategy: TimeSlicing}``): the boundary to
 ``nvidia-smi compute-policy`` (nvidia-compat.md "Opaque configuration").
 
-Flow position: prepare.py decides what each GPU's time slice should be (from the checkpoint) and
+Flow position: prepare/ decides what each GPU's time slice should be (from the checkpoint) and
 calls a ``TimeSlicer`` here to set it. ``command`` builds the command line (pure);
 ``NvidiaSmi`` runs it, from the agent's own view of the driver root (``CONTAINER_DRIVER_ROOT``:
 the chart mounts the host's driver root read-only at ``/driver-root``), with a bounded wait. A

@@ -151,7 +151,7 @@ class RealApiServer:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """An admin request answered with JSON (test set-up and checks; the code under test
-        uses kube.py)."""
+        uses kube/)."""
         return json.loads(self.request_bytes(method, path, body) or b"{}")
 
     def request_bytes(self, method: str, path: str, body: Any = None) -> bytes:

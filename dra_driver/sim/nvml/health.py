@@ -63,7 +63,7 @@ _log = logging.getLogger("dra_driver.sim.nvml")  # one logger for the whole simu
 
 
 class _GpuHealth:
-    # Plain classes, not dataclasses: the agent's memory budget (see devicehealth.py).
+    # Plain classes, not dataclasses: the agent's memory budget (see health/decisions.py).
     __slots__ = (
         "ecc_aggregate",
         "ecc_volatile",
