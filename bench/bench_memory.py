@@ -47,11 +47,11 @@ print(json.dumps(out))
 """
 
 _RUNNING = """
-import json, sys, threading, time, tracemalloc, tempfile
+import json, shutil, sys, threading, time, tracemalloc, tempfile
 from collections import Counter
 from pathlib import Path
 tracemalloc.start()
-from dra_driver import kube# first: it decides which parts of the client load
+from dra_driver import kube  # first: it decides which parts of the client load
 from kubernetes.client.configuration import Configuration
 from dra_driver.node.agent import run_agent
 from dra_driver.node.config import Config
@@ -91,7 +91,10 @@ def measure():
     result.update(by_package)
     stop.set()
 threading.Thread(target=measure, daemon=True).start()
-run_agent(config, stop=stop)
+try:
+    run_agent(config, stop=stop)
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 print(json.dumps(result))
 """
 
