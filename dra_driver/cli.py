@@ -2,8 +2,8 @@
 
 ``gpu-dra-kubelet-plugin`` (and ``python -m dra_driver``) runs the node agent; ``gpu-dra`` is the
 user's tool with subcommands (``explain``, ``devices``, ``status``, ``simulate-event``,
-``kubelet-plugin``). A flag given on the command line wins over its environment variable; every
-value is validated at start and an error names the flag and the variable.
+``gpu-check``, ``kubelet-plugin``). A flag given on the command line wins over its environment
+variable; every value is validated at start and an error names the flag and the variable.
 """
 
 from __future__ import annotations
@@ -379,6 +379,7 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         "devices": "the devices this node (or a --simulate spec) would publish, as a table",
         "status": "each GPU's health, claim, pod, utilisation, memory, temperature and power",
         "simulate-event": "make something happen to a simulated GPU: an XID, an ECC error, ...",
+        "gpu-check": "read-only check of this machine's GPUs and driver (docs/gpu-check.md)",
         "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
     }
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
@@ -399,7 +400,18 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         from dra_driver.sim.faults import main as simulate_event_main  # noqa: PLC0415
 
         return simulate_event_main(rest)
+    if command == "gpu-check":
+        return gpu_check_main(rest)
     return main(rest)
+
+
+def gpu_check_main(argv: Sequence[str]) -> int:
+    """``gpu-dra gpu-check``: ``gpucheck.command`` with the simulated GPUs it compares with
+    (and runs on, with ``--simulate``), which only the CLI and node/ may import."""
+    from dra_driver.gpucheck.command import main as gpu_check  # noqa: PLC0415
+    from dra_driver.sim.checkmachine import SimulatedTwins, simulated_machine  # noqa: PLC0415
+
+    return gpu_check(argv, twins=SimulatedTwins(), simulate=simulated_machine)
 
 
 def explain_main(

@@ -56,8 +56,8 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.sim.elfdriver import build_libraries
 from dra_driver.sim.fakedriver import (
-    LIBRARIES,
     make_device_nodes,
     make_fake_driver,
     read_nvidia_smi_calls,
@@ -102,14 +102,7 @@ pytestmark = [
     pytest.mark.skipif(bool(_missing()), reason=_missing() or "-"),
 ]
 
-# --- stand-in driver libraries: real ELF objects --------------------------------------------
-
-# Functions the container's program calls; every other library exports one stub function.
-_EXPORTS = {
-    "libcuda": "int cuInit(unsigned int flags) { return (int)flags; }",
-    "libnvidia-ml": "int nvmlInit_v2(void) { return 0; }",
-    "libnvcuvid": "int cuvidGetDecoderCaps(void *caps) { return caps == 0 ? 0 : 1; }",
-}
+# --- stand-in driver libraries: real ELF objects (sim/elfdriver.py) -------------------------
 
 PROBE_C = r"""
 #define _GNU_SOURCE
@@ -134,11 +127,6 @@ int main(int argc, char **argv) {
 """
 
 
-def _soname(lib: str) -> str:
-    versioned = [n for n in LIBRARIES[lib] if re.fullmatch(rf"{re.escape(lib)}\.so\.\d+", n)]
-    return versioned[0] if versioned else f"{lib}.so.{DRIVER_VERSION}"
-
-
 @dataclass(frozen=True)
 class Builds:
     libraries: dict[str, bytes]
@@ -148,17 +136,7 @@ class Builds:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     out = tmp_path_factory.mktemp("elf")
-    libraries = {}
-    for lib in LIBRARIES:
-        source = out / f"{lib}.c"
-        symbol = re.sub(r"\W", "_", lib)
-        source.write_text(_EXPORTS.get(lib, f"int gpu_dra_stub_{symbol}(void) {{ return 7; }}"))
-        target = out / f"{lib}.so"
-        subprocess.run(
-            ["cc", "-shared", "-fPIC", f"-Wl,-soname,{_soname(lib)}", "-o", target, source],
-            check=True,
-        )
-        libraries[lib] = target.read_bytes()
+    libraries = build_libraries(out)
     (out / "probe.c").write_text(PROBE_C)
     probe = out / "gpuprobe"
     subprocess.run(["cc", "-O1", "-o", probe, out / "probe.c"], check=True)

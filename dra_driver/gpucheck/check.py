@@ -1,0 +1,292 @@
+"""``gpu-dra gpu-check``: every read-only check of a machine's GPUs and driver, in one run.
+
+Place in the flow: a tool beside the agent (like scheduling/'s ``explain``), running the agent's
+own parts on this machine: discovery (gpus/nvml.py) and the devices it would publish (devices/,
+publish/slices.py), the NVML questions of nvmlquery.py, the telemetry reader (gpus/readings.py),
+the driver-file scan and CDI spec (driverroot.py over cdi/), and a CUDA load through that spec
+(runtime.py). Each GPU's answers are compared with its simulated twin (compare.py): the same
+questions asked of the simulated profile of the same product, which the CLI installs below
+pynvml (:class:`Twins`; only the CLI and node/ may import sim/).
+
+Strictly read-only: no NVML setter is ever called (nvmlquery.Asker refuses them; a test records
+every NVML call a simulated run makes), no nvidia-smi option that sets anything is run, no MPS
+daemon is started. The one process it starts that touches the driver is the probe in a private
+mount namespace (runtime.py). Sections that fail are reported; the others still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pynvml
+
+from dra_driver import __version__
+from dra_driver.devices.pool import node_devices
+from dra_driver.errors import DraError
+from dra_driver.gpucheck import compare, driverroot, nvmlquery, runtime
+from dra_driver.gpus import nvml
+from dra_driver.gpus.info import GpuInfo, Inventory
+from dra_driver.gpus.readings import NvmlReader
+from dra_driver.gpus.telemetryvalues import TelemetryTarget
+from dra_driver.publish.slices import device_json
+
+REPORT_VERSION = 1
+
+
+class Twins(Protocol):
+    """The simulated GPUs, given by the CLI: the product key of a product name, and simulated
+    GPUs installed below pynvml for a ``--simulate`` spec (yielding their sysfs root)."""
+
+    def product_key(self, product_name: str) -> str | None: ...
+
+    def installed(self, spec: str) -> AbstractContextManager[Path]: ...
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the check looks: the driver roots to try (given first; the usual ones are added),
+    the sysfs and proc roots, and the ``--simulate`` spec when the GPUs are simulated."""
+
+    driver_roots: tuple[Path, ...] = ()
+    sysfs_root: Path = nvml.DEFAULT_SYSFS_ROOT
+    proc_root: Path = Path("/proc")
+    simulated: str | None = None
+    only_given_roots: bool = False  # simulated machines: never the host's own driver
+
+
+@dataclass(frozen=True)
+class Options:
+    driver_name: str = "gpu.nvidia.com"
+    probe: Path | None = None  # a prebuilt probe (probe.c); None: built with cc
+    cuda_timeout_s: float = 60
+
+
+def _section(
+    report: dict[str, Any], name: str
+) -> Callable[[], AbstractContextManager[dict[str, Any]]]:
+    @contextmanager
+    def section() -> Iterator[dict[str, Any]]:
+        entry: dict[str, Any] = {}
+        start = time.monotonic()
+        try:
+            yield entry
+        except (DraError, OSError, pynvml.NVMLError, ValueError) as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            entry["seconds"] = round(time.monotonic() - start, 3)
+            report["sections"][name] = entry
+
+    return section
+
+
+def gpu_facts(gpu: GpuInfo, *, ask: nvmlquery.Asker, driver_name: str) -> dict[str, Any]:
+    """One GPU's answers: discovery's, the devices it would publish, MIG, health, telemetry.
+    NVML must be initialised."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+    one = Inventory(gpus=(gpu,))
+    devices: dict[str, Any] = {
+        "static": [device_json(d) for d in node_devices(one, driver_name=driver_name).devices]
+    }
+    try:
+        dynamic = node_devices(one, driver_name=driver_name, mig_mode="dynamic")
+        devices["dynamic"] = [device_json(d) for d in dynamic.devices]
+    except DraError as exc:
+        devices["dynamic"] = {"error": str(exc)}
+    reader = NvmlReader()
+    target = TelemetryTarget(
+        name=f"gpu-{gpu.minor}",
+        uuid=gpu.uuid,
+        gpu_minor=gpu.minor,
+        type="gpu",
+        product_name=gpu.product_name,
+        mig_enabled=gpu.mig_enabled,
+    )
+    start = time.perf_counter()
+    try:
+        readings = reader.read([target])
+    finally:
+        reader.close()
+    reading = readings.get(gpu.uuid)
+    return {
+        "discovery": dataclasses.asdict(gpu),
+        "devices": devices,
+        "mig": nvmlquery.mig_answers(ask, handle),
+        "health": nvmlquery.health_answers(ask, handle),
+        "telemetry": {
+            "reading": None if reading is None else dataclasses.asdict(reading),
+            "ms": round((time.perf_counter() - start) * 1000, 3),
+        },
+    }
+
+
+def _facts_of_node(
+    *, driver_root: Path, sysfs_root: Path, ask: nvmlquery.Asker, driver_name: str
+) -> tuple[Inventory, list[dict[str, Any]]]:
+    inventory = nvml.discover(driver_root=driver_root, sysfs_root=sysfs_root)
+    pynvml.nvmlInit()
+    try:
+        facts = [gpu_facts(g, ask=ask, driver_name=driver_name) for g in inventory.gpus]
+    finally:
+        pynvml.nvmlShutdown()
+    return inventory, facts
+
+
+def twin_spec(key: str, discovery: Mapping[str, Any]) -> str:
+    """The ``--simulate`` spec of the twin of the GPU discovery reported (``GpuInfo`` as
+    JSON): its product, MIG mode and MIG devices (by placement). Addressing mode, NUMA and
+    event support are left to the profile: they are what the comparison checks."""
+    spec = f"{key}:1"
+    if discovery["mig_enabled"]:
+        instances = sorted(discovery["mig_instances"], key=lambda m: m["placement"]["start"])
+        layout = "+".join(m["profile"]["name"] for m in instances)
+        spec += f":mig={layout}" if layout else ":mig"
+    elif discovery["mig_pending"]:
+        spec += ":mig-pending"
+    return spec
+
+
+def compare_with_twin(
+    facts: Mapping[str, Any], *, twins: Twins, driver_name: str
+) -> dict[str, Any]:
+    """The twin's spec and every difference between one GPU's ``facts`` (as gpu_facts gives
+    them, or read back from a report) and its twin's answers to the same questions."""
+    product = facts["discovery"]["product_name"]
+    key = twins.product_key(product)
+    if key is None:
+        return {"spec": None, "error": f"no simulated profile for {product!r}"}
+    spec = twin_spec(key, facts["discovery"])
+    with twins.installed(spec) as sysfs_root:
+        _, twin = _facts_of_node(
+            driver_root=Path("/"),
+            sysfs_root=sysfs_root,
+            ask=nvmlquery.Asker(),
+            driver_name=driver_name,
+        )
+    return {
+        "spec": spec,
+        "differences": [d.as_json() for d in compare.differences(facts, twin[0])],
+    }
+
+
+def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -> dict[str, Any]:
+    """Every check, in order; returns the report (report.py writes it). ``work``: an empty
+    directory for the probe's build and the container (the caller removes it)."""
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "gpu_check": REPORT_VERSION,
+        "gpu_dra": __version__,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"machine": platform.machine(), "kernel": platform.release(),
+                 "python": platform.python_version()},
+        "simulated": machine.simulated,
+        "sections": {},
+        "gpus": [],
+    }  # fmt: skip
+    roots = (
+        list(machine.driver_roots)
+        if machine.only_given_roots
+        else driverroot.driver_roots(machine.driver_roots)
+    )
+    report["driver_roots"] = [str(r) for r in roots]
+    ask = nvmlquery.Asker()
+    inventory = Inventory(gpus=())
+    with _section(report, "discovery")() as entry:
+        inventory, facts = _facts_of_node(
+            driver_root=roots[0] if roots else Path("/"),
+            sysfs_root=machine.sysfs_root,
+            ask=ask,
+            driver_name=options.driver_name,
+        )
+        entry["gpus"] = len(inventory.gpus)
+        entry["failures"] = [dataclasses.asdict(f) for f in inventory.failures]
+        for gpu, gpu_facts_ in zip(inventory.gpus, facts, strict=True):
+            report["gpus"].append({"product_name": gpu.product_name, "facts": gpu_facts_})
+    report["nvml_calls"] = [
+        {"name": name, "ms": round(seconds * 1000, 3)} for name, seconds in ask.calls
+    ]
+    with _section(report, "comparison")() as entry:
+        for record in report["gpus"]:
+            record["twin"] = compare_with_twin(
+                record["facts"], twins=twins, driver_name=options.driver_name
+            )
+        entry["differences"] = sum(len(g["twin"].get("differences", [])) for g in report["gpus"])
+    first = inventory.gpus[0] if inventory.gpus else None
+    minor = first.minor if first else 0
+    with _section(report, "driver_files")() as entry:
+        entry.update(
+            driverroot.driver_files_section(
+                roots,
+                driver_version=first.driver_version if first else None,
+                minor=minor,
+                proc_root=machine.proc_root,
+            )
+        )
+    with _section(report, "cuda_load")() as entry:
+        _cuda_load(
+            entry,
+            roots=roots,
+            machine=machine,
+            options=options,
+            gpu=first,
+            work=work,
+        )
+        if first is None:
+            entry.setdefault("note", "NVML found no GPU; the spec names gpu-0")
+    report["wall_s"] = round(time.monotonic() - started, 3)
+    return report
+
+
+def _cuda_load(
+    entry: dict[str, Any],
+    *,
+    roots: list[Path],
+    machine: Machine,
+    options: Options,
+    gpu: GpuInfo | None,
+    work: Path,
+) -> None:
+    why = runtime.unavailable()
+    if not roots:
+        why = "no driver root holds libnvidia-ml.so.1"
+    if why is not None:
+        entry["skipped"] = why
+        return
+    probe = options.probe
+    if probe is None:
+        if shutil.which("cc") is None:
+            entry["skipped"] = "no C compiler for the probe and no --probe given"
+            return
+        probe = runtime.build_probe(work)
+    files = driverroot.scan(
+        roots[0],
+        driver_version=gpu.driver_version if gpu else None,
+        proc_root=machine.proc_root,
+    )
+    spec = driverroot.gpu_spec(
+        files, minor=gpu.minor if gpu else 0, capabilities=driverroot.CAPABILITY_SETS[0]
+    )
+    container = Path(tempfile.mkdtemp(prefix="container-", dir=work))
+    entry["driver_root"] = str(roots[0])
+    entry.update(runtime.load_cuda(spec, probe=probe, work=container,
+                                   timeout_s=options.cuda_timeout_s))  # fmt: skip
+
+
+__all__ = [
+    "REPORT_VERSION",
+    "Machine",
+    "Options",
+    "Twins",
+    "compare_with_twin",
+    "gpu_facts",
+    "run_check",
+    "twin_spec",
+]

@@ -1,0 +1,111 @@
+"""The driver-files part of the check: the roots a driver is installed under, the agent's scan of
+each, and the CDI spec it would write for one GPU with each set of driver capabilities.
+
+Place in the flow: the CDI end (cdi/driverfiles.py scans, cdi/spec.py encodes) run exactly as
+the kubelet plugin runs them at start, on this machine's real install. Read-only: it only lists
+and stats files. Every host path a spec names (mounts, device nodes, the hook) must exist; one
+that does not is a spec a runtime would refuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dra_driver import cdi
+from dra_driver.cdi import hook as cdihook
+from dra_driver.gpus import nvml
+
+CANDIDATE_ROOTS = (Path("/"), Path("/usr/local/nvidia"), Path("/run/nvidia/driver"))
+"""Where a driver may be installed: the host, the device plugin's mount, the GPU operator's."""
+
+CLAIM_UID = "00000000-0000-4000-8000-00000000c4ec"  # a fixed, valid claim UID for the specs
+VENDOR = "k8s.gpu.nvidia.com"
+CAPABILITY_SETS: tuple[frozenset[str], ...] = (
+    cdi.DEFAULT_CAPABILITIES,
+    *(cdi.DEFAULT_CAPABILITIES | {extra} for extra in ("video", "graphics", "display")),
+    frozenset(cdi.DRIVER_CAPABILITIES),
+)
+"""Every capability set the check writes a spec for: the default, each extra, and all."""
+
+
+def driver_roots(extra: Iterable[Path] = ()) -> list[Path]:
+    """The roots (given first, then :data:`CANDIDATE_ROOTS`) that hold ``libnvidia-ml.so.1``."""
+    found: list[Path] = []
+    for root in (*extra, *CANDIDATE_ROOTS):
+        if root not in found and any(p.exists() for p in nvml.library_candidates(root)):
+            found.append(root)
+    return found
+
+
+def scan(root: Path, *, driver_version: str | None, proc_root: Path) -> cdi.DriverFiles:
+    """The agent's scan of ``root``, naming the packaged CDI hook (when built) as the agent
+    would name its installed copy."""
+    files = cdi.find_driver_files(
+        driver_root=root, driver_version=driver_version, proc_root=proc_root
+    )
+    hook = cdihook.PACKAGED_BINARY
+    return dataclasses.replace(files, hook_path=str(hook) if hook.is_file() else None)
+
+
+def gpu_spec(files: cdi.DriverFiles, *, minor: int, capabilities: frozenset[str]) -> dict[str, Any]:
+    """The spec the agent would write for a claim of ``gpu-<minor>`` with ``capabilities``."""
+    encoder = cdi.ClaimSpecEncoder(vendor=VENDOR, files=files)
+    device = cdi.ClaimDevice(name=f"gpu-{minor}", nodes=cdi.gpu_nodes(files, minor=minor))
+    return encoder.spec(CLAIM_UID, [device], capabilities)
+
+
+def host_paths(spec: Mapping[str, Any]) -> list[str]:
+    """Every host path ``spec`` names: mounts, device nodes and hooks, of the spec and its
+    devices, in order, without repeats."""
+    edits = [spec.get("containerEdits", {})]
+    edits += [d.get("containerEdits", {}) for d in spec.get("devices", [])]
+    paths: list[str] = []
+    for edit in edits:
+        paths += [m["hostPath"] for m in edit.get("mounts", [])]
+        paths += [n.get("hostPath", n["path"]) for n in edit.get("deviceNodes", [])]
+        paths += [h["path"] for h in edit.get("hooks", [])]
+    return list(dict.fromkeys(paths))
+
+
+def driver_files_section(
+    roots: Iterable[Path], *, driver_version: str | None, minor: int, proc_root: Path
+) -> dict[str, Any]:
+    """Per driver root: what the scan found by capability, and per capability set the spec
+    for ``gpu-<minor>`` with the host paths it names that do not exist."""
+    section: dict[str, Any] = {}
+    for root in roots:
+        files = scan(root, driver_version=driver_version, proc_root=proc_root)
+        specs = {}
+        for capabilities in CAPABILITY_SETS:
+            spec = gpu_spec(files, minor=minor, capabilities=capabilities)
+            missing = [p for p in host_paths(spec) if not Path(p).exists()]
+            specs[",".join(sorted(capabilities))] = {"spec": spec, "missing_host_paths": missing}
+        section[str(root)] = {
+            "dev_root": str(files.dev_root),
+            "hook": files.hook_path,
+            "mounts": {
+                c: [m.host_path for m in ms] for c, ms in files.mounts_by_capability.items()
+            },
+            "links": {
+                c: [f"{link.link} -> {link.target}" for link in ls]
+                for c, ls in files.links_by_capability.items()
+            },
+            "device_nodes": dict(files.nodes_by_capability),
+            "mig_cap_minors": len(files.mig_cap_minors),
+            "specs": specs,
+        }
+    return section
+
+
+__all__ = [
+    "CANDIDATE_ROOTS",
+    "CAPABILITY_SETS",
+    "driver_files_section",
+    "driver_roots",
+    "gpu_spec",
+    "host_paths",
+    "scan",
+]
