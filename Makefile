@@ -8,7 +8,7 @@ TOOLS := .tools
 # The CDI hook the agent installs on the node (static, so it runs on any host).
 HOOK := dra_driver/cdi/hook/gpu-dra-cdi-hook
 
-.PHONY: demo test check lint format typecheck bench proto chart image helm hook clean
+.PHONY: demo test check lint format typecheck bench proto chart image helm hook gpu-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ $(HOOK): dra_driver/cdi/hook/hook.c
 ## make demo: the whole node flow on simulated GPUs (or a real cluster when KUBECONFIG is set)
 demo: $(STAMP) $(HOOK)
 	$(BIN)/python -m dra_driver.sim.demo
+
+## make gpu-check: the read-only check of this machine's GPUs and driver (docs/gpu-check.md);
+## SIMULATE=h100:1 runs it on simulated GPUs, OUT=dir keeps the report there
+gpu-check: $(STAMP) $(HOOK)
+	bash hack/gpu-check.sh $(if $(SIMULATE),--simulate $(SIMULATE)) $(if $(OUT),--out $(OUT))
 
 ## make test: the full test suite (opt-in tiers skip with a reason when their tools are missing)
 test: $(STAMP) $(HOOK) helm
@@ -70,4 +75,4 @@ image:
 	docker build -t gpu-dra:$$(grep -m1 '^version' pyproject.toml | cut -d'"' -f2) .
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(HOOK) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS) $(HOOK) .gpu-check .mypy_cache .ruff_cache .pytest_cache

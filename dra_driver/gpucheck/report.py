@@ -77,6 +77,9 @@ def summary(report: Mapping[str, Any]) -> str:
     for step, result in load.get("steps", {}).items():
         lines.append(f"  cuda load {step}: rc {result['rc']}")
         lines += [f"    {line}" for line in result["output"][-12:]]
+    if report["gpus"] and not report.get("simulated"):
+        name = product_file_name(report["gpus"][0]["product_name"])
+        lines.append(f"as test data: tests/data/real/{name} (docs/gpu-check.md)")
     slowest = sorted(report.get("nvml_calls", []), key=lambda c: -c["ms"])[:5]
     if slowest:
         lines.append(
