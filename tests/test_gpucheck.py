@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pynvml
@@ -186,3 +188,32 @@ def test_the_container_script_quotes_every_path_of_the_spec(tmp_path: Path) -> N
 def test_the_report_file_name_of_a_product() -> None:
     assert report.product_file_name("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3.json"
     assert os.sep not in report.product_file_name("A/B")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_check_imports_nothing_beyond_the_standard_library_but_pynvml() -> None:
+    """What .gpu-check/ must carry to a lent GPU (hack/gpu-check-wheels.sh): nvidia-ml-py."""
+    code = (
+        "import sys\n"
+        "import dra_driver.cli, dra_driver.gpucheck.command, dra_driver.sim.checkmachine\n"
+        "names = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)\n"
+        "print(' '.join(sorted(n for n in names if not n.startswith(('_', 'dra_driver')))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert done.stdout.split() == ["pynvml"]
+
+
+def test_the_script_runs_the_check_without_make(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(REPO / "hack/gpu-check.sh"), "--simulate", "l4:1", "--out", str(tmp_path)],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "NVIDIA L4" in (tmp_path / report.SUMMARY_FILE).read_text()

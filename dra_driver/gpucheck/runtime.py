@@ -54,6 +54,12 @@ LIB_DIRS = (
     "usr/lib64",
 )
 _MARK = "@@gpu-check"
+# mount and chroot live in sbin on some systems, which a non-root PATH may lack
+_PATH = ":".join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+
+
+def _which(tool: str) -> str | None:
+    return shutil.which(tool, path=_PATH)
 
 
 def system_libraries(host: Path = Path("/")) -> list[tuple[str, str]]:
@@ -154,7 +160,7 @@ def container_script(
             f"|| {{ echo 'hook' {_q(hook['path'])} {_q(' '.join(hook.get('args', [])[1:2]))}; "
             "failed=1; }"
         )
-    chroot = shutil.which("chroot") or "chroot"
+    chroot = _which("chroot") or "chroot"
     run = f"env -i PATH=/usr/bin:/bin {' '.join(_q(e) for e in env)} {_q(chroot)} {r}"
     lines += [
         "done_ $failed",
@@ -188,7 +194,7 @@ def unavailable() -> str | None:
     if os.geteuid() != 0:
         return "needs root: a private mount namespace and bind mounts (run the check as root)"
     for tool in ("unshare", "mount", "chroot"):
-        if shutil.which(tool) is None:
+        if _which(tool) is None:
             return f"needs {tool} (util-linux / coreutils)"
     return None
 
@@ -211,6 +217,7 @@ def load_cuda(
     (work / "container.sh").write_text(script)
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", str(work / "container.sh")],
+        env={**os.environ, "PATH": _PATH},
         capture_output=True,
         text=True,
         timeout=timeout_s,
