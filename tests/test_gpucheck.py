@@ -48,6 +48,8 @@ def test_the_check_of_a_simulated_h100_passes_every_section_with_no_difference(
     assert gpu["product_name"] == "NVIDIA H100 80GB HBM3"
     assert gpu["twin"] == {"spec": "h100-80gb:1", "differences": []}
     assert [d["name"] for d in gpu["facts"]["devices"]["static"]] == ["gpu-0"]
+    (resource_slice,) = body["sections"]["discovery"]["resource_slices"]
+    assert [d["name"] for d in resource_slice["spec"]["devices"]] == ["gpu-0"]
     scans = body["sections"]["driver_files"]
     (scan,) = [v for v in scans.values() if isinstance(v, dict)]
     assert all(not s["missing_host_paths"] for s in scan["specs"].values())

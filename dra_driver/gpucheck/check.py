@@ -37,9 +37,10 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.readings import NvmlReader
 from dra_driver.gpus.telemetryvalues import TelemetryTarget
-from dra_driver.publish.slices import device_json
+from dra_driver.publish.slices import build_slices, device_json, to_api_objects
 
 REPORT_VERSION = 1
+NODE_NAME = "gpu-check"  # the pool name of the ResourceSlices shown (nothing is published)
 
 
 class Twins(Protocol):
@@ -210,6 +211,13 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
         entry["failures"] = [dataclasses.asdict(f) for f in inventory.failures]
         for gpu, gpu_facts_ in zip(inventory.gpus, facts, strict=True):
             report["gpus"].append({"product_name": gpu.product_name, "facts": gpu_facts_})
+        # the node's ResourceSlices as the agent would create them (static MIG mode)
+        pool = build_slices(
+            node_devices(inventory, driver_name=options.driver_name),
+            driver_name=options.driver_name,
+            node_name=NODE_NAME,
+        )
+        entry["resource_slices"] = to_api_objects(pool, node_uid="")
     report["nvml_calls"] = [
         {"name": name, "ms": round(seconds * 1000, 3)} for name, seconds in ask.calls
     ]
