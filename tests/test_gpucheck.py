@@ -219,3 +219,16 @@ def test_the_script_runs_the_check_without_make(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NVIDIA L4" in (tmp_path / report.SUMMARY_FILE).read_text()
+
+
+def test_a_gpu_that_does_not_answer_is_reported_and_the_other_sections_still_run(
+    tmp_path: Path,
+) -> None:
+    body, _ = run(tmp_path, "h100:1:fail,l4:1")
+    discovery = body["sections"]["discovery"]
+    assert [f["index"] for f in discovery["failures"]] == [0]
+    assert discovery["failures"][0]["error"].endswith("GPU is lost")
+    assert [g["product_name"] for g in body["gpus"]] == ["NVIDIA L4"]
+    assert body["gpus"][0]["twin"]["differences"] == []
+    assert "error" not in body["sections"]["driver_files"]
+    assert "error" not in body["sections"]["cuda_load"]

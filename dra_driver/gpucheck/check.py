@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,22 +72,19 @@ class Options:
     cuda_timeout_s: float = 60
 
 
-def _section(
-    report: dict[str, Any], name: str
-) -> Callable[[], AbstractContextManager[dict[str, Any]]]:
-    @contextmanager
-    def section() -> Iterator[dict[str, Any]]:
-        entry: dict[str, Any] = {}
-        start = time.monotonic()
-        try:
-            yield entry
-        except (DraError, OSError, pynvml.NVMLError, ValueError) as exc:
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            entry["seconds"] = round(time.monotonic() - start, 3)
-            report["sections"][name] = entry
-
-    return section
+@contextmanager
+def _section(report: dict[str, Any], name: str) -> Iterator[dict[str, Any]]:
+    """One section of the report: timed, and its failure recorded as its ``error`` (the other
+    sections still run). A ReadOnlyViolation is a bug in the check and is not caught."""
+    entry: dict[str, Any] = {}
+    start = time.monotonic()
+    try:
+        yield entry
+    except (DraError, OSError, subprocess.SubprocessError, pynvml.NVMLError, ValueError) as exc:
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        entry["seconds"] = round(time.monotonic() - start, 3)
+        report["sections"][name] = entry
 
 
 def gpu_facts(gpu: GpuInfo, *, ask: nvmlquery.Asker, driver_name: str) -> dict[str, Any]:
@@ -200,7 +198,7 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
     report["driver_roots"] = [str(r) for r in roots]
     ask = nvmlquery.Asker()
     inventory = Inventory(gpus=())
-    with _section(report, "discovery")() as entry:
+    with _section(report, "discovery") as entry:
         inventory, facts = _facts_of_node(
             driver_root=roots[0] if roots else Path("/"),
             sysfs_root=machine.sysfs_root,
@@ -221,7 +219,7 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
     report["nvml_calls"] = [
         {"name": name, "ms": round(seconds * 1000, 3)} for name, seconds in ask.calls
     ]
-    with _section(report, "comparison")() as entry:
+    with _section(report, "comparison") as entry:
         for record in report["gpus"]:
             record["twin"] = compare_with_twin(
                 record["facts"], twins=twins, driver_name=options.driver_name
@@ -229,7 +227,7 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
         entry["differences"] = sum(len(g["twin"].get("differences", [])) for g in report["gpus"])
     first = inventory.gpus[0] if inventory.gpus else None
     minor = first.minor if first else 0
-    with _section(report, "driver_files")() as entry:
+    with _section(report, "driver_files") as entry:
         entry.update(
             driverroot.driver_files_section(
                 roots,
@@ -238,7 +236,7 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
                 proc_root=machine.proc_root,
             )
         )
-    with _section(report, "cuda_load")() as entry:
+    with _section(report, "cuda_load") as entry:
         _cuda_load(
             entry,
             roots=roots,
