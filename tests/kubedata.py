@@ -1,4 +1,5 @@
-"""A KubeClient on the stand-in API server, and the objects the kube tests send it."""
+"""A KubeClient (or the tools' ClusterClient) on the stand-in API server, and the objects the
+kube tests send it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from dra_driver.devices.model import Device, NodeDevices, Taint
 from dra_driver.kube import KubeClient
+from dra_driver.kube.clusterreads import ClusterClient
 from dra_driver.publish.slices import build_slices, to_api_objects
 from dra_driver.sim.localapi import FakeKubeApi
 
@@ -15,6 +17,12 @@ DRIVER = "gpu.nvidia.com"
 
 def client(api: FakeKubeApi, tmp_path: Path) -> KubeClient:
     return KubeClient.from_config(
+        kubeconfig=api.write_kubeconfig(tmp_path / "kc"), timeout_s=2, connect_timeout_s=1
+    )
+
+
+def cluster_client(api: FakeKubeApi, tmp_path: Path) -> ClusterClient:
+    return ClusterClient.from_config(
         kubeconfig=api.write_kubeconfig(tmp_path / "kc"), timeout_s=2, connect_timeout_s=1
     )
 

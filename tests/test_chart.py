@@ -914,9 +914,9 @@ def test_cluster_role_grants_only_the_calls_the_agent_needs() -> None:
 
 def test_cluster_role_equals_the_api_calls_kube_py_declares() -> None:
     """dra_driver.kube is the one module that talks to the API; it lists the calls it can make."""
-    from dra_driver import kube  # noqa: PLC0415  (written by another area; fails loudly if absent)
+    from dra_driver.kube import permissions  # noqa: PLC0415  (another area's; fails loudly if absent)
 
-    declared = {(group, resource, verb) for verb, group, resource in kube.API_PERMISSIONS}
+    declared = {(group, resource, verb) for verb, group, resource in permissions.API_PERMISSIONS}
     assert granted(one(render(), "ClusterRole")) == declared
 
 
@@ -1282,12 +1282,12 @@ def test_the_deployed_agent_refuses_consumable_shares_without_mps_to_enforce_the
 
 
 def test_mps_role_grants_exactly_the_deployment_calls_kube_py_declares_in_the_namespace() -> None:
-    from dra_driver import kube  # noqa: PLC0415
+    from dra_driver.kube import permissions  # noqa: PLC0415
 
     objects = render()
     role = one(objects, "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert granted(role) == {(g, r, v) for v, g, r in kube.MPS_PERMISSIONS}
+    assert granted(role) == {(g, r, v) for v, g, r in permissions.MPS_PERMISSIONS}
     binding = one(objects, "RoleBinding")
     assert binding["metadata"]["namespace"] == NAMESPACE
     assert binding["roleRef"] == {

@@ -22,7 +22,8 @@ from dra_driver.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
-from dra_driver.kube import API_PERMISSIONS, KubeClient
+from dra_driver.kube import KubeClient
+from dra_driver.kube.permissions import API_PERMISSIONS
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.kubedata import DRIVER, claim, client, slice_body
 

@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.kube import EXPLAIN_PERMISSIONS, KubeClient
+from dra_driver.kube.clusterreads import ClusterClient
+from dra_driver.kube.permissions import EXPLAIN_PERMISSIONS
 from dra_driver.sim.localapi import FakeKubeApi
-from tests.kubedata import DRIVER, claim, client
+from tests.kubedata import DRIVER, claim, cluster_client
 
 
 @pytest.fixture
-def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
+def kube(kubeapi: FakeKubeApi) -> Iterator[ClusterClient]:
     assert kubeapi.kubeconfig_path is not None
-    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path, timeout_s=2)
+    client = ClusterClient.from_config(kubeconfig=kubeapi.kubeconfig_path, timeout_s=2)
     yield client
     client.close()
 
@@ -27,7 +28,7 @@ def test_list_resource_claims_returns_every_namespace_in_v1_shape(
     api = FakeKubeApi(versions=served).start()
     try:
         stored = [api.add_claim(claim("ns2")), api.add_claim(claim("ns1"))]
-        kube = client(api, tmp_path)
+        kube = cluster_client(api, tmp_path)
         got = kube.list_resource_claims()
         kube.close()
         assert [(c["metadata"]["namespace"], c["kind"], c["apiVersion"]) for c in got] == [
@@ -58,7 +59,7 @@ def test_device_taint_rules_are_listed_in_the_version_the_cluster_serves(
     api = FakeKubeApi(device_taint_rule_versions=(version,)).start()
     try:
         api.put("devicetaintrules", DEVICE_TAINT_RULE)
-        kube = client(api, tmp_path)
+        kube = cluster_client(api, tmp_path)
         rules = kube.list_device_taint_rules()
         kube.close()
         assert rules is not None
@@ -70,7 +71,7 @@ def test_device_taint_rules_are_listed_in_the_version_the_cluster_serves(
         api.stop()
 
 
-def test_device_taint_rules_not_served_are_none(kubeapi: FakeKubeApi, kube: KubeClient) -> None:
+def test_device_taint_rules_not_served_are_none(kubeapi: FakeKubeApi, kube: ClusterClient) -> None:
     assert kube.list_device_taint_rules() is None
     assert not any(r.resource == "devicetaintrules" for r in kubeapi.requests)
 
@@ -78,7 +79,7 @@ def test_device_taint_rules_not_served_are_none(kubeapi: FakeKubeApi, kube: Kube
 def test_every_request_explain_makes_is_listed_in_explain_permissions(tmp_path: Path) -> None:
     api = FakeKubeApi(device_taint_rule_versions=("v1alpha3",)).start()
     try:
-        kube = client(api, tmp_path)
+        kube = cluster_client(api, tmp_path)
         kube.list_all_slices()
         kube.list_device_classes()
         kube.list_resource_claims()

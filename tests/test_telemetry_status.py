@@ -21,7 +21,7 @@ from dra_driver import devices
 from dra_driver.errors import MetricsUnavailable
 from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import NvmlReader
-from dra_driver.kube import STATUS_PERMISSIONS
+from dra_driver.kube.permissions import STATUS_PERMISSIONS
 from dra_driver.metrics import Registry
 from dra_driver.node.http_server import Answer, HttpServer, metrics_server
 from dra_driver.publish import slices

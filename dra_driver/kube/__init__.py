@@ -8,11 +8,14 @@ way in and out (spec D.0).
 
 - ``connection``: the connection (official client's transport, keep-alive claim GET, discovery)
   and the conversion of every failure into a KubeError;
-- ``resourceslices``, ``resourceclaims``, ``nodes``, ``deployments``, ``clusterreads``: the calls,
-  per resource; ``client``: :class:`KubeClient`, all of them on one connection;
+- ``resourceslices``, ``resourceclaims``, ``nodes``, ``deployments``: the agent's calls, per
+  resource; ``client``: :class:`KubeClient`, all of them on one connection;
+- ``clusterreads``: the cluster-wide reads of ``gpu-dra explain``/``status`` and their client,
+  ``ClusterClient`` (not re-exported here: the agent does not load it);
 - ``watch``: a watch stream; ``conversion``: objects between served versions and v1;
 - ``permissions``: every (verb, group, resource) the code can use, which the chart's RBAC is
-  checked against; ``keepalive``: the plain keep-alive connections of the claim GET.
+  checked against (by the tests; not re-exported); ``keepalive``: the plain keep-alive
+  connections of the claim GET.
 
 This package re-exports the names the rest of the driver imports.
 """
@@ -23,24 +26,14 @@ from dra_driver.kube.client import KubeClient
 from dra_driver.kube.connection import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S, USER_AGENT
 from dra_driver.kube.conversion import claim_to_v1
 from dra_driver.kube.nodes import EventType
-from dra_driver.kube.permissions import (
-    API_PERMISSIONS,
-    EXPLAIN_PERMISSIONS,
-    MPS_PERMISSIONS,
-    STATUS_PERMISSIONS,
-)
 from dra_driver.kube.resourceslices import SliceList
 from dra_driver.kube.watch import WatchEvent, WatchStream
 from dra_driver.resourceapi import DEVICE_TAINT_RULE_VERSIONS
 
 __all__ = [
-    "API_PERMISSIONS",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
     "DEVICE_TAINT_RULE_VERSIONS",
-    "EXPLAIN_PERMISSIONS",
-    "MPS_PERMISSIONS",
-    "STATUS_PERMISSIONS",
     "USER_AGENT",
     "EventType",
     "KubeClient",

@@ -1,22 +1,22 @@
-"""KubeClient: every API call the driver makes, on one connection.
+"""KubeClient: every API call the node agent makes, on one connection.
 
-Place in the flow: built once by the node agent (and by ``gpu-dra explain``/``status``) and
-handed to the publisher, the preparer, the health monitor and the MPS daemons. Each group of
-calls lives in its own module; this class only puts them together on the shared
-:class:`~dra_driver.kube.connection.ApiConnection`.
+Place in the flow: built once by the node agent and handed to the publisher, the preparer, the
+health monitor and the MPS daemons. Each group of calls lives in its own module; this class only
+puts them together on the shared :class:`~dra_driver.kube.connection.ApiConnection`. The offline
+tools (``gpu-dra explain``/``status``) use clusterreads.py's ``ClusterClient``, this client plus
+the cluster-wide reads the agent never makes (and whose module it does not load).
 """
 
 from __future__ import annotations
 
-from dra_driver.kube.clusterreads import ClusterReads
 from dra_driver.kube.deployments import DeploymentCalls
 from dra_driver.kube.nodes import NodeCalls
 from dra_driver.kube.resourceclaims import ResourceClaimCalls
 from dra_driver.kube.resourceslices import ResourceSliceCalls
 
 
-class KubeClient(ResourceSliceCalls, ResourceClaimCalls, NodeCalls, DeploymentCalls, ClusterReads):
-    """Typed access to the few API calls the driver makes. Thread-safe.
+class KubeClient(ResourceSliceCalls, ResourceClaimCalls, NodeCalls, DeploymentCalls):
+    """Typed access to the few API calls the node agent makes. Thread-safe.
 
     Connect with :meth:`from_config`; every call raises a KubeError subclass on failure (see
     :class:`~dra_driver.kube.connection.ApiConnection`). Everything crosses as plain JSON dicts

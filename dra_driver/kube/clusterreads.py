@@ -1,4 +1,5 @@
-"""What the offline tools read of the whole cluster; the node agent never calls these.
+"""What the offline tools read of the whole cluster; the node agent never calls these, and
+does not load this module (its client is client.py's ``KubeClient``).
 
 Place in the flow: off it. ``gpu-dra explain --kubeconfig`` (scheduling/explain.py) reads every
 node's ResourceSlices, the DeviceClasses, all ResourceClaims and the DeviceTaintRules where
@@ -9,6 +10,7 @@ run with the user's own credentials (permissions.py ``EXPLAIN_PERMISSIONS``,
 
 from __future__ import annotations
 
+from dra_driver.kube.client import KubeClient
 from dra_driver.kube.connection import ApiConnection
 from dra_driver.kube.conversion import claim_to_v1
 from dra_driver.kube.resourceslices import v1_slices
@@ -23,7 +25,7 @@ from dra_driver.resourceapi import (
 
 
 class ClusterReads(ApiConnection):
-    """The cluster-wide reads of :class:`~dra_driver.kube.client.KubeClient`."""
+    """The cluster-wide reads of :class:`ClusterClient`."""
 
     def list_all_slices(self) -> list[JsonDict]:
         """Every ResourceSlice of the cluster (all nodes, all drivers), v1 shape, sorted by name:
@@ -110,3 +112,8 @@ class ClusterReads(ApiConnection):
                 str(p.get("metadata", {}).get("name", "")),
             ),
         )
+
+
+class ClusterClient(KubeClient, ClusterReads):
+    """:class:`~dra_driver.kube.client.KubeClient` with the cluster-wide reads, for ``gpu-dra
+    explain`` and ``gpu-dra status``. Thread-safe; connect with :meth:`from_config`."""

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -46,9 +47,7 @@ from dra_driver.health.decisions import HealthPolicy
 from dra_driver.health.monitor import HealthMonitor
 from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import EventType, KubeClient
-from dra_driver.mig import modeswitch
 from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
-from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks
 from dra_driver.node import cpuaffinity, log
 from dra_driver.node.config import Config
 from dra_driver.node.http_server import HttpServer, metrics_server
@@ -79,13 +78,17 @@ class Discovery:
     def __init__(self, config: Config, stack: ExitStack) -> None:
         self._driver_root = config.driver_root_in_container
         self._sysfs_root = nvml.DEFAULT_SYSFS_ROOT
-        # Dynamic MIG: GPUs taken out of MIG mode for a whole-GPU claim are shown as the
-        # partitionable GPUs they were (modeswitch.py).
-        self._mig_off = (
-            MigOffMarks(config.checkpoint_path.parent / MARKS_DIRECTORY)
-            if config.mig_mode == "dynamic"
-            else None
-        )
+        self._discover: Callable[[], Inventory] = self._nvml_inventory
+        if config.mig_mode == "dynamic":
+            # GPUs taken out of MIG mode for a whole-GPU claim are shown as the partitionable
+            # GPUs they were (mig/modeswitch.py: loaded in this mode only, as node/wiring.py
+            # loads dynamic MIG's steps).
+            from dra_driver.mig import modeswitch  # noqa: PLC0415
+
+            marks = modeswitch.MigOffMarks(
+                config.checkpoint_path.parent / modeswitch.MARKS_DIRECTORY
+            )
+            self._discover = partial(modeswitch.discover_with_marks, self._nvml_inventory, marks)
         self._simulated: SimulatedNvmlLibrary | None = None
         if config.simulate:
             from dra_driver.sim.nvml import simulated_nvml  # noqa: PLC0415
@@ -118,16 +121,8 @@ class Discovery:
         are raised, and remembered for readiness until a pass succeeds. In dynamic MIG mode a
         GPU this driver took out of MIG mode is shown as it was (modeswitch.overlay; its mark read
         before and after NVML, so a mark made or removed during the pass is not missed)."""
-
-        def nvml_inventory() -> Inventory:
-            return nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
-
         try:
-            inventory = (
-                nvml_inventory()
-                if self._mig_off is None
-                else modeswitch.discover_with_marks(nvml_inventory, self._mig_off)
-            )
+            inventory = self._discover()
         except NoGpusFound as exc:
             self.last_error = None  # NVML answered: there are no GPUs
             logger.warning("no GPUs found; publishing an empty pool", extra={"reason": str(exc)})
@@ -143,6 +138,9 @@ class Discovery:
                 extra={"gpu_index": failure.index, "reason": failure.error},
             )
         return inventory
+
+    def _nvml_inventory(self) -> Inventory:
+        return nvml.discover(driver_root=self._driver_root, sysfs_root=self._sysfs_root)
 
     def readiness_problems(self) -> list[str]:
         """Empty when the last discovery pass succeeded (for ``/readyz``). A GPU that alone

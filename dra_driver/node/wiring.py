@@ -8,6 +8,12 @@ The steps, in prepare order (the preparer undoes them in reverse): the whole-GPU
 switch and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's instance exists
 before anything runs on it), time slicing, MPS, consumable shares. A new feature is one step
 module in its package and one line in :func:`prepare_steps`.
+
+The modules of dynamic MIG and of the MPS daemons are imported where those are built, so an
+agent without them does not hold their code: about 110 KB of its memory in static MIG mode (the
+chart's default), 60 KB more without ``--mps-image`` (docs/benchmarks.md, "Memory after the
+restructuring"). The steps that refuse what this node does not run (MPS, shares) are always
+built.
 """
 
 from __future__ import annotations
@@ -16,9 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dra_driver.mig.instance_step import MigInstanceStep
-from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks
-from dra_driver.mig.modeswitch_step import MigModeStep
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthStates
 from dra_driver.plugin.server import DEFAULT_RECONCILE_INTERVAL_S, EventReporter, KubeletPlugin
 from dra_driver.plugin.settings import PluginSettings
@@ -26,8 +29,6 @@ from dra_driver.prepare import ClaimSource, NodeState, Step, StepFactory
 from dra_driver.prepare.checkpoint import BOOT_ID_PATH
 from dra_driver.sharing import shares
 from dra_driver.sharing.mps_step import MpsStep
-from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
-from dra_driver.sharing.mpsshares import MpsShareEnforcer
 from dra_driver.sharing.share_step import ShareStep, device_by_uuid
 from dra_driver.sharing.timeslice import NvidiaSmi, TimeSlicer
 from dra_driver.sharing.timeslice_step import TimeSliceStep
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from dra_driver.metrics import DriverMetrics
     from dra_driver.mig.instances import DynamicMig
     from dra_driver.node.config import Config
+    from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
 
 
 def prepare_steps(
@@ -52,12 +54,11 @@ def prepare_steps(
     by ``mps_daemons`` (one shared MPS daemon per device)."""
 
     def build(node: NodeState) -> list[Step]:
-        steps: list[Step] = []
-        if mig is not None:
-            marks = MigOffMarks(node.state_dir / MARKS_DIRECTORY)
-            steps += [MigModeStep(node, mig, marks=marks), MigInstanceStep(node, mig)]
+        steps: list[Step] = [] if mig is None else _dynamic_mig_steps(node, mig)
         enforcer = share_enforcer
         if enforcer is None and mps_daemons is not None:
+            from dra_driver.sharing.mpsshares import MpsShareEnforcer  # noqa: PLC0415
+
             enforcer = MpsShareEnforcer(mps_daemons, device_by_uuid(node))
         share = ShareStep(
             node,
@@ -75,11 +76,24 @@ def prepare_steps(
     return build
 
 
+def _dynamic_mig_steps(node: NodeState, mig: DynamicMig) -> list[Step]:
+    """Dynamic MIG's steps, in prepare order: the whole-GPU MIG-mode switch, then the MIG
+    instances."""
+    from dra_driver.mig.instance_step import MigInstanceStep  # noqa: PLC0415
+    from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks  # noqa: PLC0415
+    from dra_driver.mig.modeswitch_step import MigModeStep  # noqa: PLC0415
+
+    marks = MigOffMarks(node.state_dir / MARKS_DIRECTORY)
+    return [MigModeStep(node, mig, marks=marks), MigInstanceStep(node, mig)]
+
+
 def mps_daemons(config: Config, deployments: DeploymentApi | None) -> MpsDaemons | None:
     """The MPS control daemons of this node (None without an image or API access: MPS
     claims are then refused)."""
     if config.mps_image is None or deployments is None:
         return None
+    from dra_driver.sharing.mpsdaemon import MpsDaemons  # noqa: PLC0415
+
     return MpsDaemons(
         api=deployments,
         namespace=config.pod_namespace,

@@ -89,15 +89,15 @@ class ClusterState:
 
 def read_cluster(kubeconfig: Path | None) -> ClusterState:
     """Slices, DeviceClasses, ResourceClaims (all namespaces) and DeviceTaintRules from the
-    cluster, through ``dra_driver.kube.KubeClient``, with the user's credentials.
+    cluster, through ``dra_driver.kube.clusterreads.ClusterClient``, with the user's credentials.
 
     DeviceTaintRules that the cluster does not serve, or that these credentials may not list,
     are skipped with a note; ResourceClaims that may not be listed are an ExplainError: without
     them every device would look free.
     """
-    from dra_driver.kube import KubeClient  # noqa: PLC0415 - the only path that talks to the API
+    from dra_driver.kube.clusterreads import ClusterClient  # noqa: PLC0415 - the only API path
 
-    client = KubeClient.from_config(kubeconfig=kubeconfig)
+    client = ClusterClient.from_config(kubeconfig=kubeconfig)
     try:
         slices = client.list_all_slices()
         classes = client.list_device_classes()

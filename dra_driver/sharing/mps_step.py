@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dra_driver import cdi
 from dra_driver.errors import (
@@ -34,7 +34,9 @@ from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, owner, strategy
 from dra_driver.prepare.step import NodeState, Step
 from dra_driver.prepare.targets import DeviceTarget
 from dra_driver.sharing import mps
-from dra_driver.sharing.mpsdaemon import MpsDaemons
+
+if TYPE_CHECKING:
+    from dra_driver.sharing.mpsdaemon import MpsDaemons
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 

@@ -7,7 +7,8 @@ Node-local (the default) reads one agent's ``/metrics`` (``--metrics-url``, by d
 the claims and pods holding them (``gpu_dra_gpu_claim_info``, as of the agent's last telemetry
 sample), the health state where the agent's health watcher reports one, and the readings.
 
-Cluster-wide (``--kubeconfig``) uses the caller's own credentials (kube.STATUS_PERMISSIONS):
+Cluster-wide (``--kubeconfig``) uses the caller's own credentials (``STATUS_PERMISSIONS`` in
+kube/permissions.py):
 
 1. the driver's ResourceSlices: the published devices of every node, with their taints;
 2. the ResourceClaims of all namespaces: which claim holds which device (its allocation results)
@@ -199,7 +200,7 @@ def node_report(url: str) -> Report:
 
 
 class ClusterSource(Protocol):
-    """What cluster_report reads from the API server (kube.KubeClient)."""
+    """What cluster_report reads from the API server (kube.clusterreads.ClusterClient)."""
 
     def list_all_slices(self) -> list[dict[str, Any]]: ...
     def list_resource_claims(self) -> list[dict[str, Any]]: ...
@@ -538,9 +539,9 @@ def _source(args: argparse.Namespace) -> Callable[[], str]:
                 ) from exc
 
         return local
-    from dra_driver.kube import KubeClient  # noqa: PLC0415  (node-local needs no client)
+    from dra_driver.kube.clusterreads import ClusterClient  # noqa: PLC0415  (node-local: none)
 
-    kube = KubeClient.from_config(kubeconfig=args.kubeconfig)
+    kube = ClusterClient.from_config(kubeconfig=args.kubeconfig)
 
     def cluster() -> str:
         report = cluster_report(
