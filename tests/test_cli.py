@@ -35,7 +35,7 @@ def test_environment_variables_fill_in_for_flags() -> None:
     assert config.driver_root_in_container == Path("/driver-root")
     assert config.pod_namespace == "gpu-dra"
     assert config.plugin_data_dir == Path("/k/plugins/gpu.example.com")
-    assert config.checkpoint_path == Path("/k/plugins/gpu.example.com/checkpoint.json")
+    assert config.checkpoint_path == Path("/k/plugins/gpu.example.com/gpu-dra-checkpoint.json")
     assert config.cdi_root == Path("/etc/cdi")
     assert config.cdi_vendor == "k8s.gpu.example.com"
     assert config.healthcheck_port == 8080

@@ -225,7 +225,8 @@ class Config:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.plugin_data_dir / "checkpoint.json"
+        # not checkpoint.json: NVIDIA's plugin reads that name (prepare/switchover.py)
+        return self.plugin_data_dir / "gpu-dra-checkpoint.json"
 
     @property
     def simulated_faults_path(self) -> Path:

@@ -58,7 +58,14 @@ from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.plugin.settings import PluginSettings
-from dra_driver.prepare import ClaimSource, Preparer, StepFactory, device_targets, no_steps
+from dra_driver.prepare import (
+    ClaimSource,
+    Preparer,
+    StepFactory,
+    device_targets,
+    no_steps,
+    switchover,
+)
 from dra_driver.prepare.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
 
 if TYPE_CHECKING:
@@ -211,6 +218,8 @@ class KubeletPlugin:
         cfg.kubelet_registrar_directory_path.mkdir(parents=True, exist_ok=True)
         self.specs.ensure()
         self.locks.open()
+        legacy = cfg.plugin_data_dir / switchover.LEGACY_NAME  # NVIDIA's, or an earlier ours
+        switchover.migrate_own_checkpoint(legacy, self.checkpoint.path)
         report = self.checkpoint.open()
         self.preparer = Preparer(
             driver_name=cfg.driver_name,
@@ -224,6 +233,7 @@ class KubeletPlugin:
             claims=self._claims,
             steps=self._steps,
         )
+        self._adopt(legacy)
         self._recover(report)
         self._report_missing_devices()
         if self.metrics is not None:
@@ -380,6 +390,25 @@ class KubeletPlugin:
         if hook == cdihook.BUILTIN:
             return str(cdihook.install(self.settings.hook_dir))
         return hook  # a host path we cannot see from here: taken as given
+
+    def _adopt(self, legacy: Path) -> None:
+        """Take over the claims NVIDIA's driver prepared (prepare/switchover.py), before the
+        first reconcile rolls back its half-done ones."""
+        assert self.preparer is not None
+        adoption = switchover.adopt_nvidia_checkpoint(
+            legacy,
+            checkpoint=self.checkpoint,
+            specs=self.specs,
+            targets=self.preparer.targets,
+            driver_name=self.settings.driver_name,
+            node_name=self.settings.node_name,
+            cdi_vendor=self.settings.cdi_vendor,
+        )
+        if adoption.found and self._report_event is not None:
+            try:
+                self._report_event("NvidiaCheckpointAdopted", adoption.message())
+            except KubeError as exc:
+                log.warning("cannot post the adoption Event", extra={"error": str(exc)})
 
     def _recover(self, report: LoadReport) -> None:
         assert self.preparer is not None

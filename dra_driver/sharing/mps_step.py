@@ -32,6 +32,7 @@ from dra_driver.errors import (
 from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, Claims
 from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, owner, strategy
 from dra_driver.prepare.step import NodeState, Step
+from dra_driver.prepare.switchover import NVIDIA_MPS_KEY
 from dra_driver.prepare.targets import DeviceTarget
 from dra_driver.sharing import mps
 from dra_driver.sharing.mpsdaemon import MpsDaemons
@@ -195,6 +196,9 @@ class MpsStep(Step):
         what is left (it belongs to no recorded claim)."""
         if self._daemons is None:
             return
+        if any(NVIDIA_MPS_KEY in d.config for d in record.devices):
+            self._stop_nvidia_daemon(record)
+            return
         asked = any(mps.recorded_config(d.config) is not None for d in record.devices)
         if not asked and not mps.daemon_root(self._daemons.base, record.uid).exists():
             return
@@ -206,12 +210,33 @@ class MpsStep(Step):
                 extra={"claim_uid": record.uid, "error": str(exc)},
             )
 
+    def _stop_nvidia_daemon(self, record: ClaimRecord) -> None:
+        """Delete the MPS Deployment NVIDIA's driver started for a claim adopted from it
+        (prepare/switchover.py); a failure is logged (docs/migration.md says what is left)."""
+        assert self._daemons is not None
+        names = {
+            str(d.config[NVIDIA_MPS_KEY]) for d in record.devices if NVIDIA_MPS_KEY in d.config
+        }
+        for qualified in sorted(names):
+            namespace, _, name = qualified.partition("/")
+            try:
+                self._daemons.api.delete_deployment(namespace=namespace, name=name)
+                log.info("stopped the MPS control daemon NVIDIA's driver started",
+                         extra={"claim_uid": record.uid, "deployment": qualified})  # fmt: skip
+            except KubeError as exc:
+                log.error("cannot delete the MPS Deployment NVIDIA's driver started; delete it "
+                          "by hand", extra={"claim_uid": record.uid, "deployment": qualified,
+                          "error": str(exc)})  # fmt: skip
+
     def _recorded_daemon(
         self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
     ) -> Daemon | None:
-        """The MPS daemon a recorded claim asked for (None: none, or its devices are gone)."""
+        """The MPS daemon a recorded claim asked for (None: none, or its devices are gone, or
+        the daemon is NVIDIA's, of a claim adopted from its driver)."""
         shared = []
         for device in record.devices:
+            if NVIDIA_MPS_KEY in device.config:
+                return None
             config = mps.recorded_config(device.config)
             if config is None:
                 continue
