@@ -51,7 +51,9 @@ MIG_DEVICE = "gpu-4-mig-3g40gb-9-4"  # DEMO_SIMULATE's A100 in MIG mode
 # -- NVIDIA's checkpoint, as its plugin writes it (nvidia-compat.md "Switching in place") --------
 
 
-def nvidia_device(claim: dict[str, Any], device: str, *, share_id: str = "") -> dict[str, Any]:
+def nvidia_device(
+    claim: dict[str, Any], device: str, *, share_id: str = "", vendor: str = VENDOR
+) -> dict[str, Any]:
     uid = claim["metadata"]["uid"]
     results = claim["status"]["allocation"]["devices"]["results"]
     requests = [r["request"] for r in results if r["device"] == device]
@@ -59,7 +61,7 @@ def nvidia_device(claim: dict[str, Any], device: str, *, share_id: str = "") -> 
         "Requests": requests,
         "PoolName": "node1",
         "DeviceName": device,
-        "CDIDeviceIDs": [f"{VENDOR}/claim={uid}-{device}"],
+        "CDIDeviceIDs": [f"{vendor}/claim={uid}-{device}"],
         "ShareID": share_id or None,
     }
     if "-mig-" in device:
@@ -68,12 +70,16 @@ def nvidia_device(claim: dict[str, Any], device: str, *, share_id: str = "") -> 
 
 
 def nvidia_claim(
-    claim: dict[str, Any], *, state: str = "PrepareCompleted", share_id: str = ""
+    claim: dict[str, Any],
+    *,
+    state: str = "PrepareCompleted",
+    share_id: str = "",
+    vendor: str = VENDOR,
 ) -> dict[str, Any]:
     devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
     prepared = [
         {
-            "devices": [nvidia_device(claim, d, share_id=share_id) for d in devices],
+            "devices": [nvidia_device(claim, d, share_id=share_id, vendor=vendor) for d in devices],
             "configState": {},
         }
     ]
