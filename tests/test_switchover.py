@@ -57,9 +57,10 @@ def nvidia_device(
     uid = claim["metadata"]["uid"]
     results = claim["status"]["allocation"]["devices"]["results"]
     requests = [r["request"] for r in results if r["device"] == device]
+    pool = next(r["pool"] for r in results if r["device"] == device)
     d = {
         "Requests": requests,
-        "PoolName": "node1",
+        "PoolName": pool,
         "DeviceName": device,
         "CDIDeviceIDs": [f"{vendor}/claim={uid}-{device}"],
         "ShareID": share_id or None,
