@@ -458,3 +458,27 @@ def test_kill_9_during_adoption_the_next_start_finishes_it_exactly_once(
         assert yaml_spec(tmp_path, uid).exists()
     finally:
         plugin.stop()
+
+
+def test_unprepare_on_exit_leaves_no_claim_spec_or_state_for_nvidias_plugin(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    ours = kubeapi.add_claim(allocated_claim(name="ours", devices=["gpu-0"]))
+    adopted = kubeapi.add_claim(allocated_claim(name="adopted", devices=["gpu-1"]))
+    plugin_dir = set_up_node(tmp_path, [adopted])
+    plugin = kubelet_plugin(
+        config=dataclasses.replace(make_config(tmp_path), unprepare_on_exit=True),
+        inventory=inventory(),
+        claims=kube,
+        proc_root=tmp_path / "proc",
+        boot_id_path=tmp_path / "boot_id",
+    )
+    plugin.start()
+    try:
+        assert prepare(plugin, ours).error == ""
+        assert plugin.specs.path_for(ours["metadata"]["uid"]).exists()
+    finally:
+        plugin.stop()
+    assert records(tmp_path) == {}
+    assert list((tmp_path / "cdi").iterdir()) == []  # ours and the adopted .yaml
+    assert not (plugin_dir / "checkpoint.json").exists()

@@ -96,6 +96,9 @@ class Config:
     # the agent's namespace) and the pull policy (None: the cluster's default for the tag).
     mps_image_pull_secrets: tuple[str, ...] = ()
     mps_image_pull_policy: str | None = None
+    # Unprepare every prepared claim on a clean stop (switching back to NVIDIA's driver:
+    # docs/migration.md).
+    unprepare_on_exit: bool = False
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)

@@ -139,6 +139,7 @@ def plugin_settings(config: Config) -> PluginSettings:
         hook_dir=config.hook_dir,
         mig_mode=config.mig_mode,
         pod_uid=config.pod_uid,
+        unprepare_on_exit=config.unprepare_on_exit,
     )
 
 

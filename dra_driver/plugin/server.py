@@ -59,6 +59,7 @@ from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, 
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.plugin.settings import PluginSettings
 from dra_driver.prepare import (
+    ClaimRef,
     ClaimSource,
     Preparer,
     StepFactory,
@@ -263,6 +264,7 @@ class KubeletPlugin:
             self._reconciler.join(timeout=5)
             self._reconciler = None
         if self.preparer is not None:
+            self._leave_prepared_claims()
             self.preparer.close()
         self.specs.close()
         self.checkpoint.close()
@@ -390,6 +392,38 @@ class KubeletPlugin:
         if hook == cdihook.BUILTIN:
             return str(cdihook.install(self.settings.hook_dir))
         return hook  # a host path we cannot see from here: taken as given
+
+    def _leave_prepared_claims(self) -> None:
+        """At a clean stop: list the claims left prepared (NVIDIA's plugin, should the node
+        switch back, does not know them: docs/migration.md), or with ``unprepare_on_exit``
+        unprepare every one of them. A failure is logged; the stop goes on."""
+        assert self.preparer is not None
+        try:
+            records = self.checkpoint.snapshot()
+        except CheckpointError as exc:
+            log.warning("cannot read the prepared claims at stop", extra={"error": str(exc)})
+            return
+        if not records:
+            return
+        if not self.settings.unprepare_on_exit:
+            log.info(
+                "claims left prepared at stop (the next start keeps them)",
+                extra={"claims": len(records),
+                       "cdi_specs": [str(self.specs.path_for(u)) for u in sorted(records)[:50]]},
+            )  # fmt: skip
+            return
+        for uid, record in sorted(records.items()):
+            try:
+                self.preparer.unprepare(
+                    ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
+                )
+            except DraError as exc:
+                log.error(
+                    "cannot unprepare a claim at exit; remove what is left by hand",
+                    extra={"claim_uid": uid, "error": str(exc)},
+                )
+        log.info("unprepared every claim at exit (--unprepare-on-exit)",
+                 extra={"claims": sorted(records)})  # fmt: skip
 
     def _adopt(self, legacy: Path) -> None:
         """Take over the claims NVIDIA's driver prepared (prepare/switchover.py), before the
