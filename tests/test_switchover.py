@@ -424,8 +424,11 @@ tmp = Path(sys.argv[1])
 plugin_dir = tmp / "plugins/gpu.nvidia.com"
 checkpoint = Checkpoint(plugin_dir / "gpu-dra-checkpoint.json", boot_id_path=tmp / "boot_id")
 checkpoint.open()
-# killed right after the records are durable, before NVIDIA's file is renamed aside
-switchover._set_aside = lambda path, why: os.kill(os.getpid(), signal.SIGKILL)
+kill = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] == "before-commit":
+    checkpoint.transact = kill
+else:  # right after the records are durable, before NVIDIA's file is renamed aside
+    switchover._set_aside = kill
 switchover.adopt_nvidia_checkpoint(
     plugin_dir / "checkpoint.json", checkpoint=checkpoint,
     specs=cdi.CdiSpecDir(tmp / "cdi", vendor="k8s.gpu.nvidia.com"),
@@ -435,24 +438,30 @@ switchover.adopt_nvidia_checkpoint(
 """
 
 
+@pytest.mark.parametrize("point", ["before-commit", "after-commit"])
 def test_kill_9_during_adoption_the_next_start_finishes_it_exactly_once(
-    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+    point: str, tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
 ) -> None:
     claim = kubeapi.add_claim(allocated_claim(name="running", devices=["gpu-0"]))
     uid = claim["metadata"]["uid"]
     plugin_dir = set_up_node(tmp_path, [claim])
     killed = subprocess.run(
-        [sys.executable, "-c", KILLED_ADOPTION, str(tmp_path)], check=False, capture_output=True
+        [sys.executable, "-c", KILLED_ADOPTION, str(tmp_path), point],
+        check=False,
+        capture_output=True,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert (plugin_dir / "checkpoint.json").exists()  # not yet renamed
     journal = (plugin_dir / "gpu-dra-checkpoint.journal").read_bytes()
-    assert journal.count(b"\n") == 1 and uid.encode() in journal  # durable before the rename
+    if point == "after-commit":
+        assert journal.count(b"\n") == 1 and uid.encode() in journal  # durable before the rename
+    else:
+        assert journal == b""
     plugin = start_plugin(tmp_path, kube)
     try:
         assert set(records(tmp_path)) == {uid}
-        # the second import found the claim recorded and wrote nothing for it
-        assert (plugin_dir / "gpu-dra-checkpoint.journal").read_bytes() == journal
+        lines = (plugin_dir / "gpu-dra-checkpoint.journal").read_bytes().splitlines()
+        assert sum(uid in line.decode() for line in lines) == 1  # recorded exactly once
         assert not (plugin_dir / "checkpoint.json").exists()
         assert len(set_aside(plugin_dir, "nvidia-adopted")) == 1
         assert yaml_spec(tmp_path, uid).exists()
