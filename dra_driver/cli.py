@@ -165,6 +165,15 @@ FLAGS: tuple[Flag, ...] = (
         "default",
     ),
     Flag(
+        "--nvidia-namespace",
+        "NVIDIA_NAMESPACE",
+        "nvidia_namespace",
+        "namespace of NVIDIA's DRA driver: the MPS daemons of claims adopted from it, deleted "
+        "at their unprepare (docs/migration.md)",
+        str,
+        "nvidia-dra-driver-gpu",
+    ),
+    Flag(
         "--healthcheck-port",
         "HEALTHCHECK_PORT",
         "healthcheck_port",

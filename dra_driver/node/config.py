@@ -68,6 +68,8 @@ class Config:
     kubeconfig: Path | None = None
     pod_uid: str | None = None
     pod_namespace: str = "default"
+    # where NVIDIA's DRA driver runs its MPS control daemons (adopted claims: docs/migration.md)
+    nvidia_namespace: str = "nvidia-dra-driver-gpu"
     healthcheck_port: int = 51515
     metrics_port: int = 0
     log_format: str = "json"
@@ -135,6 +137,9 @@ class Config:
                 "--mig-mode (MIG_MODE)", f"{self.mig_mode!r}: use {' or '.join(MIG_MODES)}"
             )
         validate_dns_subdomain("--pod-namespace (POD_NAMESPACE)", self.pod_namespace, max_len=63)
+        validate_dns_subdomain(
+            "--nvidia-namespace (NVIDIA_NAMESPACE)", self.nvidia_namespace, max_len=63
+        )
         if self.pod_uid is not None and not _UUID.match(self.pod_uid):
             raise ConfigError("--pod-uid (POD_UID)", f"{self.pod_uid!r} is not a lowercase UUID")
         for flag, port in (

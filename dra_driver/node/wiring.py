@@ -140,6 +140,7 @@ def plugin_settings(config: Config) -> PluginSettings:
         mig_mode=config.mig_mode,
         pod_uid=config.pod_uid,
         unprepare_on_exit=config.unprepare_on_exit,
+        nvidia_namespace=config.nvidia_namespace,
     )
 
 

@@ -35,7 +35,6 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -67,7 +66,13 @@ from dra_driver.prepare import (
     no_steps,
     switchover,
 )
-from dra_driver.prepare.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
+from dra_driver.prepare.checkpoint import (
+    BOOT_ID_PATH,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    LoadReport,
+)
 
 if TYPE_CHECKING:
     from dra_driver.kube import EventType
@@ -87,8 +92,12 @@ MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_dri
 # stack, a malloc arena), so not more.
 _GRPC_WORKERS = 20
 
-EventReporter = Callable[[str, str], None]
-"""Report a problem as a Kubernetes Event on our Node: (reason, message)."""
+
+class EventReporter(Protocol):
+    """Report something as a Kubernetes Event on our Node: (reason, message), a Warning unless
+    ``event_type`` says Normal."""
+
+    def __call__(self, reason: str, message: str, *, event_type: EventType = ...) -> None: ...
 
 
 class NodeEventSink(Protocol):
@@ -174,6 +183,7 @@ class KubeletPlugin:
         self._health_interval_s = health_interval_s
         self._reconcile_interval_s = reconcile_interval_s
         self._stopping = threading.Event()
+        self._boot_id_path = boot_id_path
         self.checkpoint = Checkpoint(settings.checkpoint_path, boot_id_path=boot_id_path)
         self.checkpoint.on_corrupt = self._checkpoint_corrupt
         self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock")
@@ -220,8 +230,12 @@ class KubeletPlugin:
         self.specs.ensure()
         self.locks.open()
         legacy = cfg.plugin_data_dir / switchover.LEGACY_NAME  # NVIDIA's, or an earlier ours
-        switchover.migrate_own_checkpoint(legacy, self.checkpoint.path)
-        report = self.checkpoint.open()
+        with switchover.checkpoint_names(legacy, cfg.checkpoint_path) as names:
+            if names != self.checkpoint.path:  # shared with an earlier release's agent
+                self.checkpoint = Checkpoint(names, boot_id_path=self._boot_id_path)
+                self.checkpoint.on_corrupt = self._checkpoint_corrupt
+            stale = switchover.stale_state(legacy, names)
+            report = self.checkpoint.open()
         self.preparer = Preparer(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
@@ -234,7 +248,7 @@ class KubeletPlugin:
             claims=self._claims,
             steps=self._steps,
         )
-        self._adopt(legacy)
+        self._adopt(legacy, stale)
         self._recover(report)
         self._report_missing_devices()
         if self.metrics is not None:
@@ -268,6 +282,8 @@ class KubeletPlugin:
             self.preparer.close()
         self.specs.close()
         self.checkpoint.close()
+        if self.checkpoint.path != self.settings.checkpoint_path:  # alone now? then move
+            switchover.migrate_own_checkpoint(self.checkpoint.path, self.settings.checkpoint_path)
         self.locks.close()
 
     def serve_until_signal(self) -> None:
@@ -425,9 +441,9 @@ class KubeletPlugin:
         log.info("unprepared every claim at exit (--unprepare-on-exit)",
                  extra={"claims": sorted(records)})  # fmt: skip
 
-    def _adopt(self, legacy: Path) -> None:
+    def _adopt(self, legacy: Path, stale: tuple[dict[str, ClaimRecord], Path | None]) -> None:
         """Take over the claims NVIDIA's driver prepared (prepare/switchover.py), before the
-        first reconcile rolls back its half-done ones."""
+        first reconcile rolls back its half-done ones; ``stale``: our own state, set aside."""
         assert self.preparer is not None
         adoption = switchover.adopt_nvidia_checkpoint(
             legacy,
@@ -437,10 +453,15 @@ class KubeletPlugin:
             driver_name=self.settings.driver_name,
             node_name=self.settings.node_name,
             cdi_vendor=self.settings.cdi_vendor,
+            nvidia_namespace=self.settings.nvidia_namespace,
+            stale=stale[0],
+            stale_moved_to=stale[1],
         )
         if adoption.found and self._report_event is not None:
             try:
-                self._report_event("NvidiaCheckpointAdopted", adoption.message())
+                self._report_event(
+                    "NvidiaCheckpointAdopted", adoption.message(), event_type="Normal"
+                )
             except KubeError as exc:
                 log.warning("cannot post the adoption Event", extra={"error": str(exc)})
 
@@ -531,6 +552,20 @@ class KubeletPlugin:
                 with beat.busy():
                     self._reconcile_pass()
 
+    def _relocate_checkpoint(self) -> None:
+        """On the old names while an earlier release's agent shared them (a rolling update):
+        move to our own once it is gone (prepare/switchover.py)."""
+        target = self.settings.checkpoint_path
+        if self.checkpoint.path != target and self.checkpoint.relocate(
+            target, alone=switchover.sole_user
+        ):
+            legacy = self.settings.plugin_data_dir / switchover.LEGACY_NAME
+            legacy.with_suffix(".lock").unlink(missing_ok=True)
+            log.info(
+                "the earlier release's agent is gone: moved the checkpoint to its own name",
+                extra={"path": str(target)},
+            )
+
     def _reconcile_pass(self) -> None:
         assert self.preparer is not None
         try:
@@ -539,6 +574,7 @@ class KubeletPlugin:
                 self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
             done = self.preparer.reconcile()
             self.checkpoint.compact()  # off the prepare path
+            self._relocate_checkpoint()
         except (CdiError, CheckpointError, KubeError, OSError) as exc:
             log.warning("reconcile failed; will retry", extra={"error": str(exc)})
             return

@@ -29,3 +29,4 @@ class PluginSettings:
     mig_mode: Literal["static", "dynamic"] = "static"
     pod_uid: str | None = None
     unprepare_on_exit: bool = False  # docs/migration.md: switching back to NVIDIA's driver
+    nvidia_namespace: str = "nvidia-dra-driver-gpu"  # NVIDIA's MPS daemons of adopted claims

@@ -26,18 +26,21 @@ shared/spec/nvidia-compat.md "Switching in place"; the operator's side: docs/mig
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import os
+import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from dra_driver import cdi
-from dra_driver.errors import CdiError, PrepareError
+from dra_driver.errors import CdiError, CheckpointError, PrepareError
 from dra_driver.fsutil import fsync_dir
 from dra_driver.prepare.checkpoint import (
     PREPARE_COMPLETED,
@@ -46,6 +49,7 @@ from dra_driver.prepare.checkpoint import (
     ClaimRecord,
     Claims,
     PreparedDevice,
+    read_state,
 )
 from dra_driver.prepare.plan import ClaimRef, get, plan_claim
 from dra_driver.prepare.targets import DeviceTarget
@@ -84,44 +88,158 @@ def classify(path: Path) -> tuple[FileKind, Any]:
     return "unreadable", "neither NVIDIA's checkpoint format (v1, v2) nor ours"
 
 
+def _journal(path: Path) -> Path:
+    return path.with_name(path.stem + ".journal")
+
+
+def _lock(path: Path) -> Path:
+    return path.with_name(path.stem + ".lock")
+
+
+@contextmanager
+def sole_user(path: Path) -> Iterator[bool]:
+    """Whether no open file of ``path`` exists, this process's included: the kernel grants a
+    write lease (fcntl(2) ``F_SETLEASE``) only then, whatever PID namespace the other opener is
+    in. The lease is held for the block, so another process's ``open()`` of ``path`` waits (the
+    lease break) until the block ends. A missing file has no user. Where no lease can be taken
+    (a file system without them) the answer is False: keep sharing the old names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        # a lease break signals the holder, SIGIO by default, which would kill us: SIGURG is
+        # ignored unless handled (we only hold the lease for two renames)
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EBUSY):
+                log.warning(
+                    "cannot tell whether an earlier release still uses its checkpoint (no file "
+                    "lease here); keeping its names",
+                    extra={"path": str(path), "error": str(exc)},
+                )
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
+
+
+def _move(legacy: Path, target: Path) -> None:
+    """Our earlier ``legacy`` files to ``target``'s names (its lock and a lease held)."""
+    if target.exists():
+        log.warning(
+            "removing our earlier checkpoint left at NVIDIA's path by an interrupted "
+            "migration; the migrated one is in use",
+            extra={"path": str(legacy), "migrated": str(target)},
+        )
+        _journal(legacy).unlink(missing_ok=True)
+        legacy.unlink(missing_ok=True)
+    else:
+        # journal first: until the snapshot moves, the next start migrates again
+        if _journal(legacy).exists():
+            os.rename(_journal(legacy), _journal(target))
+        os.rename(legacy, target)
+        log.info(
+            "moved the checkpoint of an earlier release to its own name (NVIDIA's plugin "
+            "reads checkpoint.json)",
+            extra={"from": str(legacy), "to": str(target)},
+        )
+    fsync_dir(legacy.parent)
+
+
+@contextmanager
+def checkpoint_names(legacy: Path, target: Path) -> Iterator[Path]:
+    """Where to open our checkpoint, ``target`` or ``legacy``: open it inside the block.
+
+    ``legacy`` in our format (an earlier release's) is moved to ``target``'s names (bytes
+    unchanged) when no process has its journal open (:func:`sole_user`). While one has, an
+    agent of that release runs beside us (a rolling update: docs/plugin.md) and keeps writing
+    there: the block gets ``legacy``, and both share the files under ``checkpoint.lock`` as two
+    instances of one release do; ``Checkpoint.relocate`` moves them once it is gone. The
+    decision is made under ``checkpoint.lock``, and the journal is kept open until the block
+    ends, so that no other instance moves the files before ours is open on them.
+    """
+    if not legacy.exists():
+        yield target
+        return
+    lock = os.open(_lock(legacy), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    pin, names = -1, target
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if classify(legacy)[0] == "ours":
+            with sole_user(_journal(legacy)) as alone:
+                if alone:
+                    _move(legacy, target)
+            if not alone:
+                pin = os.open(_journal(legacy), os.O_RDONLY | os.O_CLOEXEC)
+                names = legacy
+                log.info(
+                    "an agent of an earlier release still uses checkpoint.json: sharing it, "
+                    "moved to our own name once that agent is gone",
+                    extra={"path": str(legacy)},
+                )
+    finally:
+        os.close(lock)
+    if names == target:
+        _lock(legacy).unlink(missing_ok=True)
+    try:
+        yield names
+    finally:
+        if pin >= 0:
+            os.close(pin)
+
+
 def migrate_own_checkpoint(legacy: Path, target: Path) -> bool:
     """Move our earlier release's ``checkpoint.json`` (+ journal) to ``target``'s names, bytes
-    unchanged. Run before the checkpoint at ``target`` is opened. Idempotent; True when moved.
+    unchanged, unless a process still has them open (:func:`checkpoint_names`). Run while no
+    checkpoint of ours is open on either names. Idempotent; True when moved.
 
     A target snapshot that already exists wins (a crash after its rename): the leftovers at the
     old names are then removed, never read.
     """
-    kind, _ = classify(legacy)
-    legacy_journal = legacy.with_name(legacy.stem + ".journal")
-    if kind != "ours":
-        return False
-    target_journal = target.with_name(target.stem + ".journal")
-    lock = os.open(legacy.with_name(legacy.stem + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    ours = classify(legacy)[0] == "ours"
+    with checkpoint_names(legacy, target) as names:
+        return ours and names == target
+
+
+def stale_state(legacy: Path, target: Path) -> tuple[dict[str, ClaimRecord], Path | None]:
+    """Set our state at ``target`` aside when NVIDIA's plugin ran after it (docs/migration.md,
+    "Switching back and forth"): ``legacy`` is NVIDIA's checkpoint, written after every file of
+    ours. We never write ``checkpoint.json`` and rename NVIDIA's aside when adopting it, so such
+    a file is NVIDIA's plugin's work since; a crash in the middle of an adoption leaves our
+    journal (or fresh snapshot) newer than NVIDIA's file, so it is not mistaken for this. Run
+    before our checkpoint is opened. Returns the claims our state held (to clear their specs)
+    and where it was moved; ``({}, None)`` when it is not stale."""
+    if classify(legacy)[0] != "nvidia":
+        return {}, None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # an instance of an earlier release may still write
-        if target.exists():
-            log.warning(
-                "removing our earlier checkpoint left at NVIDIA's path by an interrupted "
-                "migration; the migrated one is in use",
-                extra={"path": str(legacy), "migrated": str(target)},
-            )
-            legacy_journal.unlink(missing_ok=True)
-            legacy.unlink(missing_ok=True)
-        else:
-            # journal first: until the snapshot moves, the next start migrates again
-            if legacy_journal.exists():
-                os.rename(legacy_journal, target_journal)
-            os.rename(legacy, target)
-            log.info(
-                "moved the checkpoint of an earlier release to its own name (NVIDIA's plugin "
-                "reads checkpoint.json)",
-                extra={"from": str(legacy), "to": str(target)},
-            )
-        fsync_dir(legacy.parent)
-    finally:
-        os.close(lock)
-    legacy.with_name(legacy.stem + ".lock").unlink(missing_ok=True)
-    return True
+        ours = max(p.stat().st_mtime_ns for p in (target, _journal(target)) if p.exists())
+    except ValueError:
+        return {}, None  # no state of ours
+    if legacy.stat().st_mtime_ns <= ours:
+        return {}, None
+    try:
+        claims = read_state(target)[1]
+    except (CheckpointError, OSError, ValueError):
+        claims = {}
+    moved = _set_aside(target, "stale")
+    journal = _journal(target)
+    if journal.exists():
+        os.rename(journal, journal.with_name(journal.name + moved.name[len(target.name) :]))
+        fsync_dir(target.parent)
+    log.warning(
+        "our checkpoint is older than NVIDIA's (its plugin ran after ours): set aside, none of "
+        "its claims counts as prepared",
+        extra={"moved_to": str(moved), "claims": sorted(claims)},
+    )
+    return claims, moved
 
 
 @dataclass
@@ -133,6 +251,8 @@ class Adoption:
     adopted: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)  # PrepareStarted: recorded to undo
     discarded_after_reboot: int = 0
+    stale: list[str] = field(default_factory=list)  # our claims from before NVIDIA's plugin ran
+    stale_moved_to: Path | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # claim UID -> why
     unreadable: str = ""
 
@@ -148,6 +268,12 @@ class Adoption:
         parts = [f"adopted {len(self.adopted)} claim(s) prepared by NVIDIA's DRA driver"]
         if self.rolled_back:
             parts.append(f"{len(self.rolled_back)} half-prepared claim(s) to roll back")
+        if self.stale:
+            where_ours = self.stale_moved_to.name if self.stale_moved_to else "aside"
+            parts.append(
+                f"{len(self.stale)} claim(s) of gpu-dra's own from before NVIDIA's driver ran "
+                f"set aside as stale (its checkpoint is newer; ours moved to {where_ours})"
+            )
         if self.discarded_after_reboot:
             parts.append(f"{self.discarded_after_reboot} claim(s) from an earlier boot dropped")
         if self.skipped:
@@ -168,10 +294,17 @@ def adopt_nvidia_checkpoint(
     node_name: str,
     cdi_vendor: str,
     nvidia_namespace: str = NVIDIA_NAMESPACE,
+    stale: Mapping[str, ClaimRecord] | None = None,
+    stale_moved_to: Path | None = None,
 ) -> Adoption:
     """Import NVIDIA's checkpoint at ``legacy`` into ``checkpoint`` (open), then rename it
-    aside. Idempotent and crash-safe (module docstring); never raises for bad input."""
-    result = Adoption()
+    aside. Idempotent and crash-safe (module docstring); never raises for bad input.
+
+    ``stale``: our own claims :func:`stale_state` set aside. Their ``.json`` specs go before
+    the import is committed, except where NVIDIA's checkpoint holds the claim without its own
+    ``.yaml`` spec: ours then serves NVIDIA's device IDs (the same names) and is adopted."""
+    result = Adoption(stale=sorted(stale or {}), stale_moved_to=stale_moved_to)
+    result.found = bool(result.stale)
     kind, obj = classify(legacy)
     if kind in ("absent", "ours"):
         return result
@@ -198,9 +331,19 @@ def adopt_nvidia_checkpoint(
             records[str(uid)] = _record(
                 str(uid), entry, specs=specs, targets=targets, driver_name=driver_name,
                 node_name=node_name, cdi_vendor=cdi_vendor, nvidia_namespace=nvidia_namespace,
+                ours_stale=str(uid) in result.stale,
             )  # fmt: skip
         except (PrepareError, CdiError, KeyError, TypeError, ValueError, AttributeError) as exc:
             result.skipped[str(uid)] = str(exc) or type(exc).__name__
+    for uid in result.stale:
+        try:
+            if uid not in records:
+                specs.remove(uid)  # ours (and an earlier adopted .yaml): nobody holds it now
+            elif specs.is_foreign(uid):
+                specs.path_for(uid).unlink(missing_ok=True)  # NVIDIA's .yaml serves its names
+        except (CdiError, OSError) as exc:
+            log.warning("cannot remove a stale claim's spec", extra={"claim_uid": uid,
+                        "error": str(exc)})  # fmt: skip
 
     def op(table: Claims) -> None:
         for uid, record in records.items():
@@ -230,12 +373,15 @@ def _record(
     node_name: str,
     cdi_vendor: str,
     nvidia_namespace: str,
+    ours_stale: bool = False,
 ) -> ClaimRecord:
     """One of NVIDIA's claims as our record; PrepareError (or a lookup error) says why not."""
     state = entry.get("checkpointState", PREPARE_COMPLETED)  # v1 holds completed claims only
     if state not in (PREPARE_STARTED, PREPARE_COMPLETED):
         raise ValueError(f"unknown checkpointState {state!r}")
     spec = specs.foreign_path(uid)  # CdiError for a UID that is no UUID
+    if ours_stale and not spec.exists() and specs.path_for(uid).exists():
+        spec = specs.path_for(uid)  # ours, of the same device names: it serves NVIDIA's IDs
     if state == PREPARE_COMPLETED and not spec.exists():
         raise PrepareError(f"its CDI spec {spec.name} is missing")
     namespace, name = str(entry.get("namespace") or ""), str(entry.get("name") or "")
