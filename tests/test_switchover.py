@@ -266,9 +266,18 @@ def test_time_slicing_is_recorded_as_in_force(
         plugin.stop()
 
 
+@pytest.mark.parametrize(
+    ("mps_image", "namespace"), [("mps:1", NVIDIA_NAMESPACE), (None, "nvidia-elsewhere")]
+)
 def test_an_mps_claim_keeps_nvidias_daemon_until_its_unprepare_deletes_it(
-    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+    mps_image: str | None,
+    namespace: str,
+    tmp_path: Path,
+    kube: KubeClient,
+    kubeapi: FakeKubeApi,
 ) -> None:
+    """Also on an agent without MPS daemons of its own (no --mps-image), and with NVIDIA's
+    driver in another namespace (--nvidia-namespace)."""
     mps = {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
     claim = kubeapi.add_claim(allocated_claim(name="mps", devices=["gpu-3"], configs=[opaque(mps)]))
     uid = claim["metadata"]["uid"]
@@ -276,10 +285,12 @@ def test_an_mps_claim_keeps_nvidias_daemon_until_its_unprepare_deletes_it(
     kubeapi.put(
         "deployments",
         {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": {"name": deployment, "namespace": NVIDIA_NAMESPACE}, "spec": {}},
+         "metadata": {"name": deployment, "namespace": namespace}, "spec": {}},
     )  # fmt: skip
     set_up_node(tmp_path, [claim])
-    config = dataclasses.replace(make_config(tmp_path), mps_image="mps:1")
+    config = dataclasses.replace(
+        make_config(tmp_path), mps_image=mps_image, nvidia_namespace=namespace
+    )
     plugin = kubelet_plugin(
         config=config,
         inventory=inventory(),
@@ -293,7 +304,7 @@ def test_an_mps_claim_keeps_nvidias_daemon_until_its_unprepare_deletes_it(
     try:
         device = records(tmp_path)[uid].devices[0]
         assert device.config["sharing"] == {"strategy": "MPS"}
-        assert device.config[NVIDIA_MPS_KEY] == f"{NVIDIA_NAMESPACE}/{deployment}"
+        assert device.config[NVIDIA_MPS_KEY] == f"{namespace}/{deployment}"
         names = [d["metadata"]["name"] for d in kubeapi.objects("deployments")]
         assert names == [deployment]  # ours was not started beside NVIDIA's
         unprepare(plugin, claim)
@@ -491,3 +502,49 @@ def test_unprepare_on_exit_leaves_no_claim_spec_or_state_for_nvidias_plugin(
     assert records(tmp_path) == {}
     assert list((tmp_path / "cdi").iterdir()) == []  # ours and the adopted .yaml
     assert not (plugin_dir / "checkpoint.json").exists()
+
+
+def test_our_state_from_before_nvidias_plugin_ran_is_set_aside_and_nvidias_adopted(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    gone, both, no_yaml, new = (
+        kubeapi.add_claim(allocated_claim(name=n, devices=[d]))
+        for n, d in (("gone", "gpu-0"), ("both", "gpu-1"), ("noyaml", "gpu-2"), ("new", "gpu-0"))
+    )
+    uid = {c["metadata"]["name"]: c["metadata"]["uid"] for c in (gone, both, no_yaml, new)}
+    plugin = start_plugin(tmp_path, kube)  # gpu-dra first, its claims left prepared at stop
+    try:
+        for claim in (gone, both, no_yaml):
+            assert prepare(plugin, claim).error == ""
+    finally:
+        plugin.stop()
+    # then NVIDIA's plugin (the way back without --unprepare-on-exit): "gone" was unprepared
+    # there (a no-op for it), gpu-0 went to "new"; it prepared "both" and "noyaml" again
+    plugin_dir = tmp_path / "plugins/gpu.nvidia.com"
+    (plugin_dir / "checkpoint.json").write_bytes(nvidia_checkpoint([both, no_yaml, new]))
+    ours = max((plugin_dir / n).stat().st_mtime for n in ("gpu-dra-checkpoint.json",))
+    os.utime(plugin_dir / "checkpoint.json", (ours + 1, ours + 1))
+    for claim in (both, new):
+        yaml_spec(tmp_path, claim["metadata"]["uid"]).write_text(nvidia_spec(claim))
+    plugin = start_plugin(tmp_path, kube)
+    try:
+        assert set(records(tmp_path)) == {uid["both"], uid["noyaml"], uid["new"]}
+        specs = sorted(p.name for p in (tmp_path / "cdi").glob("k8s*claim_*"))
+        assert specs == sorted(
+            [f"{VENDOR}-claim_{uid['both']}.yaml", f"{VENDOR}-claim_{uid['new']}.yaml",
+             f"{VENDOR}-claim_{uid['noyaml']}.json"]  # ours serves NVIDIA's IDs: kept
+        )  # fmt: skip
+        assert sorted(p.name.split(".stale-")[0] for p in plugin_dir.glob("*.stale-*")) == [
+            "gpu-dra-checkpoint.journal",
+            "gpu-dra-checkpoint.json",
+        ]
+        (event,) = [
+            e for e in kubeapi.objects("events") if e["reason"] == "NvidiaCheckpointAdopted"
+        ]
+        assert event["type"] == "Normal"
+        assert "adopted 3 claim" in event["message"]
+        assert "3 claim(s) of gpu-dra's own from before NVIDIA's driver ran" in event["message"]
+        assert prepare(plugin, new).error == ""  # gpu-0 is "new"'s, not the stale "gone"'s
+        assert "gpu-0" in prepare(plugin, gone).error
+    finally:
+        plugin.stop()

@@ -46,6 +46,7 @@ def prepare_steps(
     consumable_shares: shares.SharesMode = shares.DISABLED,
     share_enforcer: shares.ShareEnforcer | None = None,
     mig: DynamicMig | None = None,
+    deployments: DeploymentApi | None = None,
 ) -> StepFactory:
     """The step factory of a node with these features (None: claims asking for it are
     refused; ``mig`` None: static MIG, no MIG step). Without an enforcer, shares are enforced
@@ -67,7 +68,7 @@ def prepare_steps(
         )
         steps += [
             TimeSliceStep(node, timeslicer),
-            MpsStep(node, mps_daemons, keep=share.owners),
+            MpsStep(node, mps_daemons, keep=share.owners, deployments=deployments),
             share,
         ]
         return steps
@@ -118,6 +119,7 @@ def config_steps(
             consumable_shares=config.shares_mode,
             share_enforcer=share_enforcer,
             mig=mig,
+            deployments=deployments,  # NVIDIA's MPS daemons of adopted claims, image or not
         )(node)
 
     return build
