@@ -27,6 +27,7 @@ from dra_driver.kube.permissions import (
     API_PERMISSIONS,
     EXPLAIN_PERMISSIONS,
     MPS_PERMISSIONS,
+    NVIDIA_MPS_PERMISSIONS,
     STATUS_PERMISSIONS,
 )
 from dra_driver.kube.resourceslices import SliceList
@@ -40,6 +41,7 @@ __all__ = [
     "DEVICE_TAINT_RULE_VERSIONS",
     "EXPLAIN_PERMISSIONS",
     "MPS_PERMISSIONS",
+    "NVIDIA_MPS_PERMISSIONS",
     "STATUS_PERMISSIONS",
     "USER_AGENT",
     "EventType",
