@@ -242,6 +242,28 @@ def stale_state(legacy: Path, target: Path) -> tuple[dict[str, ClaimRecord], Pat
     return claims, moved
 
 
+def recorded_names(legacy: Path, *, boot_id: str) -> frozenset[str]:
+    """The device names a ``checkpoint.json`` at ``legacy`` records for this boot, read-only:
+    NVIDIA's (the claims :func:`adopt_nvidia_checkpoint` will record) or an earlier release's.
+    For mig/dynamic.py, which decides which MIG devices are ours before the plugin opens."""
+    kind, obj = classify(legacy)
+    if kind == "ours":
+        recorded_boot, claims = read_state(legacy)
+        if recorded_boot != boot_id:
+            return frozenset()
+        return frozenset(d.device for r in claims.values() for d in r.devices)
+    if kind != "nvidia":
+        return frozenset()
+    version = obj["v2"] if isinstance(obj.get("v2"), dict) else obj["v1"]
+    if str(version.get("nodeBootID") or obj.get("nodeBootID") or boot_id) != boot_id:
+        return frozenset()
+    return frozenset(
+        str(result.get("device"))
+        for entry in (version.get("preparedClaims") or {}).values()
+        for result in get(entry, "status", "allocation", "devices", "results") or []
+    )
+
+
 @dataclass
 class Adoption:
     """What :func:`adopt_nvidia_checkpoint` did, for the log line and the Node Event."""
