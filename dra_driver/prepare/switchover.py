@@ -1,16 +1,24 @@
 """Switching a running node in place: the state file NVIDIA's plugin and our earlier releases
-both called ``checkpoint.json``, sorted out once at start, before the plugin serves.
+both called ``checkpoint.json``, sorted out at start, before the plugin serves (and, after a
+rolling update from an earlier release, once its agent is gone).
 
-Flow position: plugin/server.py (start) -> :func:`migrate_own_checkpoint` before the checkpoint
-is opened, :func:`adopt_nvidia_checkpoint` right after it (before the first reconcile) ->
+Flow position: plugin/server.py (start) -> :func:`checkpoint_names` and :func:`stale_state`
+before the checkpoint is opened, :func:`adopt_nvidia_checkpoint` right after it (before the
+first reconcile); mig/dynamic.py reads :func:`recorded_names` before that ->
 checkpoint.py + cdi/. Format of NVIDIA's file, spec names and MPS Deployments:
 shared/spec/nvidia-compat.md "Switching in place"; the operator's side: docs/migration.md.
 
 - Our own state lives in ``gpu-dra-checkpoint.json`` (+ ``.journal``, ``.lock``), so NVIDIA's
   plugin never reads it. A ``checkpoint.json`` in our format (an earlier release) is moved to
-  the new names by two renames, journal first: this runs before the checkpoint is opened, so a
-  crash between them leaves a state the next start finishes (the snapshot is still ours at the
-  old name). The bytes are unchanged.
+  the new names by two renames, journal first: a crash between them leaves a state the next
+  start finishes (the snapshot is still ours at the old name). The bytes are unchanged. Not
+  while that release's agent still runs beside us (a rolling update): it holds its journal open
+  for its whole life, which a write lease detects (:func:`sole_user`); until it is gone we open
+  the checkpoint at the old names and share it under ``checkpoint.lock``, and
+  ``Checkpoint.relocate`` moves it on a later repair pass (or at our stop).
+- Our own state older than NVIDIA's ``checkpoint.json`` is stale (NVIDIA's plugin ran after
+  ours): :func:`stale_state` sets it aside before the checkpoint is opened; the adoption then
+  removes its claims' specs unless NVIDIA's checkpoint holds the claim (docs/migration.md).
 - A ``checkpoint.json`` in NVIDIA's format (``v2``, else ``v1``) of this boot is imported: every
   claim becomes a record of ours (``PrepareStarted`` ones too, which the first reconcile rolls
   back as ours), written and fdatasync'd in one transaction; only then is NVIDIA's file renamed
