@@ -18,7 +18,12 @@ import pytest
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
-from dra_driver.prepare.checkpoint import Checkpoint, read_state
+from dra_driver.prepare.checkpoint import (
+    PREPARE_COMPLETED,
+    Checkpoint,
+    ClaimRecord,
+    read_state,
+)
 from dra_driver.prepare.switchover import sole_user
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, new_uid
@@ -148,3 +153,39 @@ def test_a_file_open_elsewhere_has_another_user_and_the_lease_waits_for_nobody(
             assert not alone
     finally:
         os.close(fd)
+
+
+def state_with(path: Path, boot_id_path: Path, name: str, *, mtime: float) -> str:
+    checkpoint = Checkpoint(path, boot_id_path=boot_id_path)
+    checkpoint.open()
+    uid = new_uid()
+    record = ClaimRecord(uid=uid, namespace="", name=name, phase=PREPARE_COMPLETED, devices=())
+    checkpoint.transact(lambda claims: claims.__setitem__(uid, record))
+    checkpoint.close()
+    for p in (path, path.with_name(path.stem + ".journal")):
+        os.utime(p, (mtime, mtime))
+    return uid
+
+
+@pytest.mark.parametrize("newer", ["checkpoint.json", "gpu-dra-checkpoint.json"])
+def test_our_checkpoint_under_both_names_keeps_the_one_written_last_and_sets_the_other_aside(
+    newer: str, tmp_path: Path, kube: KubeClient
+) -> None:
+    """A downgrade to the earlier release (which wrote checkpoint.json) and back, or the
+    reverse; never a deletion."""
+    make_config(tmp_path)
+    plugin_dir = tmp_path / "plugins/gpu.nvidia.com"
+    boot = tmp_path / "boot_id"
+    uid = {
+        name: state_with(plugin_dir / name, boot, name, mtime=2e9 if name == newer else 1e9)
+        for name in ("checkpoint.json", "gpu-dra-checkpoint.json")
+    }
+    older = next(n for n in uid if n != newer)
+    plugin = start_plugin(tmp_path, kube)
+    plugin.stop()
+    assert set(read_state(plugin_dir / "gpu-dra-checkpoint.json")[1]) == {uid[newer]}
+    assert not (plugin_dir / "checkpoint.json").exists()
+    (aside,) = plugin_dir.glob(f"{older}.superseded-*")
+    assert set(read_state(aside)[1]) == {uid[older]}
+    suffix = aside.name[len(older) :]
+    assert (plugin_dir / (older.removesuffix(".json") + ".journal" + suffix)).exists()

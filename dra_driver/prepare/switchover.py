@@ -139,26 +139,47 @@ def sole_user(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
+def _written_ns(path: Path) -> int:
+    """When the snapshot at ``path`` or its journal was last written (0: neither exists)."""
+    return max((p.stat().st_mtime_ns for p in (path, _journal(path)) if p.exists()), default=0)
+
+
+def _set_aside_pair(path: Path, why: str) -> Path:
+    """Rename the snapshot at ``path`` and its journal aside with one suffix (durably)."""
+    moved = _set_aside(path, why)
+    journal = _journal(path)
+    if journal.exists():
+        os.rename(journal, journal.with_name(journal.name + moved.name[len(path.name) :]))
+        fsync_dir(path.parent)
+    return moved
+
+
 def _move(legacy: Path, target: Path) -> None:
-    """Our earlier ``legacy`` files to ``target``'s names (its lock and a lease held)."""
+    """Our earlier ``legacy`` files to ``target``'s names (its lock and a lease held).
+
+    Both names holding a snapshot (a downgrade to the earlier release and back; or, rarely, an
+    agent of it restarted after the move): the one written last is the node's state and is
+    kept; the other is set aside (``.superseded-<ts>``), never deleted. A crash between the two
+    renames leaves no snapshot at ``target``, so it is not mistaken for this."""
     if target.exists():
+        older = target if _written_ns(legacy) > _written_ns(target) else legacy
+        moved = _set_aside_pair(older, "superseded")
         log.warning(
-            "removing our earlier checkpoint left at NVIDIA's path by an interrupted "
-            "migration; the migrated one is in use",
-            extra={"path": str(legacy), "migrated": str(target)},
+            "our checkpoint exists under both names; kept the one written last, set the other "
+            "aside",
+            extra={"kept": str(legacy if older is target else target), "moved_to": str(moved)},
         )
-        _journal(legacy).unlink(missing_ok=True)
-        legacy.unlink(missing_ok=True)
-    else:
-        # journal first: until the snapshot moves, the next start migrates again
-        if _journal(legacy).exists():
-            os.rename(_journal(legacy), _journal(target))
-        os.rename(legacy, target)
-        log.info(
-            "moved the checkpoint of an earlier release to its own name (NVIDIA's plugin "
-            "reads checkpoint.json)",
-            extra={"from": str(legacy), "to": str(target)},
-        )
+        if older is legacy:
+            return
+    # journal first: until the snapshot moves, the next start migrates again
+    if _journal(legacy).exists():
+        os.rename(_journal(legacy), _journal(target))
+    os.rename(legacy, target)
+    log.info(
+        "moved the checkpoint of an earlier release to its own name (NVIDIA's plugin "
+        "reads checkpoint.json)",
+        extra={"from": str(legacy), "to": str(target)},
+    )
     fsync_dir(legacy.parent)
 
 
@@ -209,8 +230,8 @@ def migrate_own_checkpoint(legacy: Path, target: Path) -> bool:
     unchanged, unless a process still has them open (:func:`checkpoint_names`). Run while no
     checkpoint of ours is open on either names. Idempotent; True when moved.
 
-    A target snapshot that already exists wins (a crash after its rename): the leftovers at the
-    old names are then removed, never read.
+    Both names holding a snapshot: the one written last wins, the other is set aside
+    (:func:`_move`).
     """
     ours = classify(legacy)[0] == "ours"
     with checkpoint_names(legacy, target) as names:
@@ -237,11 +258,7 @@ def stale_state(legacy: Path, target: Path) -> tuple[dict[str, ClaimRecord], Pat
         claims = read_state(target)[1]
     except (CheckpointError, OSError, ValueError):
         claims = {}
-    moved = _set_aside(target, "stale")
-    journal = _journal(target)
-    if journal.exists():
-        os.rename(journal, journal.with_name(journal.name + moved.name[len(target.name) :]))
-        fsync_dir(target.parent)
+    moved = _set_aside_pair(target, "stale")
     log.warning(
         "our checkpoint is older than NVIDIA's (its plugin ran after ours): set aside, none of "
         "its claims counts as prepared",
