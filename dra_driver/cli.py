@@ -59,6 +59,14 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
+def _bool(text: str) -> bool:
+    if text.strip().lower() in ("true", "1", "yes"):
+        return True
+    if text.strip().lower() in ("false", "0", "no", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -157,6 +165,15 @@ FLAGS: tuple[Flag, ...] = (
         "default",
     ),
     Flag(
+        "--nvidia-namespace",
+        "NVIDIA_NAMESPACE",
+        "nvidia_namespace",
+        "namespace of NVIDIA's DRA driver: the MPS daemons of claims adopted from it, deleted "
+        "at their unprepare (docs/migration.md)",
+        str,
+        "nvidia-dra-driver-gpu",
+    ),
+    Flag(
         "--healthcheck-port",
         "HEALTHCHECK_PORT",
         "healthcheck_port",
@@ -224,6 +241,16 @@ FLAGS: tuple[Flag, ...] = (
         "claim and removes the daemon",
         float,
         30.0,
+    ),
+    Flag(
+        "--unprepare-on-exit",
+        "UNPREPARE_ON_EXIT",
+        "unprepare_on_exit",
+        "true: on a clean stop, unprepare every claim this agent holds (its CDI specs, MPS "
+        "daemons, time slices, MIG devices), before switching the node back to NVIDIA's "
+        "driver, which does not know them (docs/migration.md)",
+        _bool,
+        False,
     ),
     Flag(
         "--rediscover-interval",

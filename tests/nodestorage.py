@@ -22,7 +22,7 @@ def open_node_storage(root: Path, *, vendor: str, boot_id_path: Path) -> NodeSto
     the checkpoint reads the node's boot ID from ``boot_id_path``."""
     specs = cdi.CdiSpecDir(root / "cdi", vendor=vendor)
     specs.ensure()
-    checkpoint = Checkpoint(root / "plugin/checkpoint.json", boot_id_path=boot_id_path)
+    checkpoint = Checkpoint(root / "plugin/gpu-dra-checkpoint.json", boot_id_path=boot_id_path)
     checkpoint.open()
     locks = ClaimLocks(root / "plugin/claims.lock")
     locks.open()

@@ -1340,6 +1340,30 @@ def test_the_mps_daemons_pull_the_image_with_the_charts_secrets_and_policy() -> 
     assert default["MPS_IMAGE_PULL_POLICY"]["value"] == "IfNotPresent"
 
 
+def test_the_role_in_nvidias_namespace_grants_exactly_the_adopted_mps_cleanup_when_asked() -> None:
+    from dra_driver.kube import permissions  # noqa: PLC0415
+
+    default = render()
+    env = env_of(agent_container(default))
+    assert env["NVIDIA_NAMESPACE"]["value"] == "nvidia-dra-driver-gpu"
+    assert [r["metadata"]["namespace"] for r in of_kind(default, "Role")] == [NAMESPACE]
+    objects = render(
+        "--set", "switchover.grantMpsCleanup=true", "--set", "switchover.nvidiaNamespace=nv-dra"
+    )  # fmt: skip
+    environ = {e["name"]: e["value"] for e in agent_container(objects)["env"] if "value" in e}
+    assert cli.build_config([], environ | {"NODE_NAME": "n"}).nvidia_namespace == "nv-dra"
+    (role,) = [r for r in of_kind(objects, "Role") if r["metadata"]["namespace"] == "nv-dra"]
+    assert granted(role) == {(g, r, v) for v, g, r in permissions.NVIDIA_MPS_PERMISSIONS}
+    (binding,) = [
+        b for b in of_kind(objects, "RoleBinding") if b["metadata"]["namespace"] == "nv-dra"
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{RELEASE}-kubelet-plugin", "namespace": NAMESPACE}
+    ]
+    assert "nvidiaNamespace" in render_error("--set", "switchover.nvidiaNamespace=NV_DRA")
+
+
 def test_every_call_mps_makes_against_an_api_server_is_granted_by_the_role(
     kubeapi: Any, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ def test_environment_variables_fill_in_for_flags() -> None:
             "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
             "CONTAINER_DRIVER_ROOT": "/driver-root",
             "POD_NAMESPACE": "gpu-dra",
+            "NVIDIA_NAMESPACE": "nvidia-dra",
             "KUBELET_REGISTRAR_DIRECTORY_PATH": "/k/registry",
             "KUBELET_PLUGINS_DIRECTORY_PATH": "/k/plugins",
             "CDI_ROOT": "/etc/cdi",
@@ -34,8 +35,9 @@ def test_environment_variables_fill_in_for_flags() -> None:
     assert config.nvidia_driver_root == Path("/run/nvidia/driver")
     assert config.driver_root_in_container == Path("/driver-root")
     assert config.pod_namespace == "gpu-dra"
+    assert config.nvidia_namespace == "nvidia-dra"
     assert config.plugin_data_dir == Path("/k/plugins/gpu.example.com")
-    assert config.checkpoint_path == Path("/k/plugins/gpu.example.com/checkpoint.json")
+    assert config.checkpoint_path == Path("/k/plugins/gpu.example.com/gpu-dra-checkpoint.json")
     assert config.cdi_root == Path("/etc/cdi")
     assert config.cdi_vendor == "k8s.gpu.example.com"
     assert config.healthcheck_port == 8080
@@ -54,6 +56,7 @@ def test_defaults_are_the_nvidia_compatible_paths() -> None:
     assert config.plugin_data_dir == Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
     assert config.cdi_root == Path("/var/run/cdi")
     assert config.driver_root_in_container == Path("/")
+    assert config.nvidia_namespace == "nvidia-dra-driver-gpu"  # NVIDIA chart's namespace
 
 
 def test_every_flag_has_a_distinct_environment_twin() -> None:
@@ -74,6 +77,8 @@ def test_every_flag_has_a_distinct_environment_twin() -> None:
         (["--node-name", "n1"], {"HEALTHCHECK_PORT": "http"}, r"--healthcheck-port"),
         (["--node-name", "n1", "--metrics-port", "70000"], {}, r"--metrics-port .*70000"),
         (["--node-name", "n1", "--pod-uid", "../x"], {}, r"--pod-uid \(POD_UID\)"),
+        (["--node-name", "n1"], {"NVIDIA_NAMESPACE": "NV_1"}, r"--nvidia-namespace \(NVIDIA_NAME"),
+        (["--node-name", "n1", "--nvidia-namespace", "n" * 64], {}, r"--nvidia-namespace .*63"),
         (["--node-name", "n1", "--log-format", "xml"], {}, r"--log-format"),
         (["--node-name", "n1", "--rediscover-interval", "0"], {}, r"--rediscover-interval"),
         (["--node-name", "n1", "--simulate", "h100:two"], {}, r"--simulate \(SIMULATE\): .*two"),

@@ -281,9 +281,9 @@ def start_node(
     for leftover in (fake.root / lib_dir).glob("libc.so*"):
         leftover.unlink()  # the fake tree's "unrelated library" would shadow the host's libc
     kubelet_dir, cdi_dir = work / "k", work / "cdi"
-    kubelet_dir.mkdir()
+    kubelet_dir.mkdir(exist_ok=True)  # a test may leave state there first (a switched node)
     (kubelet_dir / "plugins_registry").mkdir()  # the kubelet creates it (type: Directory)
-    cdi_dir.mkdir()
+    cdi_dir.mkdir(exist_ok=True)
     binds = [[str(kubelet_dir), "/var/lib/kubelet"], [str(cdi_dir), env["CDI_ROOT"]]]
     overlays: list[list[str]] = []
     if operator:

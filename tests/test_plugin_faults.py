@@ -210,7 +210,9 @@ def check_node(settings: dict[str, str]) -> dict[str, checkpoint.ClaimRecord]:
     spares = spares_in(cdi_dir)
     files = sorted(p.name for p in cdi_dir.iterdir() if p not in spares)
     # never damaged by a kill (a torn last journal line is what the plugin itself ignores)
-    _, records = checkpoint.read_state(Path(settings["plugins"]) / "gpu.nvidia.com/checkpoint.json")
+    _, records = checkpoint.read_state(
+        Path(settings["plugins"]) / "gpu.nvidia.com/gpu-dra-checkpoint.json"
+    )
     specs = {n.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json") for n in files}
     assert all(n.endswith(".json") for n in files), f"temp files left: {files}"
     # spare files the killed instance kept are adopted by the new one (or deleted): none is

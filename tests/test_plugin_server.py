@@ -396,7 +396,7 @@ def test_damaged_checkpoint_is_moved_aside_reported_and_rebuilt(
     path.write_text(json.dumps(data))  # content changed, checksum not: wrong checksum
     plugin = start_plugin(tmp_path, kube)
     try:
-        moved = list(path.parent.glob("checkpoint.json.corrupt-*"))
+        moved = list(path.parent.glob("gpu-dra-checkpoint.json.corrupt-*"))
         assert len(moved) == 1
         events = kubeapi.objects("events")
         assert [e["reason"] for e in events] == ["CheckpointCorrupt"]
@@ -448,7 +448,7 @@ def test_config_change_keeps_paths(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     assert (
         replace(config, pod_uid=None).checkpoint_path
-        == tmp_path / "plugins/gpu.nvidia.com/checkpoint.json"
+        == tmp_path / "plugins/gpu.nvidia.com/gpu-dra-checkpoint.json"
     )
 
 

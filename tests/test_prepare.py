@@ -790,13 +790,13 @@ def test_damaged_checkpoint_is_rebuilt_from_the_cdi_specs(env: Env) -> None:
     env.preparer.prepare(env.ref(b))
     env.preparer.close()
     env.checkpoint.close()
-    path = env.tmp / "plugin/checkpoint.json"
+    path = env.tmp / "plugin/gpu-dra-checkpoint.json"
     path.write_bytes(path.read_bytes()[:-40])  # truncated
     again = build_env(env.tmp, env.store)
     try:
         assert again.checkpoint.snapshot() == {}
         assert again.preparer.rebuild_from_specs() == 2
-        assert list((env.tmp / "plugin").glob("checkpoint.json.corrupt-*"))
+        assert list((env.tmp / "plugin").glob("gpu-dra-checkpoint.json.corrupt-*"))
         # the rebuilt claims still hold their devices ...
         thief = again.store.add(allocated_claim(name="thief", devices=["gpu-0"]))
         with pytest.raises(PrepareError, match="gpu-0 is already prepared"):

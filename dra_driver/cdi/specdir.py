@@ -144,6 +144,19 @@ class CdiSpecDir:
             raise CdiError(f"claim UID {claim_uid!r} is not a lowercase UUID")
         return self.root / f"{self._prefix}{claim_uid}.json"
 
+    def foreign_path(self, claim_uid: str) -> Path:
+        """Where NVIDIA's driver keeps the claim's spec (``.yaml``, docs/migration.md): a claim
+        adopted from it keeps that spec until its unprepare (:meth:`remove`)."""
+        return self.path_for(claim_uid).with_suffix(".yaml")
+
+    def has_spec(self, claim_uid: str) -> bool:
+        """Whether the claim has a spec: ours, or the one NVIDIA's driver wrote (adopted)."""
+        return self.path_for(claim_uid).exists() or self.foreign_path(claim_uid).exists()
+
+    def is_foreign(self, claim_uid: str) -> bool:
+        """Whether the claim's spec is NVIDIA's (an adopted claim): never rewritten as ours."""
+        return self.foreign_path(claim_uid).exists()
+
     def write(self, claim_uid: str, content: bytes) -> Path:
         """Atomically replace the spec of ``claim_uid`` with ``content``."""
         pending = self.begin(claim_uid, content)
@@ -188,14 +201,24 @@ class CdiSpecDir:
             raise CdiError(f"cannot read CDI spec of claim {claim_uid}: {exc}") from exc
 
     def remove(self, claim_uid: str, *, sync_dir: bool = True) -> bool:
-        """Delete the spec of ``claim_uid`` (keep it as a spare while there is room); False when
-        there was none (not an error)."""
+        """Delete the spec of ``claim_uid`` (keep it as a spare while there is room), and the
+        ``.yaml`` one NVIDIA's driver wrote for an adopted claim; False when there was none (not
+        an error)."""
         path = self.path_for(claim_uid)
+        try:
+            self.foreign_path(claim_uid).unlink()
+            foreign = True
+        except FileNotFoundError:
+            foreign = False
+        except OSError as exc:
+            raise CdiError(f"cannot remove CDI spec of claim {claim_uid}: {exc}") from exc
         try:
             if not self._keep_as_spare(path):
                 path.unlink()
         except FileNotFoundError:
-            return False
+            if foreign and sync_dir:
+                self.sync()
+            return foreign
         except OSError as exc:
             raise CdiError(f"cannot remove CDI spec of claim {claim_uid}: {exc}") from exc
         if sync_dir:

@@ -1,7 +1,8 @@
 """Every API call the driver's code can make, as (verb, API group, resource) tables.
 
 The chart's RBAC is checked against these (tests/test_chart.py): the ClusterRole grants exactly
-:data:`API_PERMISSIONS`, the namespaced Role exactly :data:`MPS_PERMISSIONS`; the offline tools
+:data:`API_PERMISSIONS`, the namespaced Role exactly :data:`MPS_PERMISSIONS` (and the optional
+one in NVIDIA's namespace :data:`NVIDIA_MPS_PERMISSIONS`); the offline tools
 (``gpu-dra explain``/``status``) document what their users need. Change a table with the call
 that needs it.
 """
@@ -36,6 +37,13 @@ MPS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
 )
 """What the node agent requests in its own namespace only: the Deployments that run MPS control
 daemons (mpsdaemon.py). The chart's Role grants exactly these."""
+
+NVIDIA_MPS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
+    {("delete", "apps", "deployments")}
+)
+"""What the node agent requests in NVIDIA's DRA driver's namespace (``--nvidia-namespace``)
+only: deleting the MPS Deployment NVIDIA's driver started for a claim adopted from it, at the
+claim's unprepare (sharing/mps_step.py). The chart's optional Role there grants exactly this."""
 
 EXPLAIN_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
     {

@@ -38,6 +38,7 @@ from dra_driver.devices import (
 )
 from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
+from dra_driver.prepare import switchover
 from dra_driver.prepare.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,29 @@ log = logging.getLogger(__name__)
 def recorded_device_names_on_disk(
     checkpoint_path: Path, *, boot_id_path: Path = BOOT_ID_PATH
 ) -> frozenset[str]:
-    """Every device name the checkpoint at ``checkpoint_path`` records, read-only.
+    """Every device name the checkpoint at ``checkpoint_path`` records, read-only, and those
+    the ``checkpoint.json`` beside it records for this boot: NVIDIA's, whose claims the plugin
+    adopts when it opens (their MIG devices are then its own), or an earlier release's, shared
+    while its agent still runs (prepare/switchover.py).
 
     A missing checkpoint records nothing, and so does one from an earlier boot (the plugin
     discards it; MIG devices that exist now were made since, by someone else). A damaged one
     counts as recording nothing here: the plugin sets it aside and reports it when it opens it,
     and the next discovery pass asks the plugin (``Preparer.recorded_device_names``).
     """
+    own = _own_names(checkpoint_path, boot_id_path=boot_id_path)
+    legacy = checkpoint_path.with_name(switchover.LEGACY_NAME)
+    if legacy == checkpoint_path:
+        return own
+    try:
+        return own | switchover.recorded_names(legacy, boot_id=read_boot_id(boot_id_path))
+    except (DraError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("cannot read checkpoint.json before the plugin opens it",
+                    extra={"path": str(legacy), "reason": str(exc)})  # fmt: skip
+        return own
+
+
+def _own_names(checkpoint_path: Path, *, boot_id_path: Path) -> frozenset[str]:
     try:
         boot_id, claims = read_state(checkpoint_path)
         if boot_id != read_boot_id(boot_id_path):

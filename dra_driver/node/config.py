@@ -68,6 +68,8 @@ class Config:
     kubeconfig: Path | None = None
     pod_uid: str | None = None
     pod_namespace: str = "default"
+    # where NVIDIA's DRA driver runs its MPS control daemons (adopted claims: docs/migration.md)
+    nvidia_namespace: str = "nvidia-dra-driver-gpu"
     healthcheck_port: int = 51515
     metrics_port: int = 0
     log_format: str = "json"
@@ -96,6 +98,9 @@ class Config:
     # the agent's namespace) and the pull policy (None: the cluster's default for the tag).
     mps_image_pull_secrets: tuple[str, ...] = ()
     mps_image_pull_policy: str | None = None
+    # Unprepare every prepared claim on a clean stop (switching back to NVIDIA's driver:
+    # docs/migration.md).
+    unprepare_on_exit: bool = False
 
     def __post_init__(self) -> None:
         validate_dns_subdomain("--node-name (NODE_NAME)", self.node_name)
@@ -132,6 +137,9 @@ class Config:
                 "--mig-mode (MIG_MODE)", f"{self.mig_mode!r}: use {' or '.join(MIG_MODES)}"
             )
         validate_dns_subdomain("--pod-namespace (POD_NAMESPACE)", self.pod_namespace, max_len=63)
+        validate_dns_subdomain(
+            "--nvidia-namespace (NVIDIA_NAMESPACE)", self.nvidia_namespace, max_len=63
+        )
         if self.pod_uid is not None and not _UUID.match(self.pod_uid):
             raise ConfigError("--pod-uid (POD_UID)", f"{self.pod_uid!r} is not a lowercase UUID")
         for flag, port in (
@@ -225,7 +233,8 @@ class Config:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.plugin_data_dir / "checkpoint.json"
+        # not checkpoint.json: NVIDIA's plugin reads that name (prepare/switchover.py)
+        return self.plugin_data_dir / "gpu-dra-checkpoint.json"
 
     @property
     def simulated_faults_path(self) -> Path:

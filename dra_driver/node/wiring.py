@@ -48,6 +48,7 @@ def prepare_steps(
     consumable_shares: shares.SharesMode = shares.DISABLED,
     share_enforcer: shares.ShareEnforcer | None = None,
     mig: DynamicMig | None = None,
+    deployments: DeploymentApi | None = None,
 ) -> StepFactory:
     """The step factory of a node with these features (None: claims asking for it are
     refused; ``mig`` None: static MIG, no MIG step). Without an enforcer, shares are enforced
@@ -68,7 +69,7 @@ def prepare_steps(
         )
         steps += [
             TimeSliceStep(node, timeslicer),
-            MpsStep(node, mps_daemons, keep=share.owners),
+            MpsStep(node, mps_daemons, keep=share.owners, deployments=deployments),
             share,
         ]
         return steps
@@ -132,6 +133,7 @@ def config_steps(
             consumable_shares=config.shares_mode,
             share_enforcer=share_enforcer,
             mig=mig,
+            deployments=deployments,  # NVIDIA's MPS daemons of adopted claims, image or not
         )(node)
 
     return build
@@ -153,6 +155,8 @@ def plugin_settings(config: Config) -> PluginSettings:
         hook_dir=config.hook_dir,
         mig_mode=config.mig_mode,
         pod_uid=config.pod_uid,
+        unprepare_on_exit=config.unprepare_on_exit,
+        nvidia_namespace=config.nvidia_namespace,
     )
 
 

@@ -35,7 +35,6 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -58,8 +57,22 @@ from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
 from dra_driver.plugin.settings import PluginSettings
-from dra_driver.prepare import ClaimSource, Preparer, StepFactory, device_targets, no_steps
-from dra_driver.prepare.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimLocks, LoadReport
+from dra_driver.prepare import (
+    ClaimRef,
+    ClaimSource,
+    Preparer,
+    StepFactory,
+    device_targets,
+    no_steps,
+    switchover,
+)
+from dra_driver.prepare.checkpoint import (
+    BOOT_ID_PATH,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    LoadReport,
+)
 
 if TYPE_CHECKING:
     from dra_driver.kube import EventType
@@ -79,8 +92,12 @@ MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_dri
 # stack, a malloc arena), so not more.
 _GRPC_WORKERS = 20
 
-EventReporter = Callable[[str, str], None]
-"""Report a problem as a Kubernetes Event on our Node: (reason, message)."""
+
+class EventReporter(Protocol):
+    """Report something as a Kubernetes Event on our Node: (reason, message), a Warning unless
+    ``event_type`` says Normal."""
+
+    def __call__(self, reason: str, message: str, *, event_type: EventType = ...) -> None: ...
 
 
 class NodeEventSink(Protocol):
@@ -166,6 +183,7 @@ class KubeletPlugin:
         self._health_interval_s = health_interval_s
         self._reconcile_interval_s = reconcile_interval_s
         self._stopping = threading.Event()
+        self._boot_id_path = boot_id_path
         self.checkpoint = Checkpoint(settings.checkpoint_path, boot_id_path=boot_id_path)
         self.checkpoint.on_corrupt = self._checkpoint_corrupt
         self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock")
@@ -211,7 +229,13 @@ class KubeletPlugin:
         cfg.kubelet_registrar_directory_path.mkdir(parents=True, exist_ok=True)
         self.specs.ensure()
         self.locks.open()
-        report = self.checkpoint.open()
+        legacy = cfg.plugin_data_dir / switchover.LEGACY_NAME  # NVIDIA's, or an earlier ours
+        with switchover.checkpoint_names(legacy, cfg.checkpoint_path) as names:
+            if names != self.checkpoint.path:  # shared with an earlier release's agent
+                self.checkpoint = Checkpoint(names, boot_id_path=self._boot_id_path)
+                self.checkpoint.on_corrupt = self._checkpoint_corrupt
+            stale = switchover.stale_state(legacy, names)
+            report = self.checkpoint.open()
         self.preparer = Preparer(
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
@@ -224,6 +248,7 @@ class KubeletPlugin:
             claims=self._claims,
             steps=self._steps,
         )
+        self._adopt(legacy, stale)
         self._recover(report)
         self._report_missing_devices()
         if self.metrics is not None:
@@ -253,9 +278,12 @@ class KubeletPlugin:
             self._reconciler.join(timeout=5)
             self._reconciler = None
         if self.preparer is not None:
+            self._leave_prepared_claims()
             self.preparer.close()
         self.specs.close()
         self.checkpoint.close()
+        if self.checkpoint.path != self.settings.checkpoint_path:  # alone now? then move
+            switchover.migrate_own_checkpoint(self.checkpoint.path, self.settings.checkpoint_path)
         self.locks.close()
 
     def serve_until_signal(self) -> None:
@@ -381,6 +409,62 @@ class KubeletPlugin:
             return str(cdihook.install(self.settings.hook_dir))
         return hook  # a host path we cannot see from here: taken as given
 
+    def _leave_prepared_claims(self) -> None:
+        """At a clean stop: list the claims left prepared (NVIDIA's plugin, should the node
+        switch back, does not know them: docs/migration.md), or with ``unprepare_on_exit``
+        unprepare every one of them. A failure is logged; the stop goes on."""
+        assert self.preparer is not None
+        try:
+            records = self.checkpoint.snapshot()
+        except CheckpointError as exc:
+            log.warning("cannot read the prepared claims at stop", extra={"error": str(exc)})
+            return
+        if not records:
+            return
+        if not self.settings.unprepare_on_exit:
+            log.info(
+                "claims left prepared at stop (the next start keeps them)",
+                extra={"claims": len(records),
+                       "cdi_specs": [str(self.specs.path_for(u)) for u in sorted(records)[:50]]},
+            )  # fmt: skip
+            return
+        for uid, record in sorted(records.items()):
+            try:
+                self.preparer.unprepare(
+                    ClaimRef(namespace=record.namespace, name=record.name, uid=uid)
+                )
+            except DraError as exc:
+                log.error(
+                    "cannot unprepare a claim at exit; remove what is left by hand",
+                    extra={"claim_uid": uid, "error": str(exc)},
+                )
+        log.info("unprepared every claim at exit (--unprepare-on-exit)",
+                 extra={"claims": sorted(records)})  # fmt: skip
+
+    def _adopt(self, legacy: Path, stale: tuple[dict[str, ClaimRecord], Path | None]) -> None:
+        """Take over the claims NVIDIA's driver prepared (prepare/switchover.py), before the
+        first reconcile rolls back its half-done ones; ``stale``: our own state, set aside."""
+        assert self.preparer is not None
+        adoption = switchover.adopt_nvidia_checkpoint(
+            legacy,
+            checkpoint=self.checkpoint,
+            specs=self.specs,
+            targets=self.preparer.targets,
+            driver_name=self.settings.driver_name,
+            node_name=self.settings.node_name,
+            cdi_vendor=self.settings.cdi_vendor,
+            nvidia_namespace=self.settings.nvidia_namespace,
+            stale=stale[0],
+            stale_moved_to=stale[1],
+        )
+        if adoption.found and self._report_event is not None:
+            try:
+                self._report_event(
+                    "NvidiaCheckpointAdopted", adoption.message(), event_type="Normal"
+                )
+            except KubeError as exc:
+                log.warning("cannot post the adoption Event", extra={"error": str(exc)})
+
     def _recover(self, report: LoadReport) -> None:
         assert self.preparer is not None
         if report.corrupt_moved_to is not None:
@@ -468,6 +552,20 @@ class KubeletPlugin:
                 with beat.busy():
                     self._reconcile_pass()
 
+    def _relocate_checkpoint(self) -> None:
+        """On the old names while an earlier release's agent shared them (a rolling update):
+        move to our own once it is gone (prepare/switchover.py)."""
+        target = self.settings.checkpoint_path
+        if self.checkpoint.path != target and self.checkpoint.relocate(
+            target, alone=switchover.sole_user
+        ):
+            legacy = self.settings.plugin_data_dir / switchover.LEGACY_NAME
+            legacy.with_suffix(".lock").unlink(missing_ok=True)
+            log.info(
+                "the earlier release's agent is gone: moved the checkpoint to its own name",
+                extra={"path": str(target)},
+            )
+
     def _reconcile_pass(self) -> None:
         assert self.preparer is not None
         try:
@@ -476,6 +574,7 @@ class KubeletPlugin:
                 self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
             done = self.preparer.reconcile()
             self.checkpoint.compact()  # off the prepare path
+            self._relocate_checkpoint()
         except (CdiError, CheckpointError, KubeError, OSError) as exc:
             log.warning("reconcile failed; will retry", extra={"error": str(exc)})
             return

@@ -28,3 +28,5 @@ class PluginSettings:
     hook_dir: Path  # where the builtin CDI hook is installed (a host path)
     mig_mode: Literal["static", "dynamic"] = "static"
     pod_uid: str | None = None
+    unprepare_on_exit: bool = False  # docs/migration.md: switching back to NVIDIA's driver
+    nvidia_namespace: str = "nvidia-dra-driver-gpu"  # NVIDIA's MPS daemons of adopted claims

@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -198,6 +198,57 @@ class Checkpoint:
                     self._compact_locked()
                     return True
                 return False
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+    def relocate(
+        self, target: Path, *, alone: Callable[[Path], AbstractContextManager[bool]]
+    ) -> bool:
+        """Move snapshot and journal to ``target``'s names and use them (and its lock) from
+        now on, if ``alone(journal)`` yields True while this process's own journal is closed:
+        no other process has the files open (prepare/switchover.py: an earlier release's agent
+        that ran beside us in a rolling update is gone). Under the file lock; journal first, so
+        a crash between the renames is finished at the next start. True when moved."""
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._writing = True
+        try:
+            with self._file_lock():
+                self._reload_if_replaced()
+                os.close(self._journal_fd)
+                self._journal_fd = -1
+                lock_fd = -1
+                try:
+                    with alone(self.journal_path) as ok:
+                        if ok:
+                            lock_path = target.with_name(target.stem + ".lock")
+                            lock_fd = os.open(
+                                lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                            )
+                            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                            journal = target.with_name(target.stem + ".journal")
+                            os.rename(self.journal_path, journal)
+                            os.rename(self.path, target)
+                            fsync_dir(target.parent)
+                            self.path, self.journal_path, self._lock_path = (
+                                target,
+                                journal,
+                                lock_path,
+                            )
+                except BaseException:
+                    if lock_fd >= 0 and self.path != target:
+                        os.close(lock_fd)
+                    raise
+                finally:
+                    self._open_journal()  # at whichever names are in use now
+                if lock_fd < 0:
+                    return False
+                os.close(self._lock_fd)  # releases the old names' lock
+                self._lock_fd = lock_fd
+                return True
         finally:
             with self._cond:
                 self._writing = False

@@ -260,7 +260,7 @@ class Preparer(Repair):
                 if (
                     record.phase == PREPARE_COMPLETED
                     and record.namespace
-                    and self.specs.path_for(ref.uid).exists()
+                    and self.specs.has_spec(ref.uid)  # NVIDIA's .yaml for an adopted claim
                 ):
                     return record.devices
                 # half done (or rebuilt without its claim): undo, then prepare from scratch

@@ -209,6 +209,8 @@ class Repair:
         when it differs. Each step gives its plan of the claim (and repairs what it needs:
         step.Step.recorded). A device gone since the claim was prepared (the plugin reports
         those) has no nodes to give; a spec needs at least one device. True when written."""
+        if self.specs.is_foreign(record.uid):
+            return False  # adopted from NVIDIA's driver: its spec stays as it is (switchover)
         claim = recorded_claim(record, targets)
         compare = any(d.target.partitioned for d in claim.devices)
         if not compare and self.specs.path_for(record.uid).exists():

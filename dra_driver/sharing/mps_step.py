@@ -32,11 +32,12 @@ from dra_driver.errors import (
 from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, Claims
 from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, owner, strategy
 from dra_driver.prepare.step import NodeState, Step
+from dra_driver.prepare.switchover import NVIDIA_MPS_KEY
 from dra_driver.prepare.targets import DeviceTarget
 from dra_driver.sharing import mps
 
 if TYPE_CHECKING:
-    from dra_driver.sharing.mpsdaemon import MpsDaemons
+    from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 
@@ -72,7 +73,8 @@ def mps_device(target: DeviceTarget) -> mps.MpsDevice:
 class MpsStep(Step):
     """Runs the MPS control daemons of claims (``daemons`` None: MPS claims are refused).
     ``keep()``: owners of daemons that belong to no claim but must stay (the shared daemons of
-    consumable shares)."""
+    consumable shares). ``deployments`` deletes the daemons NVIDIA's driver started for claims
+    adopted from it, also on an agent without daemons of its own (default: the daemons' API)."""
 
     def __init__(
         self,
@@ -80,9 +82,11 @@ class MpsStep(Step):
         daemons: MpsDaemons | None,
         *,
         keep: Callable[[], set[str]] = set,
+        deployments: DeploymentApi | None = None,
     ) -> None:
         self._node = node
         self._daemons = daemons
+        self._deployments = deployments or (None if daemons is None else daemons.api)
         self._keep = keep
         self._adopted = False  # the daemons of prepared claims were adopted since start
 
@@ -195,6 +199,9 @@ class MpsStep(Step):
         """Stop the claim's MPS daemon, if it asked for one or something of one exists (a
         claim rebuilt from its spec has no config); failures are logged, and reconcile removes
         what is left (it belongs to no recorded claim)."""
+        if any(NVIDIA_MPS_KEY in d.config for d in record.devices):
+            self._stop_nvidia_daemon(record)
+            return
         if self._daemons is None:
             return
         asked = any(mps.recorded_config(d.config) is not None for d in record.devices)
@@ -208,12 +215,36 @@ class MpsStep(Step):
                 extra={"claim_uid": record.uid, "error": str(exc)},
             )
 
+    def _stop_nvidia_daemon(self, record: ClaimRecord) -> None:
+        """Delete the MPS Deployment NVIDIA's driver started for a claim adopted from it
+        (prepare/switchover.py); a failure is logged (docs/migration.md says what is left)."""
+        if self._deployments is None:
+            log.error("cannot delete the MPS Deployment NVIDIA's driver started (no API access)",
+                      extra={"claim_uid": record.uid})  # fmt: skip
+            return
+        names = {
+            str(d.config[NVIDIA_MPS_KEY]) for d in record.devices if NVIDIA_MPS_KEY in d.config
+        }
+        for qualified in sorted(names):
+            namespace, _, name = qualified.partition("/")
+            try:
+                self._deployments.delete_deployment(namespace=namespace, name=name)
+                log.info("stopped the MPS control daemon NVIDIA's driver started",
+                         extra={"claim_uid": record.uid, "deployment": qualified})  # fmt: skip
+            except KubeError as exc:
+                log.error("cannot delete the MPS Deployment NVIDIA's driver started; delete it "
+                          "by hand", extra={"claim_uid": record.uid, "deployment": qualified,
+                          "error": str(exc)})  # fmt: skip
+
     def _recorded_daemon(
         self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]
     ) -> Daemon | None:
-        """The MPS daemon a recorded claim asked for (None: none, or its devices are gone)."""
+        """The MPS daemon a recorded claim asked for (None: none, or its devices are gone, or
+        the daemon is NVIDIA's, of a claim adopted from its driver)."""
         shared = []
         for device in record.devices:
+            if NVIDIA_MPS_KEY in device.config:
+                return None
             config = mps.recorded_config(device.config)
             if config is None:
                 continue
