@@ -49,15 +49,20 @@ def test_an_agent_on_simulated_gpus_stopped_with_sigterm_leaves_nothing_in_its_t
         "--cdi-root", str(tmp_path / "cdi"), "--healthcheck-port", "0",
     ]  # fmt: skip
     registration = tmp_path / "registry" / "gpu.nvidia.com-reg.sock"
+
+    def sysfs_tree_exists() -> bool:
+        # the tree, not just any entry: the agent's other temporary files come and go meanwhile
+        return any(p.name.startswith("gpu-dra-sysfs-") for p in temporary.iterdir())
+
     agent = subprocess.Popen(
         argv, env={**os.environ, "TMPDIR": str(temporary)}, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 60
-        while not (registration.is_socket() if when == "serving" else any(temporary.iterdir())):
+        while not (registration.is_socket() if when == "serving" else sysfs_tree_exists()):
             assert agent.poll() is None and time.monotonic() < deadline, "the agent did not start"
             time.sleep(0.005)
-        assert any(temporary.iterdir())  # the simulated sysfs tree, in the agent's TMPDIR
+        assert sysfs_tree_exists()  # in the agent's TMPDIR, until it stops
     finally:
         agent.send_signal(signal.SIGTERM)
         _, stderr = agent.communicate(timeout=30)
