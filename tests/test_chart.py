@@ -703,6 +703,20 @@ def test_image_digest_wins_over_the_tag() -> None:
 # values.schema.json
 
 
+def test_the_schema_names_each_key_once() -> None:
+    """A JSON object with a key twice parses (the last one wins), so an edit of the first copy
+    would silently change nothing."""
+    repeated: list[str] = []
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        repeated.extend(sorted({key for key in keys if keys.count(key) > 1}))
+        return dict(pairs)
+
+    json.loads((CHART / "values.schema.json").read_text(), object_pairs_hook=no_repeats)
+    assert repeated == []
+
+
 def test_the_cdi_hook_value_reaches_the_agent() -> None:
     for value in ("builtin", "none", "/usr/bin/nvidia-cdi-hook"):
         (ds,) = [d for d in render("--set", f"cdiHook={value}") if d["kind"] == "DaemonSet"]
