@@ -7,6 +7,9 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+from dra_driver.node.config import Config
 
 BUSYBOX = Path("/bin/busybox")
 # podman as this machine runs it: no ulimits to copy, cgroupfs, runc (which runs CDI hooks)
@@ -62,3 +65,19 @@ def run_busybox(
          "--rootfs", str(rootfs), "/bin/busybox", "sh", "-c", script],
         env=podman_env(conf), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+
+
+def podman_node_config(
+    directory: Path, *, driver: str, driver_root: Path, **settings: Any
+) -> Config:
+    """The agent's Config for node ``node1`` whose kubelet directories are under ``directory``
+    and whose CDI specs go where podman reads them (/var/run/cdi); ``settings``: more fields."""
+    return Config(
+        node_name="node1",
+        driver_name=driver,
+        nvidia_driver_root=driver_root,
+        kubelet_registrar_directory_path=directory / "registry",
+        kubelet_plugins_directory_path=directory / "plugins",
+        cdi_root=Path("/var/run/cdi"),
+        **settings,
+    )

@@ -22,14 +22,19 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.gpus import nvml
 from dra_driver.kube import KubeClient
-from dra_driver.node.config import Config
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.sim.fakedriver import make_fake_driver, make_node, simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 from dra_driver.sim.nvml import simulated_nvml
 from dra_driver.sim.profiles import DRIVER_VERSION
 from tests.claimdata import allocated_claim
-from tests.podman import busybox_rootfs, containers_conf, missing, run_busybox
+from tests.podman import (
+    busybox_rootfs,
+    containers_conf,
+    missing,
+    podman_node_config,
+    run_busybox,
+)
 from tests.shareenforcer import RecordingEnforcer
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
@@ -56,13 +61,10 @@ def test_container_gets_device_nodes_environment_and_driver_files(
     uid = claim["metadata"]["uid"]
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
     plugin = kubelet_plugin(
-        config=Config(
-            node_name="node1",
-            driver_name=driver,
-            nvidia_driver_root=fake.root,
-            kubelet_registrar_directory_path=short_tmp / "registry",
-            kubelet_plugins_directory_path=short_tmp / "plugins",
-            cdi_root=Path("/var/run/cdi"),
+        config=podman_node_config(
+            short_tmp,
+            driver=driver,
+            driver_root=fake.root,
         ),
         inventory=simulated_inventory("h100:2", node_name="node1"),
         claims=kube,
@@ -149,13 +151,10 @@ def test_each_share_of_one_gpu_gets_its_own_mps_limit_in_the_container(
     inventory = simulated_inventory("h100:2", node_name="node1")
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
     plugin = kubelet_plugin(
-        config=Config(
-            node_name="node1",
-            driver_name=driver,
-            nvidia_driver_root=fake.root,
-            kubelet_registrar_directory_path=short_tmp / "registry",
-            kubelet_plugins_directory_path=short_tmp / "plugins",
-            cdi_root=Path("/var/run/cdi"),
+        config=podman_node_config(
+            short_tmp,
+            driver=driver,
+            driver_root=fake.root,
             consumable_shares="unlimited",
         ),
         inventory=inventory,
@@ -228,13 +227,10 @@ def test_container_runs_on_a_mig_device_created_by_prepare(
     claim = kubeapi.add_claim(allocated_claim(name="dynmig", driver=driver, devices=[device]))
     uid = claim["metadata"]["uid"]
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
-    config = Config(
-        node_name="node1",
-        driver_name=driver,
-        nvidia_driver_root=fake.root,
-        kubelet_registrar_directory_path=short_tmp / "registry",
-        kubelet_plugins_directory_path=short_tmp / "plugins",
-        cdi_root=Path("/var/run/cdi"),
+    config = podman_node_config(
+        short_tmp,
+        driver=driver,
+        driver_root=fake.root,
         mig_mode="dynamic",
     )
     spec = Path("/var/run/cdi") / f"k8s.{driver}-claim_{uid}.json"

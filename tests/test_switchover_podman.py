@@ -15,13 +15,18 @@ import pytest
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
-from dra_driver.node.config import Config
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.prepare.checkpoint import read_state
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
-from tests.podman import busybox_rootfs, containers_conf, missing, run_busybox
+from tests.podman import (
+    busybox_rootfs,
+    containers_conf,
+    missing,
+    podman_node_config,
+    run_busybox,
+)
 from tests.test_switchover import nvidia_checkpoint
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(bool(missing()), reason=missing() or "-")]
@@ -66,13 +71,10 @@ def test_a_container_starts_again_through_the_adopted_spec_until_unprepare(
     cdi_id = f"{vendor}/claim={uid}-gpu-1"
     kube = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
     plugin = kubelet_plugin(
-        config=Config(
-            node_name="node1",
-            driver_name=driver,
-            nvidia_driver_root=fake.root,
-            kubelet_registrar_directory_path=short_tmp / "registry",
-            kubelet_plugins_directory_path=short_tmp / "plugins",
-            cdi_root=Path("/var/run/cdi"),
+        config=podman_node_config(
+            short_tmp,
+            driver=driver,
+            driver_root=fake.root,
         ),
         inventory=simulated_inventory("h100:2", node_name="node1"),
         claims=kube,
