@@ -110,11 +110,59 @@ def test_the_whole_gpu_consumes_every_counter_and_is_published_as_a_gpu() -> Non
     (consumption,) = whole.consumes_counters
     assert consumption.counter_set == "gpu-0-counter-set"
     assert dict(consumption.counters) == H100_COUNTERS == dict(published.counter_sets[0].counters)
-    # the same attributes and capacity a GPU not in MIG mode has (claims select it the same way)
+    # the same attributes a GPU not in MIG mode has (claims select it the same way)
     assert whole.attributes["type"] == "gpu" and whole.attributes["uuid"] == inv.gpus[0].uuid
     assert set(whole.attributes) == set(plain.attributes)
-    assert dict(whole.capacity) == dict(plain.capacity)
     assert not plain.consumes_counters
+
+
+# H100 80GB HBM3: the 7g.80gb profile's capacities, what NVIDIA's driver gives the whole GPU of a
+# partitionable GPU (PartCapacities: the largest value of each across the MIG profiles).
+H100_WHOLE_CAPACITY = {
+    "multiprocessors": "132",
+    "copyEngines": "8",
+    "decoders": "7",
+    "encoders": "0",
+    "jpegEngines": "7",
+    "ofaEngines": "1",
+    "memory": "81152Mi",
+}
+
+
+def test_the_whole_gpu_of_a_partitionable_gpu_carries_the_largest_profiles_capacities() -> None:
+    published = dynamic(inventory("h100:1:mig,h100:1,h200:1:mig"))
+    devices = by_name(published)
+
+    assert dict(devices["gpu-0"].capacity) == H100_WHOLE_CAPACITY
+    # the largest placement's capacities, without its memorySlice<i> (as NVIDIA's driver has it)
+    largest = devices["gpu-0-mig-7g80gb-0-0"].capacity
+    assert {n: v for n, v in largest.items() if not n.startswith("memorySlice")} == (
+        H100_WHOLE_CAPACITY
+    )
+    # a GPU not in MIG mode keeps its NVML total memory only, as NVIDIA's driver has it
+    assert dict(devices["gpu-1"].capacity) == {"memory": "81559Mi"}
+    assert devices["gpu-2"].capacity["memory"] == "143104Mi"  # H200's 7g.141gb
+    assert devices["gpu-2"].capacity["multiprocessors"] == "132"
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_the_whole_gpus_capacities_pass_the_strict_schema(kubernetes_version: str) -> None:
+    objs = objects(dynamic(inventory("h100:1:mig,h100:1")))
+
+    wholes = [
+        d for o in objs for d in o["spec"].get("devices", ()) if d["name"] in ("gpu-0", "gpu-1")
+    ]
+    assert {d["name"]: d["capacity"] for d in wholes} == {
+        "gpu-1": {"memory": {"value": "81559Mi"}},
+        "gpu-0": {n: {"value": v} for n, v in H100_WHOLE_CAPACITY.items()},
+    }
+    for obj in objs:
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+        assert validate_slice(obj) == []
+        for version in ("v1beta2", "v1beta1"):  # the publisher's fallbacks
+            kubernetes_validate.validate(
+                convert_slice(obj, api_version=version), kubernetes_version, strict=True
+            )
 
 
 def test_an_ampere_gpu_is_not_offered_whole_it_cannot_leave_mig_mode_without_a_reset() -> None:

@@ -239,3 +239,51 @@ def test_the_command_line_takes_mig_mode_with_simulate_only(tmp_path: Path) -> N
 def devices_of_json(result: dict[str, Any]) -> list[str]:
     (claim,) = result["allocation"]["claims"]
     return [r["device"] for r in claim["allocation"]["devices"]["results"]]
+
+
+def gpu_claim_selecting(name: str, selector: str) -> dict[str, Any]:
+    claim = gpu_claim(name)
+    claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": selector}}
+    ]
+    return claim
+
+
+def test_the_whole_gpu_is_selected_by_its_multiprocessors_as_with_nvidias_driver(
+    tmp_path: Path,
+) -> None:
+    selector = f"device.capacity['{DRIVER}'].multiprocessors.compareTo(quantity('132')) >= 0"
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(gpu_claim_selecting("c", selector)))
+    out, err = io.StringIO(), io.StringIO()
+    argv = [str(path), "--simulate", "h100:1:mig", "--mig-mode", "dynamic", "--node", NODE]
+    assert main(argv, stdout=out, stderr=err) == 0, err.getvalue() + out.getvalue()
+    assert "gpu-0" in out.getvalue() and "NOT satisfiable" not in out.getvalue()
+    # a GPU not in MIG mode has memory only, in NVIDIA's driver too: the selector's CEL error
+    out, err = io.StringIO(), io.StringIO()
+    assert main([str(path), "--simulate", "h100:1"], stdout=out, stderr=err) == 1
+    assert "capacity gpu.nvidia.com/multiprocessors missing" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("threshold", "partitionable", "plain"),
+    [
+        ("81152Mi", True, True),  # the 7g.80gb profile's memory: both
+        ("81200Mi", False, True),  # between the two: only a GPU not in MIG mode (81559Mi)
+        ("81560Mi", False, False),
+    ],
+)
+def test_a_memory_threshold_between_the_largest_profile_and_nvml_splits_as_nvidias(
+    threshold: str, partitionable: bool, plain: bool
+) -> None:
+    selector = f"device.capacity['{DRIVER}'].memory.compareTo(quantity('{threshold}')) >= 0"
+    claim = gpu_claim_selecting("c", selector)
+    dynamic_result = run(claim, spec="h100:1:mig")
+    assert dynamic_result.satisfiable is partitionable
+    assert run(claim, spec="h100:1").satisfiable is plain
+    if partitionable:
+        assert devices_of(dynamic_result) == ["gpu-0"]
+    else:
+        (diagnosis,) = dynamic_result.nodes[0].diagnoses
+        (verdict,) = [v for v in diagnosis.verdicts if v.device == "gpu-0"]
+        assert f"memory 81152Mi is less than {threshold}" in " ".join(verdict.reasons)

@@ -112,10 +112,13 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
     profile's every placement, smallest memory first, so that first fit picks the smallest
     partition that satisfies a selector. A placement device has no ``uuid`` (the MIG device
     does not exist until a claim gets it) and carries the static MIG device's ``memorySlice<i>``
-    capacities too, so placement selectors work in both modes. The whole GPU comes first (as a
-    GPU not in MIG mode is published, with its ``uuid``), consuming every counter, where
+    capacities too, so placement selectors work in both modes. The whole GPU comes first (the
+    attributes of a GPU not in MIG mode, with its ``uuid``), consuming every counter, where
     :func:`whole_gpu_offered` says so: preparing it takes the GPU out of MIG mode, which GPUs
-    before Hopper cannot do without a reset (NVIDIA's driver does not toggle them either).
+    before Hopper cannot do without a reset (NVIDIA's driver does not toggle them either). Its
+    capacities are the counters' largest values, as NVIDIA's driver publishes them (its
+    ``PartCapacities``): ``multiprocessors`` .. ``memory`` of the largest profile, so an H100's
+    whole GPU has ``memory: 81152Mi`` here where a GPU not in MIG mode has ``81559Mi``.
     """
     if not gpu.mig_profiles:
         raise DeviceModelError(f"GPU {gpu_device_name(gpu.minor)} reports no MIG profiles")
@@ -131,10 +134,10 @@ def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:
     common = common_attributes(gpu)
     devices: list[Device] = []
     if whole_gpu_offered(gpu):
-        whole = gpu_device(gpu)
         devices.append(
             replace(
-                whole,
+                gpu_device(gpu),
+                capacity=_capacity_json(largest),
                 consumes_counters=(CounterConsumption(counter_set=cs_name, counters=every),),
             )
         )
