@@ -149,7 +149,9 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
         out.write(f"\n{message}" + (f"  ({len(nodes)} nodes)" if total > 1 else "") + "\n")
     # Group per request, then identical summaries and (device, reasons) across nodes.
     order: list[tuple[str, str]] = []
-    grouped: dict[tuple[str, str], dict[tuple[str, tuple[str, ...]], list[str]]] = {}
+    # (driver, device, reasons) -> the nodes where that device has those reasons, each once (a
+    # pool may name a device twice: it is invalid then, and both copies have the same verdict)
+    grouped: dict[tuple[str, str], dict[tuple[str, str, tuple[str, ...]], list[str]]] = {}
     headers: dict[tuple[str, str], tuple[str, dict[str, list[str]]]] = {}
     all_taken: dict[tuple[str, str], int] = {}
     for node_result in result.nodes:
@@ -162,7 +164,9 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
             headers[key][1].setdefault(d.summary, []).append(node_result.node)
             all_taken[key] = all_taken.get(key, 0) + d.all_taken
             for v in d.verdicts:
-                grouped[key].setdefault((v.device, v.reasons), []).append(node_result.node)
+                nodes = grouped[key].setdefault((v.driver, v.device, v.reasons), [])
+                if node_result.node not in nodes:
+                    nodes.append(node_result.node)
     for key in order:
         info, summaries = headers[key]
         out.write(f"\nrequest {key[1]} of claim {key[0]} ({info}):\n")
@@ -183,9 +187,11 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
         if len(ranked) > _SUMMARIES_SHOWN:
             out.write(f"  ... {len(ranked) - _SUMMARIES_SHOWN} more (-o json has every node's)\n")
         why_rows = [("DEVICE", "NODES" if total > 1 else "NODE", "WHY NOT")]
-        for (device, reasons), nodes in grouped[key].items():
+        drivers = {driver for driver, _, _ in grouped[key]}
+        for (driver, device, reasons), nodes in grouped[key].items():
             node_col = str(len(nodes)) if len(nodes) > 1 else nodes[0]
-            why_rows.append((device, node_col, "; ".join(reasons) if reasons else "usable"))
+            shown = f"{driver}/{device}" if len(drivers) > 1 else device
+            why_rows.append((shown, node_col, "; ".join(reasons) if reasons else "usable"))
         out.write("\n")
         _table(why_rows, out, indent="  ")
     if result.notes:
