@@ -40,6 +40,10 @@ Uncertain, said rather than guessed silently:
   server's new expressions here, per the compatibility rule.
 
 The cost limit (E.2) is here too; ``cel.cost`` estimates a selector's cost against it.
+
+Scheduler features that change an allocation, by default per version: ``DRADeviceBindingConditions``
+(KEP-5007: devices whose ``bindingConditions`` the scheduler waits for before binding the pod)
+is alpha and off in 1.34 and 1.35, beta and on from 1.36 (:func:`device_binding_conditions`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ Version = tuple[int, int]
 SUPPORTED_VERSIONS: Final = ("1.34", "1.35", "1.36", "1.37")
 NEWEST_VERSION: Final = SUPPORTED_VERSIONS[-1]
 LIST_TYPE_ATTRIBUTES_GATE: Final = "DRAListTypeAttributes"
+DEVICE_BINDING_CONDITIONS_GATE: Final = "DRADeviceBindingConditions"
+DEVICE_BINDING_CONDITIONS_ON_FROM: Final = (1, 36)  # beta, on by default
 
 COST_LIMIT: Final = 1_000_000  # CELSelectorExpressionMaxCost, estimated and actual
 
@@ -149,3 +155,8 @@ def environment(
         frozenset(withheld - declared - _ALWAYS),
         frozenset(feature_gates),
     )
+
+
+def device_binding_conditions(k8s_version: str = NEWEST_VERSION) -> bool:
+    """Whether a scheduler of ``k8s_version`` has DRADeviceBindingConditions on by default."""
+    return parse_version(k8s_version) >= DEVICE_BINDING_CONDITIONS_ON_FROM

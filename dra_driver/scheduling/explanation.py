@@ -21,7 +21,7 @@ from dra_driver.scheduling.allocator import (
     Node,
     Slice,
 )
-from dra_driver.scheduling.environment import NEWEST_VERSION
+from dra_driver.scheduling.environment import NEWEST_VERSION, device_binding_conditions
 
 JSON = dict[str, Any]
 
@@ -100,6 +100,8 @@ def explain_parsed(
     names = sorted(by_node) if node is None else [node]
     if not names:
         names = [""]  # only cluster-wide slices: any node will do
+    binding = device_binding_conditions(k8s_version)
+    notes = (*notes, *_binding_notes(slices, k8s_version, enabled=binding))
 
     def allocate_all(*, diagnose: bool) -> list[allocator.AllocationResult]:
         return [
@@ -110,6 +112,7 @@ def explain_parsed(
                 node=Node(name, {"kubernetes.io/hostname": name}),
                 allocated=allocated,
                 diagnose=diagnose,
+                binding_conditions=binding,
             )
             for name in names
         ]
@@ -120,6 +123,25 @@ def explain_parsed(
         results = allocate_all(diagnose=True)
     chosen = next((r for r in results if r.satisfiable), None)
     return ExplainResult(keys, bool(fitting), chosen, fitting, tuple(results), tuple(notes))
+
+
+def _binding_notes(slices: Sequence[Slice], k8s_version: str, *, enabled: bool) -> list[str]:
+    """What DRADeviceBindingConditions does to the devices that have binding conditions."""
+    pools = sorted({f"{s.driver}/{s.pool}" for s in slices if s.has_binding_conditions})
+    if not pools:
+        return []
+    where = ", ".join(pools[:3]) + (", ..." if len(pools) > 3 else "")
+    if not enabled:
+        return [
+            f"devices with bindingConditions (pools {where}) are not selectable: "
+            f"DRADeviceBindingConditions is off by default in Kubernetes {k8s_version} "
+            "(beta and on from 1.36)"
+        ]
+    return [
+        f"pools holding devices with bindingConditions ({where}) are tried after all other "
+        "pools (DRADeviceBindingConditions); a claim given such a device is bound to the pod "
+        "only once its device status has those conditions True"
+    ]
 
 
 def _classes(objs: Sequence[JSON]) -> dict[str, DeviceClass]:

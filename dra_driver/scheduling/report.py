@@ -86,6 +86,10 @@ def _device_result(r: allocator.DeviceResult) -> JSON:
         out["shareID"] = r.share_id
     if r.consumed_capacity:
         out["consumedCapacity"] = dict(r.consumed_capacity)
+    if r.binding_conditions:
+        out["bindingConditions"] = list(r.binding_conditions)
+    if r.binding_failure_conditions:
+        out["bindingFailureConditions"] = list(r.binding_failure_conditions)
     return out
 
 
@@ -128,6 +132,12 @@ def render_table(result: ExplainResult, out: TextIO) -> None:
                 if r.consumed_capacity:
                     notes.append(
                         "consumes " + ", ".join(f"{k}={v}" for k, v in r.consumed_capacity.items())
+                    )
+                if r.binding_conditions:
+                    notes.append("bindingConditions " + ", ".join(r.binding_conditions))
+                if r.binding_failure_conditions:
+                    notes.append(
+                        "bindingFailureConditions " + ", ".join(r.binding_failure_conditions)
                     )
                 rows.append((a.claim, r.request, r.device, r.pool, r.driver, "; ".join(notes)))
         _table(rows, out)

@@ -87,6 +87,7 @@ def allocate(
     node: Node,
     allocated: AllocatedState | None = None,
     diagnose: bool = True,
+    binding_conditions: bool = True,
 ) -> AllocationResult:
     """Allocate all ``claims`` together on ``node`` as the scheduler would.
 
@@ -96,11 +97,14 @@ def allocate(
     CelCompileError) for input errors: an unknown class, a selector that does not compile. A CEL
     runtime error is not an input error: like the scheduler, the attempt is aborted and the
     result carries the error. With ``diagnose``, an unsatisfiable result explains per request
-    why each device was unusable.
+    why each device was unusable. ``binding_conditions``: the scheduler's
+    DRADeviceBindingConditions (KEP-5007). On, pools holding devices with binding conditions
+    are tried last, results carry those conditions and a ``bindsToNode`` device pins the
+    allocation to ``node``; off, such devices are never selected.
     """
     allocated = allocated or AllocatedState()
     compile_selectors(claims, classes)
-    pools = gather_pools(slices, node)
+    pools = gather_pools(slices, node, binding_conditions=binding_conditions)
     notes = tuple(
         f"pool {p.driver}/{p.name} is "
         + (
@@ -136,7 +140,7 @@ def allocate(
         )
     claims = [c for c, done in zip(claims, existing, strict=True) if done is None]
     datas = _request_data(claims, classes)
-    search = Search(claims, datas, pools, allocated)
+    search = Search(claims, datas, pools, allocated, binding_conditions=binding_conditions)
     for cand in search.candidates:
         if cand.slice.per_device_node_selection:
             cand.on_node = device_on_node(cand.slice, cand.device, node)
@@ -150,7 +154,7 @@ def allocate(
     except TooMany:
         error = f"more than {MAX_RESULTS_PER_CLAIM} devices requested by one claim"
     if ok and error is None:
-        new = iter(_results(search, classes))
+        new = iter(_results(search, node))
         return AllocationResult(
             node=node.name,
             satisfiable=True,
@@ -214,8 +218,9 @@ def _fill_all_devices(
         data.num_devices = len(data.all_devices)
 
 
-def _results(search: Search, classes: Mapping[str, DeviceClass]) -> tuple[ClaimAllocation, ...]:
+def _results(search: Search, node: Node) -> tuple[ClaimAllocation, ...]:
     out = []
+    bc = search.binding_conditions
     for ci, claim in enumerate(search.claims):
         placed = search.placed[ci]
         results = tuple(
@@ -231,6 +236,8 @@ def _results(search: Search, classes: Mapping[str, DeviceClass]) -> tuple[ClaimA
                     n: format_quantity(v, p.cand.device.capacity_formats.get(n, "DecimalSI"))
                     for n, v in p.consumed.items()
                 },
+                binding_conditions=p.cand.device.binding_conditions if bc else (),
+                binding_failure_conditions=(p.cand.device.binding_failure_conditions if bc else ()),
             )
             for p in placed
         )
@@ -239,7 +246,7 @@ def _results(search: Search, classes: Mapping[str, DeviceClass]) -> tuple[ClaimA
                 claim=claim.key,
                 results=results,
                 config=_configs(search, ci, claim),
-                node_selector=_node_selector([p.cand for p in placed]),
+                node_selector=_node_selector([p.cand for p in placed], node, binds=bc),
             )
         )
     return tuple(out)
@@ -280,14 +287,18 @@ def _configs(search: Search, ci: int, claim: Claim) -> tuple[JSON, ...]:
     return tuple(configs)
 
 
-def _node_selector(cands: list[Candidate]) -> JSON | None:
+def _node_selector(cands: list[Candidate], node: Node, *, binds: bool) -> JSON | None:
+    """The allocation's nodeSelector (``createNodeSelector``): ``node`` itself as soon as one
+    device is local to a node or (``binds``: DRADeviceBindingConditions on) has ``bindsToNode``,
+    else the union of the slices' (or devices') node selector requirements, else none."""
     exprs: list[JSON] = []
     fields: list[JSON] = []
     for cand in cands:
         s, d = cand.slice, cand.device
         node_name = d.node_name if s.per_device_node_selection else s.node_name
         selector = d.node_selector if s.per_device_node_selection else s.node_selector
-        if node_name:
+        if node_name or (binds and d.binds_to_node and node.name):
+            node_name = node.name or node_name
             return {
                 "nodeSelectorTerms": [
                     {

@@ -41,6 +41,10 @@ class Pool:
     def pool_id(self) -> PoolID:
         return (self.driver, self.name)
 
+    @property
+    def has_binding_conditions(self) -> bool:
+        return any(s.has_binding_conditions for s in self.slices)
+
 
 def node_selector_matches(selector: JSON | None, node: Node) -> bool:
     """A core NodeSelector (terms ORed, requirements ANDed) against the node's name and labels."""
@@ -88,8 +92,16 @@ def device_on_node(s: Slice, d: SliceDevice, node: Node) -> bool:
     return node_selector_matches(d.node_selector, node)
 
 
-def gather_pools(slices: Sequence[Slice], node: Node) -> list[Pool]:
-    """The pools with slices reaching ``node``, at their highest generation, by (driver, pool)."""
+def gather_pools(
+    slices: Sequence[Slice], node: Node, *, binding_conditions: bool = True
+) -> list[Pool]:
+    """The pools with slices reaching ``node``, at their highest generation, by (driver, pool).
+
+    With ``binding_conditions`` (DRADeviceBindingConditions on), as the scheduler's
+    ``GatherPools`` does: a pool's slices holding a device with binding conditions come after its
+    other slices, and pools holding one come after every other pool, so the allocation prefers
+    devices that need no binding step.
+    """
     by_pool: dict[PoolID, list[Slice]] = {}
     for s in slices:
         by_pool.setdefault((s.driver, s.pool), []).append(s)
@@ -107,6 +119,8 @@ def gather_pools(slices: Sequence[Slice], node: Node) -> list[Pool]:
         ]
         if not any(s.devices for s in reaching):
             continue
+        if binding_conditions:  # stable sort: name order within each group
+            reaching.sort(key=lambda s: s.has_binding_conditions)
         pool = Pool(driver, name, reaching)
         pool.incomplete = len(current) != max(s.resource_slice_count for s in current)
         names: set[str] = set()
@@ -118,6 +132,8 @@ def gather_pools(slices: Sequence[Slice], node: Node) -> list[Pool]:
                     pool.invalid = f"device name {d.name} is not unique in the pool"
                 names.add(d.name)
         pools.append(pool)
+    if binding_conditions:
+        pools.sort(key=lambda p: p.has_binding_conditions)
     return pools
 
 

@@ -88,6 +88,12 @@ class SliceDevice:
     all_nodes: bool
     node_selector: JSON | None
     cel_device: cel.DeviceObject
+    # KEP-5007 (DRADeviceBindingConditions): conditions the scheduler waits for in the claim's
+    # device status before binding the pod, those that fail the binding, and whether the
+    # allocation is pinned to the node it was made for.
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    binds_to_node: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +109,12 @@ class Slice:
     per_device_node_selection: bool
     devices: tuple[SliceDevice, ...]
     shared_counters: Mapping[str, Mapping[str, Fraction]]
+
+    @property
+    def has_binding_conditions(self) -> bool:
+        """Whether a device of this slice has binding conditions (the scheduler tries such
+        slices, and pools holding one, after the others)."""
+        return any(d.binding_conditions for d in self.devices)
 
 
 @dataclass(frozen=True)
@@ -214,6 +226,8 @@ class DeviceResult:
     tolerations: tuple[Toleration, ...] = ()
     share_id: str | None = None
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

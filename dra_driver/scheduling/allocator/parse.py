@@ -279,6 +279,8 @@ def _device(obj: JSON, driver: str, where: str) -> SliceDevice:
         for t in (_obj(t, f"{where}.taints") for t in _list(body.get("taints"), f"{where}.taints"))
     )
     multi = bool(body.get("allowMultipleAllocations"))
+    binding = _strings(body.get("bindingConditions"), f"{where}.bindingConditions")
+    failure = _strings(body.get("bindingFailureConditions"), f"{where}.bindingFailureConditions")
     cel_caps = {k: cel.CelQuantity(v, formats[k]) for k, v in capacity.items()}
     return SliceDevice(
         name=name,
@@ -295,7 +297,19 @@ def _device(obj: JSON, driver: str, where: str) -> SliceDevice:
         cel_device=cel.device_variable(
             driver=driver, attributes=attrs, capacity=cel_caps, allow_multiple_allocations=multi
         ),
+        binding_conditions=binding,
+        binding_failure_conditions=failure,
+        binds_to_node=bool(body.get("bindsToNode")),
     )
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    out = []
+    for i, item in enumerate(_list(value, where)):
+        if not isinstance(item, str) or not item:
+            raise _fail(f"{where}[{i}]", f"expected a condition type, got {item!r}")
+        out.append(item)
+    return tuple(out)
 
 
 def parse_slice(obj: JSON) -> Slice:
@@ -371,6 +385,8 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
                     tolerations=_tolerations(r.get("tolerations"), f"{where}.tolerations"),
                     share_id=str(r["shareID"]) if r.get("shareID") else None,
                     consumed_capacity={str(n): str(v) for n, v in consumed.items()},
+                    binding_conditions=_strings(r.get("bindingConditions"), where),
+                    binding_failure_conditions=_strings(r.get("bindingFailureConditions"), where),
                 )
             )
             if r.get("adminAccess"):

@@ -98,9 +98,18 @@ def _device_reasons(search: Search, data: RequestData, cand: Candidate, node: No
         reasons.append(f"in use by {holder}")
         why.blame([holder])
         why.allocated = True
-    selector = _selector_reasons(data, cand)
+    unsupported = bool(cand.device.binding_conditions) and not search.binding_conditions
+    selector = [] if unsupported else _selector_reasons(data, cand)
+    if unsupported:
+        reasons.append(
+            "has bindingConditions ("
+            + ", ".join(cand.device.binding_conditions)
+            + "): not selectable with DRADeviceBindingConditions off (the default before 1.36)"
+        )
     reasons.extend(selector)
-    why.matches = on_node and not selector and not pool.invalid and not pool.incomplete
+    why.matches = (
+        on_node and not unsupported and not selector and not pool.invalid and not pool.incomplete
+    )
     taint = taint_blocks(cand.device, req)
     if taint is not None:
         source = f" (from DeviceTaintRule {taint.rule})" if taint.rule else ""

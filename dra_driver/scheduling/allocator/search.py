@@ -53,8 +53,12 @@ class Search:
         datas: dict[tuple[int, int, int], RequestData],
         pools: list[Pool],
         allocated: AllocatedState,
+        *,
+        binding_conditions: bool = True,
     ) -> None:
         self.claims = claims
+        # DRADeviceBindingConditions: off, a device with binding conditions is never selectable
+        self.binding_conditions = binding_conditions
         self.datas = datas
         self.pools = pools
         self.allocated = allocated
@@ -81,6 +85,9 @@ class Search:
         if hit is not None:
             return hit
         data = self.datas[key]
+        if cand.device.binding_conditions and not self.binding_conditions:
+            self.match_cache[cache_key] = False  # checked before any selector, as isSelectable
+            return False
         ok = selectors_match(data, cand, self.claims[data.claim_index])
         if ok and not cand.on_node:
             ok = False
