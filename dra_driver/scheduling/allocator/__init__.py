@@ -13,9 +13,12 @@ permutations) within a request; ``firstAvailable`` sub-requests in order; class 
 request selectors; a CEL runtime error aborts the attempt (it is not "false"); devices in use by
 other claims are excluded (admin access excepted); shared counters (partitionable devices),
 taints/tolerations (a slice's own and those DeviceTaintRules add), ``matchAttribute``/
-``distinctAttribute`` constraints and consumable capacity (``allowMultipleAllocations``,
-``capacity.requests``, ``requestPolicy``). A claim that is already allocated keeps its
-allocation: the scheduler only checks that its node can use it (spec D.3, ``status.allocation``).
+``distinctAttribute`` constraints, consumable capacity (``allowMultipleAllocations``,
+``capacity.requests``, ``requestPolicy``) and binding conditions (DRADeviceBindingConditions:
+pools and slices holding devices with ``bindingConditions`` tried last, results carrying them,
+``bindsToNode``; with the feature off such devices are not selectable). A claim that is
+already allocated keeps its allocation: the scheduler only checks that its node can use it
+(spec D.3, ``status.allocation``).
 
 Modules, in the order of the flow: ``model`` (the values) -> ``parse`` (API JSON -> values) ->
 ``taints`` -> ``candidates`` (which devices a request may take) -> ``constraints``,
