@@ -287,3 +287,19 @@ def test_a_memory_threshold_between_the_largest_profile_and_nvml_splits_as_nvidi
         (diagnosis,) = dynamic_result.nodes[0].diagnoses
         (verdict,) = [v for v in diagnosis.verdicts if v.device == "gpu-0"]
         assert f"memory 81152Mi is less than {threshold}" in " ".join(verdict.reasons)
+
+
+def test_a_multiprocessors_selector_on_a_mixed_node_fails_on_the_gpu_without_them() -> None:
+    # gpu-1 (not in MIG mode) comes first and has memory only: a CEL runtime error, which gives up
+    # the node as in the scheduler, and the summary says so rather than blaming the counters
+    selector = f"device.capacity['{DRIVER}'].multiprocessors.compareTo(quantity('132')) >= 0"
+    result = run(gpu_claim_selecting("c", selector), spec="h100:1:mig,h100:1")
+    assert not result.satisfiable
+    (node,) = result.nodes
+    assert node.error is not None and "gpu-1: CEL runtime error" in node.error
+    (diagnosis,) = node.diagnoses
+    assert diagnosis.summary == (
+        "1 devices usable (gpu-0), but the attempt was given up on the error above"
+    )
+    guarded = f"has(device.capacity['{DRIVER}'].multiprocessors) && {selector}"
+    assert devices_of(run(gpu_claim_selecting("c", guarded), spec="h100:1:mig,h100:1")) == ["gpu-0"]

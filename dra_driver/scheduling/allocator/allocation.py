@@ -161,6 +161,7 @@ def allocate(
             allocations=tuple(next(new) if done is None else done for done in existing),
             notes=notes,
         )
+    search.aborted = error
     diagnoses = diagnose_requests(search, node) if diagnose else ()
     return AllocationResult(
         node=node.name, satisfiable=False, error=error, diagnoses=diagnoses, notes=notes

@@ -298,6 +298,11 @@ def _summary(search: Search, data: RequestData, whys: Sequence[tuple[Candidate, 
             + (f": {names}" if usable else "")
             + also
         )
+    if search.aborted is not None:  # enough devices, but the search never got to place them
+        return (
+            f"{len(usable)} devices usable ({names}), but the attempt was given up on the "
+            "error above" + also
+        )
     claim = search.claims[data.claim_index]
     for con in claim.constraints:
         probe = ConstraintTracker(con)

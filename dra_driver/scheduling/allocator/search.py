@@ -77,6 +77,7 @@ class Search:
         self.placed: list[list[Placed]] = [[] for _ in claims]
         self.selected_sub: dict[tuple[int, int], int] = {}
         self.steps = 0
+        self.aborted: str | None = None  # the error that ended the attempt (a CEL runtime error)
 
     # -- checks shared with the diagnosis
     def selector_verdict(self, key: tuple[int, int, int], cand: Candidate) -> bool:
