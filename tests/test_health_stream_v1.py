@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ def test_a_healthy_device_is_re_sent_every_interval_and_never_goes_unknown(
 ) -> None:
     kubelet = watch(watched, watches)
     assert kubelet.wait_for(lambda: len(kubelet.arrivals) >= 6, 5)
-    gaps = [b - a for a, b in zip(kubelet.arrivals, kubelet.arrivals[1:], strict=False)][:5]
+    gaps = [b - a for a, b in pairwise(kubelet.arrivals)][:5]
     # every 0.2 s (the interval), not faster, with scheduling slack on a loaded machine
     assert all(0.15 <= gap <= 1.0 for gap in gaps), gaps
     seen = kubelet.health("node1", "gpu-3")
@@ -303,7 +304,7 @@ def test_the_configured_interval_is_the_one_the_stream_keeps(
     try:
         kubelet = watch(plugin, watches)
         assert kubelet.wait_for(lambda: len(kubelet.arrivals) >= 4, 5)
-        gaps = [b - a for a, b in zip(kubelet.arrivals, kubelet.arrivals[1:], strict=False)][:3]
+        gaps = [b - a for a, b in pairwise(kubelet.arrivals)][:3]
         assert all(0.25 <= gap <= 1.2 for gap in gaps), gaps
     finally:
         plugin.stop()
