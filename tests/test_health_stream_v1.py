@@ -28,6 +28,7 @@ from dra_driver.errors import ConfigError
 from dra_driver.health.decisions import DeviceHealth
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import kubelet_plugin
+from dra_driver.plugin.health_stream import V1alpha1HealthServicer, V1HealthServicer
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.sim.kubelethealth import (
     KUBELET_1_36,
@@ -118,6 +119,7 @@ def test_get_info_advertises_both_versions_and_each_kubelet_gets_its_own(
         "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
+    assert (V1HealthServicer.service, V1alpha1HealthServicer.service) == (V1, V1ALPHA1)
     new, old = watch(watched, watches), watch(watched, watches, known=KUBELET_1_36)
     for kubelet in (new, old):
         assert kubelet.wait_for(shows(kubelet, "gpu-7", "HEALTHY"))

@@ -131,8 +131,8 @@ class HealthFeed:
 
 
 class _HealthServicer:
-    """``NodeWatchResources`` of one version: a subclass names its generated module and the
-    service name it is advertised under."""
+    """``NodeWatchResources`` of one version: a subclass names its generated module; ``service``
+    is its gRPC service name, which for health is also the name advertised (spec A.4)."""
 
     _pb2: Any
     service: str
@@ -169,9 +169,9 @@ class _HealthServicer:
 
 class V1HealthServicer(_HealthServicer, v1_grpc.DRAResourceHealthServicer):
     _pb2 = v1_pb2
-    service = "v1.DRAResourceHealth"
+    service = v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
 
 
 class V1alpha1HealthServicer(_HealthServicer, v1alpha1_grpc.DRAResourceHealthServicer):
     _pb2 = v1alpha1_pb2
-    service = "v1alpha1.DRAResourceHealth"
+    service = v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
