@@ -322,6 +322,16 @@ FLAGS: tuple[Flag, ...] = (
         10.0,
     ),
     Flag(
+        "--health-report-interval",
+        "HEALTH_REPORT_INTERVAL",
+        "health_report_interval_s",
+        "seconds between full device health reports to the kubelet (health stream v1 and "
+        "v1alpha1; changes are sent at once), 0.1 to 15: the kubelet shows a device Unknown 30 s "
+        "after its last report",
+        _seconds,
+        10.0,
+    ),
+    Flag(
         "--consumable-shares",
         "CONSUMABLE_SHARES",
         "consumable_shares",

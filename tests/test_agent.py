@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
+from itertools import pairwise
 from pathlib import Path
 
 import grpc
@@ -39,6 +40,7 @@ from dra_driver.node.config import Config
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.faults import SimulatedFault
+from dra_driver.sim.kubelethealth import KubeletHealthWatch
 from dra_driver.sim.localapi import FakeKubeApi, free_port
 from dra_driver.sim.nvml import simulated_nvml
 from tests import exposition
@@ -683,9 +685,11 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
             extra=(
                 "--health-min-change-interval", "0.5", "--health-fatal-taint-effect", "NoExecute",
                 "--metrics-port", str(metrics_port), "--telemetry-interval", "1",
+                "--health-report-interval", "0.5",
             ),
         )  # fmt: skip
         agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        kubelet = KubeletHealthWatch(tmp_path / "registry" / "gpu.nvidia.com-reg.sock")
 
         def taints() -> dict[str, list[tuple[str, str]]]:
             return {
@@ -716,11 +720,20 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
                 assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
                 time.sleep(0.05)
             _register(registration)
+            # the kubelet's health stream: v1 (a 1.37 kubelet's pick), re-sent every 0.5 s
+            kubelet.start()
+            assert kubelet.wait_for(lambda: len(kubelet.arrivals) >= 3, 10)
+            assert kubelet.service == "v1.DRAResourceHealth"
+            assert all(b - a < 2 for a, b in pairwise(kubelet.arrivals))
+            assert kubelet.health("gpu-node-1", "gpu-1").status == "HEALTHY"
             inject("--lost")
             lost = [("gpu.nvidia.com/gpu-lost", "NoExecute"), ("gpu.nvidia.com/xid", "NoExecute")]
             while taints() != {"gpu-1": lost} and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert taints() == {"gpu-1": lost}
+            gpu1_seen = partial(kubelet.health, "gpu-node-1", "gpu-1")
+            assert kubelet.wait_for(lambda: gpu1_seen().status == "UNHEALTHY", 5)
+            assert "GPU is lost" in gpu1_seen().message
             # /metrics says the same: the health monitor feeds telemetry's health and XID series
             series = exposition.parse(_scrape(metrics_port)[1])
             gpu1 = exposition.find(series, "gpu_dra_gpu_health", device="gpu-1")
@@ -735,6 +748,7 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
             while taints() and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert taints() == {}
+            assert kubelet.wait_for(lambda: gpu1_seen().status == "HEALTHY", 5)
             healthy = exposition.find(
                 exposition.parse(_scrape(metrics_port)[1]), "gpu_dra_gpu_health", state="Healthy"
             )
@@ -746,6 +760,7 @@ def test_faults_injected_from_outside_taint_the_agents_slices_and_recovery_untai
             assert {e["reason"] for e in events} == {"DeviceUnhealthy", "DeviceHealthy"}
             assert all(e["involvedObject"]["name"] == "gpu-node-1" for e in events)
         finally:
+            kubelet.stop()
             agent.send_signal(signal.SIGTERM)
             _, stderr = agent.communicate(timeout=20)
         assert agent.returncode == 0, stderr

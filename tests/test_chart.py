@@ -97,7 +97,8 @@ COMBINATIONS: dict[str, tuple[str, ...]] = {
                         "--set", "health.fatalXids={79,94}",
                         "--set", "health.fatalTaintEffect=NoExecute",
                         "--set-json", "health.checkIntervalSeconds=2.5",
-                        "--set", "health.xidQuietPeriodSeconds=0"),
+                        "--set", "health.xidQuietPeriodSeconds=0",
+                        "--set-json", "health.reportIntervalSeconds=5"),
 }  # fmt: skip
 
 
@@ -443,6 +444,7 @@ def test_every_setting_of_the_agent_is_passed_from_values() -> None:
         "HEALTH_CHECK_INTERVAL",
         "HEALTH_XID_QUIET_PERIOD",
         "HEALTH_MIN_CHANGE_INTERVAL",
+        "HEALTH_REPORT_INTERVAL",
     }
     assert required <= set(env)
     assert env["DRIVER_NAME"]["value"] == "gpu.nvidia.com"
@@ -498,6 +500,7 @@ def test_health_settings_reach_the_agent_as_the_values_say(name: str) -> None:
         assert config.health_fatal_taint_effect == "NoSchedule"
         assert config.health_check_interval_s == 10
         assert config.health_xid_quiet_period_s == 300
+        assert config.health_report_interval_s == 10
     else:
         assert environ["HEALTH_IGNORED_XIDS"] == "none"
         assert config.health_ignored_xids == frozenset()
@@ -505,6 +508,7 @@ def test_health_settings_reach_the_agent_as_the_values_say(name: str) -> None:
         assert config.health_fatal_taint_effect == "NoExecute"
         assert config.health_check_interval_s == 2.5
         assert config.health_xid_quiet_period_s == 0
+        assert config.health_report_interval_s == 5
     assert config.health_taint_effect == "NoSchedule"
     assert config.health_min_change_interval_s == 10
 
@@ -757,6 +761,7 @@ def test_the_cdi_hook_value_reaches_the_agent() -> None:
         (("--set-string", "health.ignoredXids={13}"), "ignoredXids"),
         (("--set", "health.checkIntervalSeconds=0"), "checkIntervalSeconds"),
         (("--set", "health.minChangeIntervalSeconds=-1"), "minChangeIntervalSeconds"),
+        (("--set", "health.reportIntervalSeconds=30"), "reportIntervalSeconds"),
         (("--set", "health.quietPeriod=5"), "quietPeriod"),
     ],
 )

@@ -133,6 +133,7 @@ def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlu
     assert list(info.supported_versions) == [
         "v1.DRAPlugin",
         "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1beta1 import api_pb2 as v1beta1
+from dra_driver._proto.health_v1 import api_pb2 as health_v1
 from dra_driver._proto.health_v1alpha1 import api_pb2 as health
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as registration
 
@@ -40,6 +41,10 @@ def test_service_names_are_the_ones_the_kubelet_dials() -> None:
     assert health.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
         "v1alpha1.DRAResourceHealth"
     )
+    # kubelet >= 1.37 (k8s.io/kubelet/pkg/apis/dra-health/v1 DRAResourceHealthService)
+    assert health_v1.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1.DRAResourceHealth"
+    )
 
 
 def _fields(message: object) -> dict[str, int]:
@@ -66,14 +71,18 @@ def test_field_numbers_match_the_kubelet_protos() -> None:
         "supported_versions": 4,
     }
     assert _fields(registration.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
-    assert _fields(health.DeviceHealth) == {
-        "device": 1,
-        "health": 2,
-        "last_updated_time": 3,
-        "health_check_timeout_seconds": 4,
-        "message": 5,
-    }
-    assert dict(health.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    for version in (health, health_v1):
+        assert _fields(version.DeviceHealth) == {
+            "device": 1,
+            "health": 2,
+            "last_updated_time": 3,
+            "health_check_timeout_seconds": 4,
+            "message": 5,
+        }
+        assert _fields(version.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
+        assert _fields(version.NodeWatchResourcesResponse) == {"devices": 1}
+        assert _fields(version.NodeWatchResourcesRequest) == {}
+        assert dict(version.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
 def test_share_id_has_explicit_presence() -> None:
@@ -89,3 +98,21 @@ def test_a_v1_message_decodes_as_v1beta1_except_share_id() -> None:
     ).SerializeToString()
     decoded = v1beta1.NodePrepareResourcesResponse.FromString(wire)
     assert decoded.claims["uid-1"].devices[0].device_name == "gpu-0"
+
+
+def test_a_v1_health_report_decodes_as_v1alpha1() -> None:
+    """v1 keeps v1alpha1's wire format (spec B.4): one report, either version."""
+    wire = health_v1.NodeWatchResourcesResponse(
+        devices=[
+            health_v1.DeviceHealth(
+                device=health_v1.DeviceIdentifier(pool_name="node1", device_name="gpu-0"),
+                health=health_v1.UNHEALTHY,
+                last_updated_time=1700000000,
+                health_check_timeout_seconds=30,
+                message="XID 79",
+            )
+        ]
+    ).SerializeToString()
+    decoded = health.NodeWatchResourcesResponse.FromString(wire).devices[0]
+    assert (decoded.device.device_name, decoded.health) == ("gpu-0", health.UNHEALTHY)
+    assert (decoded.health_check_timeout_seconds, decoded.message) == (30, "XID 79")

@@ -23,6 +23,11 @@ from dra_driver.paths import (
     simulated_faults_path,
     simulated_mig_state_path,
 )
+from dra_driver.plugin.settings import (
+    DEFAULT_HEALTH_REPORT_INTERVAL_S,
+    MAX_HEALTH_REPORT_INTERVAL_S,
+    MIN_HEALTH_REPORT_INTERVAL_S,
+)
 from dra_driver.sharing.shares import SharesMode, parse_mode
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")  # a container's imagePullPolicy
@@ -86,6 +91,8 @@ class Config:
     health_check_interval_s: float = 10.0
     health_xid_quiet_period_s: float = 300.0
     health_min_change_interval_s: float = 10.0
+    # Seconds between full health reports to the kubelet (plugin/health_stream.py)
+    health_report_interval_s: float = DEFAULT_HEALTH_REPORT_INTERVAL_S
     # Consumable shares (KEP-5075, shares.py): disabled, unlimited, memory, compute or a number
     # of shares. Valid here; agent.py refuses them without MPS (mps_image): MPS enforces
     # each share's limits.
@@ -205,6 +212,14 @@ class Config:
             raise ConfigError(
                 "--health-check-interval (HEALTH_CHECK_INTERVAL)",
                 f"{self.health_check_interval_s} must be greater than 0",
+            )
+        interval_s = self.health_report_interval_s
+        if not MIN_HEALTH_REPORT_INTERVAL_S <= interval_s <= MAX_HEALTH_REPORT_INTERVAL_S:
+            raise ConfigError(
+                "--health-report-interval (HEALTH_REPORT_INTERVAL)",
+                f"{interval_s:g} s: use {MIN_HEALTH_REPORT_INTERVAL_S:g} to "
+                f"{MAX_HEALTH_REPORT_INTERVAL_S:g} s (the kubelet shows a device Unknown "
+                "30 s after its last report)",
             )
         for flag, seconds in (
             ("--health-xid-quiet-period (HEALTH_XID_QUIET_PERIOD)", self.health_xid_quiet_period_s),

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthStates
+from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import DEFAULT_RECONCILE_INTERVAL_S, EventReporter, KubeletPlugin
 from dra_driver.plugin.settings import PluginSettings
 from dra_driver.prepare import ClaimSource, NodeState, Step, StepFactory
@@ -172,12 +172,13 @@ def kubelet_plugin(
     health: HealthStates | None = None,
     proc_root: Path = Path("/proc"),
     boot_id_path: Path = BOOT_ID_PATH,
-    health_interval_s: float = DEFAULT_INTERVAL_S,
+    health_interval_s: float | None = None,
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
     static_gpus: frozenset[str] = frozenset(),
 ) -> KubeletPlugin:
     """The kubelet plugin of ``config``, its settings and steps wired (``deployments``: the
-    API the MPS daemons are Deployments in; ``share_enforcer``: instead of MPS's); the rest as
+    API the MPS daemons are Deployments in; ``share_enforcer``: instead of MPS's;
+    ``health_interval_s``: tests only, instead of ``--health-report-interval``); the rest as
     KubeletPlugin takes it."""
     return KubeletPlugin(
         settings=plugin_settings(config),
@@ -189,7 +190,9 @@ def kubelet_plugin(
         health=health,
         proc_root=proc_root,
         boot_id_path=boot_id_path,
-        health_interval_s=health_interval_s,
+        health_interval_s=(
+            config.health_report_interval_s if health_interval_s is None else health_interval_s
+        ),
         reconcile_interval_s=reconcile_interval_s,
         static_gpus=static_gpus,
     )

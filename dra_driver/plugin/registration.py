@@ -21,7 +21,10 @@ log = logging.getLogger(__name__)
 DRA_PLUGIN_TYPE = "DRAPlugin"
 # The kubelet takes the first entry it knows, in our order: v1 first (spec A.4).
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+# The health service is chosen apart from those: a 1.37+ kubelet picks v1 whenever it is listed
+# (its TestPickHealthService), 1.34 to 1.36 know only v1alpha1 and skip the entry they do not
+# know (spec A.4). Both are served on dra.sock (health_stream.py).
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):

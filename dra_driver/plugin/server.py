@@ -4,7 +4,7 @@ start() (spec A.3 order, checklist H):
 1. find the driver's files under the driver root (once; CDI specs are built from them);
 2. open the checkpoint; a damaged one is set aside, reported as a Node Event, and the state is
    rebuilt from the CDI specs on disk; then ``reconcile`` repairs leftovers of a crash/reboot;
-3. serve DRA v1 + v1beta1 + the v1alpha1 health stream on ``dra.sock``;
+3. serve DRA v1 + v1beta1 and the health stream v1 + v1alpha1 on ``dra.sock`` (services.py);
 4. only then serve registration on ``<driver>-reg.sock`` (the kubelet calls the DRA service as
    soon as it registers us); both stay up for the life of the process;
 5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
@@ -13,7 +13,8 @@ The plugin builds nothing feature-specific: node/wiring.py gives it its settings
 preparer's steps (time slicing, MPS, shares, MIG).
 
 The health stream reports each device's health from the ``health`` source (the agent's
-healthmonitor.HealthMonitor), and sends at once when it calls :meth:`KubeletPlugin.health_changed`.
+healthmonitor.HealthMonitor) every ``health_interval_s``, and at once when it calls
+:meth:`KubeletPlugin.health_changed` (health_stream.py).
 
 set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts and what the health
 stream lists in one step; prepared claims holding a device that is gone are reported (log,
@@ -35,27 +36,22 @@ import logging
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 
 from dra_driver import cdi
-from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_grpc
-from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.cdi import hook as cdihook
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.heartbeat import Heartbeat
-from dra_driver.plugin import sockets
-from dra_driver.plugin.dra import V1beta1Servicer, V1Servicer
-from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthServicer, HealthStates
-from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICE, RegistrationServicer
+from dra_driver.plugin import services, sockets
+from dra_driver.plugin.events import EventReporter, node_event_reporter
+from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthFeed, HealthStates
+from dra_driver.plugin.registration import RegistrationServicer
 from dra_driver.plugin.settings import PluginSettings
 from dra_driver.prepare import (
     ClaimRef,
@@ -75,9 +71,16 @@ from dra_driver.prepare.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from dra_driver.kube import EventType
     from dra_driver.metrics import DriverMetrics
     from dra_driver.telemetry.sampler import ClaimHolder
+
+# node_event_reporter and EventReporter live in events.py; named here too for the agent's wiring
+__all__ = [
+    "DEFAULT_RECONCILE_INTERVAL_S",
+    "EventReporter",
+    "KubeletPlugin",
+    "node_event_reporter",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,53 +89,6 @@ DEFAULT_RECONCILE_INTERVAL_S = 60.0
 # holed API server and many claims a healthy pass can take minutes.
 RECONCILE_STALL_S = 1800.0
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_driver_files reads it
-# Threads serving dra.sock: the kubelet's calls (it prepares pods one by one; a node starting many
-# pods at once stays well under 16 in flight) plus each open health stream, which holds one for
-# its lifetime. Calls beyond wait in gRPC's queue, never fail. Every thread costs memory (its
-# stack, a malloc arena), so not more.
-_GRPC_WORKERS = 20
-
-
-class EventReporter(Protocol):
-    """Report something as a Kubernetes Event on our Node: (reason, message), a Warning unless
-    ``event_type`` says Normal."""
-
-    def __call__(self, reason: str, message: str, *, event_type: EventType = ...) -> None: ...
-
-
-class NodeEventSink(Protocol):
-    """What node_event_reporter needs from kube.KubeClient."""
-
-    def get_node(self, name: str) -> dict[str, Any]: ...
-
-    def create_event(
-        self,
-        *,
-        node_name: str,
-        node_uid: str,
-        reason: str,
-        message: str,
-        event_type: EventType = ...,
-    ) -> dict[str, Any]: ...
-
-
-def node_event_reporter(kube: NodeEventSink, *, node_name: str) -> EventReporter:
-    """An EventReporter posting Events on ``node_name`` (its UID is looked up once): Warning,
-    unless ``event_type`` says Normal."""
-    node_uid: list[str] = []
-
-    def report(reason: str, message: str, *, event_type: EventType = "Warning") -> None:
-        if not node_uid:
-            node_uid.append(str(kube.get_node(node_name)["metadata"].get("uid", "")))
-        kube.create_event(
-            node_name=node_name,
-            node_uid=node_uid[0],
-            reason=reason,
-            message=message,
-            event_type=event_type,
-        )
-
-    return report
 
 
 class KubeletPlugin:
@@ -194,7 +150,7 @@ class KubeletPlugin:
         self._reg_server: grpc.Server | None = None
         self._reconciler: threading.Thread | None = None
         self._rebuild_needed = False
-        self._health: HealthServicer | None = None
+        self._health: HealthFeed | None = None
         self.reconcile_heartbeat = Heartbeat("reconcile", stall_s=RECONCILE_STALL_S)
         self._missing_reported: set[tuple[str, str]] = set()  # (claim uid, device)
 
@@ -515,34 +471,26 @@ class KubeletPlugin:
 
     def _start_dra_server(self) -> None:
         assert self.preparer is not None
-        server = grpc.server(
-            ThreadPoolExecutor(max_workers=_GRPC_WORKERS, thread_name_prefix="dra-grpc")
-        )
-        v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.preparer, self.metrics), server)
-        v1beta1_grpc.add_DRAPluginServicer_to_server(
-            V1beta1Servicer(self.preparer, self.metrics), server
-        )
         preparer = self.preparer
-        self._health = HealthServicer(
+        self._health = HealthFeed(
             pool=self.settings.node_name,
             device_names=lambda: sorted(preparer.targets),  # the current devices, at each report
             health=self._health_states,
             stopping=self._stopping,
             interval_s=self._health_interval_s,
         )
-        health_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
-        self._dra_server = _serve(server, self.paths.dra)
+        self._dra_server = services.serve_dra(
+            preparer=preparer, metrics=self.metrics, health=self._health, path=self.paths.dra
+        )
         log.info("serving DRA", extra={"socket": str(self.paths.dra)})
 
     def _start_registration_server(self) -> None:
         self.registration = RegistrationServicer(
             driver_name=self.settings.driver_name,
             endpoint=str(self.paths.dra),
-            versions=(*DRA_SERVICES, HEALTH_SERVICE),
+            versions=services.ADVERTISED_VERSIONS,
         )
-        server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="reg-grpc"))
-        reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
-        self._reg_server = _serve(server, self.paths.registration)
+        self._reg_server = services.serve_registration(self.registration, self.paths.registration)
         log.info("serving registration", extra={"socket": str(self.paths.registration)})
 
     def _reconcile_loop(self) -> None:
@@ -583,15 +531,3 @@ class KubeletPlugin:
             return
         if any(done.values()):
             log.info("reconciled prepared claims", extra=done)
-
-
-def _serve(server: grpc.Server, path: Path) -> grpc.Server:
-    sockets.remove_stale(path)
-    try:
-        bound = server.add_insecure_port(f"unix://{path}")
-    except RuntimeError as exc:
-        raise DraError(f"cannot listen on {path}: {exc}") from exc
-    if bound == 0:
-        raise DraError(f"cannot listen on {path}")
-    server.start()
-    return server

@@ -14,6 +14,9 @@ has its process group sent SIGTERM, then SIGKILL. ``enter`` runs the command thr
 (the deployed-form test: ``nsenter --mount=...`` into podsim's node namespace, where the host
 paths are the node's) and ``extra_env`` adds variables the stand-ins need there.
 
+The kubelet's other side a plugin meets, its health stream (v1 preferred over v1alpha1, as a
+1.37 kubelet picks), is kubelethealth.py.
+
 Like localapi/, this module does not import the driver.
 """
 
