@@ -151,7 +151,17 @@ def test_notes_say_nothing_of_it_when_no_class_maps_it(args: tuple[str, ...]) ->
     assert "extendedResourceName" not in notes(*args)
 
 
-@pytest.mark.parametrize("value", ["nvidia gpu", "gpu", "nvidia.com/", "NVIDIA.com/gpu"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "nvidia gpu",
+        "gpu",
+        "nvidia.com/",
+        "NVIDIA.com/gpu",
+        "kubernetes.io/gpu",  # Kubernetes' own namespace is no extended resource
+        "deviceclass.resource.kubernetes.io/gpu.nvidia.com",  # a class's implicit name
+    ],
+)
 def test_the_schema_refuses_a_name_that_is_no_extended_resource(value: str) -> None:
     result = helm("template", RELEASE, str(CHART), "--set",
                   f"deviceClasses.gpuExtendedResourceName={value}")  # fmt: skip
