@@ -133,10 +133,20 @@ def notes(*args: str) -> str:
 def test_notes_say_what_the_extended_resource_means_for_existing_pods() -> None:
     text = " ".join(notes().split())
     assert "class gpu.nvidia.com has extendedResourceName nvidia.com/gpu (KEP-5004)" in text
-    assert "`resources.limits: {nvidia.com/gpu: 1}` and no ResourceClaim gets one whole GPU" in text
+    assert (
+        "`resources.limits: {nvidia.com/gpu: 1}` and no ResourceClaim is allocated one whole-GPU "
+        "device of this driver on nodes whose status does not list nvidia.com/gpu"
+    ) in text
     assert "Nodes where a device plugin (NVIDIA's) advertises nvidia.com/gpu keep serving" in text
     assert "on by default from Kubernetes 1.36, GA in 1.37" in text
     assert '--set deviceClasses.gpuExtendedResourceName=""' in text
+
+
+def test_notes_warn_that_under_consumable_shares_such_a_pod_may_get_a_share() -> None:
+    assert "consumableShares" not in notes()
+    text = " ".join(notes("--set", "consumableShares=unlimited").split())
+    assert "With consumableShares=unlimited that claim asks for no capacity" in text
+    assert "which may be a share of the GPU" in text
 
 
 @pytest.mark.parametrize(
