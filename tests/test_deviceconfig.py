@@ -137,6 +137,18 @@ def test_anything_else_as_a_limit_is_an_error_that_names_the_field(
             "less than or equal to 100",
         ),
         (
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": -1}}),
+            "defaultActiveThreadPercentage: Input should be greater than or equal to 0",
+        ),
+        (
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": "true"}}),
+            "sharing.mpsConfig.multiUser: Input should be a valid boolean",
+        ),
+        (
+            mig(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": 1}}),
+            "sharing.mpsConfig.multiUser: Input should be a valid boolean",
+        ),
+        (
             gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 3}}),
             "sharing.timeSlicingConfig.interval",
         ),
@@ -215,6 +227,10 @@ def test_bad_driver_capabilities_are_a_claim_error_naming_the_value(
         gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e9}}),
         mig(sharing={"strategy": "MPS"}),
         gpu(sharing={"strategy": "TimeSlicing"}),
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}}),
+        mig(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": False}}),
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}}),
+        gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 100}}),
     ],
 )
 def test_mps_on_gpus_and_mig_devices_and_time_slicing_of_gpus_are_carried_out(
@@ -222,6 +238,13 @@ def test_mps_on_gpus_and_mig_devices_and_time_slicing_of_gpus_are_carried_out(
 ) -> None:
     # accepted here; whether the agent runs MPS daemons and the limits fit is prepare's question
     check_supported(decode(parameters), device_name="gpu-0", request="gpu")
+
+
+_ZERO_PERCENTAGE = (
+    "mpsConfig.defaultActiveThreadPercentage 0 is refused: NVIDIA's driver passes 0 to the MPS "
+    "control daemon (set_default_active_thread_percentage 0), whose documentation gives 0 no "
+    "meaning; use 1..100, or leave the field out for MPS's default (100)"
+)
 
 
 @pytest.mark.parametrize(
@@ -232,9 +255,17 @@ def test_mps_on_gpus_and_mig_devices_and_time_slicing_of_gpus_are_carried_out(
             "sharing (strategy TimeSlicing) has no effect on a MIG device; remove `sharing` (a "
             "MIG device is isolated from the others on its GPU)",
         ),
+        (
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+            _ZERO_PERCENTAGE,
+        ),
+        (
+            mig(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+            _ZERO_PERCENTAGE,
+        ),
     ],
 )
-def test_time_slicing_of_mig_is_decoded_but_refused_naming_the_field(
+def test_valid_configs_not_carried_out_are_decoded_but_refused_naming_why(
     parameters: dict[str, Any], why: str
 ) -> None:
     config = decode(parameters)  # a valid config: decoding accepts it
@@ -280,9 +311,11 @@ def test_configs_without_sharing_are_supported(parameters: dict[str, Any]) -> No
                     "defaultActiveThreadPercentage": 25,
                     "defaultPinnedDeviceMemoryLimit": 1.5e9,
                     "defaultPerDevicePinnedMemoryLimit": {"0": 2**30, "1": "1024Mi"},
+                    "multiUser": True,
                 },
             },
         ),
+        mig(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": False}}),
         gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
     ],
 )

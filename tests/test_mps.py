@@ -176,13 +176,14 @@ def env() -> Iterator[Env]:
 
 
 @contextlib.contextmanager
-def mps_node() -> Iterator[Env]:
-    """A node with MPS daemons that run: fake driver root, local API server, stand-in kubelet,
-    and a Preparer (``Env.restart`` makes another, as a restarted agent)."""
+def mps_node(spec: str = SPEC) -> Iterator[Env]:
+    """A node with the GPUs of ``spec`` and MPS daemons that run: fake driver root, local API
+    server, stand-in kubelet, and a Preparer (``Env.restart`` makes another, as a restarted
+    agent)."""
     # a short path: a Unix socket's path has at most 107 bytes
     with tempfile.TemporaryDirectory(prefix="mps-", dir="/tmp") as d:
         tmp = Path(d)
-        inventory = simulated_inventory(SPEC, node_name="node1")
+        inventory = simulated_inventory(spec, node_name="node1")
         fake = make_fake_driver(tmp, gpu_uuids=[g.uuid for g in inventory.gpus])
         (tmp / "boot").write_text("boot-1\n")
         api = FakeKubeApi().start()
@@ -408,10 +409,15 @@ def test_a_mig_device_is_shared_by_mps_without_changing_its_gpus_compute_mode(en
             "defaultPerDevicePinnedMemoryLimit[3]: names no device of the claim",
         ),
         (
-            [opaque({"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS",
-                     "mpsConfig": {"defaultActiveThreadPercentage": 0}}})],
+            [mps_config(defaultActiveThreadPercentage=0)],
+            ConfigNotSupported,
+            "mpsConfig.defaultActiveThreadPercentage 0 is refused: NVIDIA's driver passes 0 to "
+            "the MPS control daemon",
+        ),
+        (
+            [mps_config(defaultActiveThreadPercentage=101)],
             ConfigDecodeError,
-            "defaultActiveThreadPercentage: Input should be greater than or equal to 1",
+            "defaultActiveThreadPercentage: Input should be less than or equal to 100",
         ),
         (
             [opaque({"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS",

@@ -84,9 +84,14 @@ QuantityText = Annotated[str, BeforeValidator(_quantity)]
 
 
 class MpsConfig(_Strict):
-    defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None  # noqa: N815
+    """NVIDIA's MpsConfig: the percentage NVIDIA's driver validates (0..100; 0 decodes, and
+    ``check_supported`` refuses it), the pinned memory limits, and ``multiUser`` (the control
+    daemon runs in multi-user mode, ``-M``; sharing/mps.py refuses it below Volta)."""
+
+    defaultActiveThreadPercentage: Annotated[int, Field(ge=0, le=100)] | None = None  # noqa: N815
     defaultPinnedDeviceMemoryLimit: QuantityText | None = None  # noqa: N815
     defaultPerDevicePinnedMemoryLimit: dict[str, QuantityText] | None = None  # noqa: N815
+    multiUser: bool | None = None  # noqa: N815
 
 
 class GpuSharing(_Strict):
@@ -198,14 +203,26 @@ def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> 
     """Refuse a valid config that asks for what this agent does not carry out.
 
     Time slicing of a full GPU (prepare/, timeslice.py) and MPS on a GPU or a MIG device
-    (prepare/, mps.py, mpsdaemon.py: whether the agent can run daemons, and whether the limits
-    fit the devices, is checked there) are carried out. Refused: time slicing of a MIG device,
-    which has no effect there.
+    (prepare/, mps.py, mpsdaemon.py: whether the agent can run daemons, whether the limits
+    fit the devices and whether they can run a multi-user daemon is checked there) are carried
+    out. Refused: time slicing of a MIG device, which has no effect there, and
+    ``defaultActiveThreadPercentage: 0``.
     """
     sharing = config.sharing
-    if sharing is None or sharing.strategy == "MPS":
+    if sharing is None:
         return
     where = f"the config of request {request} (device {device_name})"
+    if sharing.strategy == "MPS":
+        if sharing.mpsConfig is not None and sharing.mpsConfig.defaultActiveThreadPercentage == 0:
+            # NVIDIA's driver hands 0 to the daemon unchanged; the MPS documentation gives the
+            # percentage a default (100) but 0 no meaning, so it is not carried out blind.
+            raise ConfigNotSupported(
+                f"{where}: mpsConfig.defaultActiveThreadPercentage 0 is refused: NVIDIA's driver "
+                "passes 0 to the MPS control daemon (set_default_active_thread_percentage 0), "
+                "whose documentation gives 0 no meaning; use 1..100, or leave the field out "
+                "for MPS's default (100)"
+            )
+        return
     if isinstance(config, MigDeviceConfig):
         raise ConfigNotSupported(
             f"{where}: sharing (strategy TimeSlicing) has no effect on a MIG device; remove "

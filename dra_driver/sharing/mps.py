@@ -25,7 +25,8 @@ The Deployment (one replica, pinned to the node by ``nodeName``, labelled with t
 driver root's ``nvidia-cuda-mps-control -f`` in the agent's image with the host's driver root
 mounted at ``/driver-root``, the pipe and log directories at ``/mps/pipe`` and ``/mps/log`` and
 the shm tmpfs at ``/dev/shm``: a process outside the agent's container, so it outlives an agent
-restart or upgrade.
+restart or upgrade. With ``multiUser: true`` it runs ``nvidia-cuda-mps-control -f -M``
+(multi-user mode, Volta or newer: ``multi_user``).
 """
 
 from __future__ import annotations
@@ -63,21 +64,34 @@ COMPONENT: Final = "mps-control-daemon"
 # Deployment names: mps-<owner>; owner label values are at most 63 characters.
 _OWNER: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,57}[a-z0-9])?$")
 _MIB: Final = 1024 * 1024
+# Multi-user mode of the control daemon: clients of every Linux user connect to one server (they
+# appear as root's clients) instead of the daemon running one server per user. The flag and the
+# Volta minimum are those of NVIDIA's driver (kubernetes-sigs/dra-driver-nvidia-gpu PR 1153,
+# ``multiUser``), which starts the daemon with ``-M``; Pascal's daemon takes the flag but its
+# clients' cuInit fails (CUDA_ERROR_NOT_PERMITTED), so it is refused below compute capability 7.0.
+MULTI_USER_FLAG: Final = "-M"
+MULTI_USER_MIN_CAPABILITY: Final = (7, 0)
 
 
 class MpsConfigError(ValueError):
     """An mpsConfig that cannot be carried out for the claim's devices (message names why)."""
 
 
+class MpsNotSupported(MpsConfigError):
+    """A valid mpsConfig the claim's devices cannot carry out (multi-user mode below Volta)."""
+
+
 @dataclass(frozen=True)
 class MpsDevice:
-    """A device a daemon serves: its UUID (GPU-... or MIG-...), memory, and the full GPU whose
+    """A device a daemon serves: its UUID (GPU-... or MIG-...), memory, the full GPU whose
     compute mode it sets (None for a MIG device: compute mode is a property of the whole GPU,
-    which other MIG devices share)."""
+    which other MIG devices share) and its CUDA compute capability (a MIG device's is its GPU's;
+    None: not known, which ``multi_user`` refuses)."""
 
     uuid: str
     memory_bytes: int
     exclusive_gpu: str | None
+    compute_capability: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,11 +114,13 @@ class Limits:
 @dataclass(frozen=True)
 class MpsDaemon:
     """One control daemon: its owner, the devices it serves (in ``CUDA_VISIBLE_DEVICES``
-    order) and the directory of the node it keeps its files under (``<plugin dir>/mps``)."""
+    order), the directory of the node it keeps its files under (``<plugin dir>/mps``) and
+    whether it runs in multi-user mode (``-M``)."""
 
     owner: str
     devices: tuple[MpsDevice, ...]
     base: Path
+    multi_user: bool = False
 
     def __post_init__(self) -> None:
         if not _OWNER.match(self.owner):
@@ -193,14 +209,35 @@ def _mib(text: Any, what: str) -> int:
     return mib
 
 
+def multi_user(config: Mapping[str, Any], devices: Sequence[MpsDevice]) -> bool:
+    """Whether an mpsConfig (recorded form) asks for a multi-user daemon (``multiUser: true``);
+    refused (MpsNotSupported naming the device) when a device is below Volta (compute capability
+    7.0) or its compute capability is not known."""
+    if config.get("multiUser") is not True:
+        return False
+    for device in devices:
+        capability = device.compute_capability
+        if capability is None or capability < MULTI_USER_MIN_CAPABILITY:
+            shown = "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+            raise MpsNotSupported(
+                f"mpsConfig.multiUser: device {device.uuid} has CUDA compute capability {shown}; "
+                "the MPS control daemon's multi-user mode (-M) needs Volta or newer (7.0): "
+                "below that the daemon takes -M but its clients other than root cannot "
+                "initialize CUDA"
+            )
+    return True
+
+
 def limits(config: Mapping[str, Any], devices: Sequence[MpsDevice]) -> Limits:
     """The limits an mpsConfig (recorded form) asks of a daemon serving ``devices``.
 
     ``defaultPinnedDeviceMemoryLimit`` applies to every device;
     ``defaultPerDevicePinnedMemoryLimit`` overrides it for the devices its keys name: a device
     UUID of the claim, or an index into the claim's devices (``0`` is the first, the order of
-    ``CUDA_VISIBLE_DEVICES``). Refused: a percentage outside 1..100, a limit above the device's
-    memory or below 1Mi, a key that names no device of the claim (MpsConfigError naming it).
+    ``CUDA_VISIBLE_DEVICES``). Refused: a percentage outside 1..100 (0, which NVIDIA's driver
+    accepts, is refused by deviceconfig.check_supported, which says why), a limit above the
+    device's memory or below 1Mi, a key that names no device of the claim (MpsConfigError
+    naming it).
     """
     percentage = config.get("defaultActiveThreadPercentage")
     if percentage is not None and not (
@@ -294,7 +331,7 @@ def deployment(
     container: dict[str, Any] = {
         "name": COMPONENT,
         "image": image,
-        "command": [str(binary), "-f"],
+        "command": [str(binary), "-f", *([MULTI_USER_FLAG] if daemon.multi_user else [])],
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "securityContext": {"privileged": True},
         "volumeMounts": [
@@ -345,9 +382,9 @@ def is_owner_name(name: str) -> bool:
 
 
 def _serves(obj: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What decides whether a Deployment runs a given daemon: its node, its devices and its
-    directories (not its image: a daemon started by an older agent is adopted after an
-    upgrade)."""
+    """What decides whether a Deployment runs a given daemon: its node, its devices, its
+    directories and whether it is multi-user (not its image: a daemon started by an older agent
+    is adopted after an upgrade)."""
     pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
     containers = pod.get("containers") or [{}]
     env = {e.get("name"): e.get("value") for e in containers[0].get("env") or ()}
@@ -355,7 +392,8 @@ def _serves(obj: Mapping[str, Any]) -> tuple[Any, ...]:
         (str(v.get("name")), str((v.get("hostPath") or {}).get("path")))
         for v in pod.get("volumes") or ()
     )
-    return (pod.get("nodeName"), env.get("CUDA_VISIBLE_DEVICES"), tuple(volumes))
+    multi = MULTI_USER_FLAG in (containers[0].get("command") or ())
+    return (pod.get("nodeName"), env.get("CUDA_VISIBLE_DEVICES"), tuple(volumes), multi)
 
 
 def adoptable(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

@@ -3,9 +3,10 @@
 Flow position: the preparer core -> :class:`MpsStep` (prepare.step.Step) -> mps.py (the pure
 daemon model) + mpsdaemon.py (compute mode, directories, tmpfs, Deployment, answer, limits).
 
-Refused at plan: MPS on an agent without daemons (no ``--mps-image``), with admin access, or
-limits that do not fit the devices; a device shared by MPS in one claim and by any strategy in
-another (one control daemon, no time slicing). Apply records the claim ``PrepareStarted``
+Refused at plan: MPS on an agent without daemons (no ``--mps-image``), with admin access,
+limits that do not fit the devices, or a multi-user daemon (``multiUser``) on a GPU below
+Volta; a device shared by MPS in one claim and by any strategy in another (one control daemon,
+no time slicing). Apply records the claim ``PrepareStarted``
 (durably: a crash from then on leaves a record whose rollback stops the daemon), then starts
 the daemon; the devices it serves get its client env and mounts in the spec. The daemon stops
 before the claim's record goes where the record must outlive it (a dynamic MIG instance it
@@ -61,12 +62,19 @@ def mps_device(target: DeviceTarget) -> mps.MpsDevice:
     been created (its instance is its UUID)."""
     if target.dynamic is not None and target.mig is None:
         raise mps.MpsConfigError(f"MIG device {target.name} has not been created yet")
+    capability = target.gpu.cuda_compute_capability
     if target.mig is not None:
         return mps.MpsDevice(
-            uuid=target.mig.uuid, memory_bytes=target.mig.memory_bytes, exclusive_gpu=None
+            uuid=target.mig.uuid,
+            memory_bytes=target.mig.memory_bytes,
+            exclusive_gpu=None,
+            compute_capability=capability,
         )
     return mps.MpsDevice(
-        uuid=target.gpu.uuid, memory_bytes=target.gpu.memory_bytes, exclusive_gpu=target.gpu.uuid
+        uuid=target.gpu.uuid,
+        memory_bytes=target.gpu.memory_bytes,
+        exclusive_gpu=target.gpu.uuid,
+        compute_capability=capability,
     )
 
 
@@ -91,8 +99,9 @@ class MpsStep(Step):
         self._adopted = False  # the daemons of prepared claims were adopted since start
 
     def plan(self, claim: ClaimPlan) -> MpsPlan | None:
-        """Refused: MPS on an agent without daemons, with admin access, or limits that do not
-        fit the devices (ConfigDecodeError naming the field). A consumable share is left to the
+        """Refused: MPS on an agent without daemons, with admin access, limits that do not
+        fit the devices (ConfigDecodeError naming the field), or multi-user mode on a device
+        below Volta (ConfigNotSupported naming the device). A consumable share is left to the
         share step (which refuses a sharing config on it)."""
         strategies = {}
         for device in claim.devices:
@@ -130,6 +139,8 @@ class MpsStep(Step):
         targets = {d.target.name: d.target for d in claim.devices}
         try:
             return self._daemon(claim.ref.uid, [(targets[n], c) for n, c in plan.shared])
+        except mps.MpsNotSupported as exc:
+            raise ConfigNotSupported(f"{claim.where}: {exc}") from exc
         except mps.MpsConfigError as exc:
             raise ConfigDecodeError(f"{claim.where}: {exc}") from exc
 
@@ -143,8 +154,14 @@ class MpsStep(Step):
             )
         unique = {t.name: t for t, _ in shared}
         devices = tuple(mps_device(t) for t in unique.values())
-        daemon = mps.MpsDaemon(owner=uid, devices=devices, base=self._daemons.base)
-        return daemon, mps.limits(shared[0][1], devices)
+        config = shared[0][1]
+        daemon = mps.MpsDaemon(
+            owner=uid,
+            devices=devices,
+            base=self._daemons.base,
+            multi_user=mps.multi_user(config, devices),
+        )
+        return daemon, mps.limits(config, devices)
 
     def check(self, plan: MpsPlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse a device another claim shares with another strategy where either is MPS."""

@@ -128,7 +128,8 @@ save("nvidia-smi.state.json", uuid, int(level))
 print("Set timeslice to %s for GPU %s" % (level, uuid))
 """
 
-# The stand-in nvidia-cuda-mps-control. With -f (foreground) or -d (background) it is a control
+# The stand-in nvidia-cuda-mps-control. With -f (foreground) or -d (background), either followed
+# by -M (multi-user mode, recorded in its start line), it is a control
 # daemon listening on a Unix socket "control" in $CUDA_MPS_PIPE_DIRECTORY, logging to
 # control.log in $CUDA_MPS_LOG_DIRECTORY; without arguments it is the client: each line of its
 # standard input is one command sent to that daemon, each answer printed. The daemon knows
@@ -174,9 +175,9 @@ def client():
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
         bad = bad or text.startswith(("Invalid", "Unrecognized"))
     sys.exit(1 if bad else 0)
-def serve():
+def serve(multi_user=False):
     devices = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    record("start " + ",".join(devices))
+    record("start " + ("-M " if multi_user else "") + ",".join(devices))
     log("Starting control daemon using socket %s" % path)
     fail = os.path.join(here, "nvidia-cuda-mps-control.fail")
     if os.path.exists(fail):
@@ -256,17 +257,19 @@ def serve():
         conn.sendall(reply.encode())
         conn.close()
 args = sys.argv[1:]
+multi = args[1:] == ["-M"]
 if not args:
     client()
-elif args == ["-f"]:
-    serve()
-elif args == ["-d"]:
+elif args in (["-f"], ["-f", "-M"]):
+    serve(multi)
+elif args in (["-d"], ["-d", "-M"]):
     if os.fork() == 0:
         os.setsid()
-        serve()
+        serve(multi)
     sys.exit(0)
 else:
-    sys.stderr.write("Unknown option %s (this stand-in knows -f, -d and none)\n" % " ".join(args))
+    sys.stderr.write("Unknown option %s (this stand-in knows -f, -d, either with -M, "
+                     "and none)\n" % " ".join(args))
     sys.exit(1)
 """
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 # NVML constants (nvml.h); spelled out here so this module stays pure data.
 BRAND_NVIDIA = 14
+ARCH_PASCAL = 4
 ARCH_TURING = 6
 ARCH_AMPERE = 7
 ARCH_ADA = 8
@@ -244,8 +245,19 @@ T4 = HardwareProfile(
     pci_device_id=0x1EB810DE,
 )
 
+# A pre-Volta GPU (compute capability 6.0): what MPS multi-user mode refuses.
+P100 = HardwareProfile(
+    key="p100",
+    product_name="Tesla P100-PCIE-16GB",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_PASCAL,
+    cuda_compute_capability=(6, 0),
+    memory_mib=16280,
+    pci_device_id=0x15F810DE,
+)
+
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
-    p.key: p for p in (A100_SXM4_40GB, A100_SXM4_80GB, H100_80GB_HBM3, H200_141GB, L4, T4)
+    p.key: p for p in (A100_SXM4_40GB, A100_SXM4_80GB, H100_80GB_HBM3, H200_141GB, L4, T4, P100)
 }
 """Every simulated product by spec key."""
 

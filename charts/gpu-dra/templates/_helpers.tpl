@@ -90,6 +90,16 @@ entries (v1/Pod). Offline `helm template` only knows bare group/versions, so kin
 {{- end }}
 {{- end }}
 
+{{/*
+The extendedResourceName of the whole-GPU class: the value, only on classes written in
+resource.k8s.io/v1 (as NVIDIA's chart does; empty: none).
+*/}}
+{{- define "gpu-dra.gpuExtendedResourceName" -}}
+{{- if eq (include "gpu-dra.resourceApiVersion" .) "v1" }}
+{{- .Values.deviceClasses.gpuExtendedResourceName }}
+{{- end }}
+{{- end }}
+
 {{/* Whether to render the ValidatingAdmissionPolicy: wanted, and served (or offline, unknown). */}}
 {{- define "gpu-dra.admissionPolicy" -}}
 {{- if .Values.admissionPolicy.enabled }}
