@@ -14,8 +14,14 @@ Two facts come from sysfs rather than NVML, read under ``sysfs_root`` as Kuberne
 ``deviceattribute`` helpers read them for NVIDIA's driver: the PCIe root (``pcie_root``) and the
 NUMA node (``numa_node``) of each GPU's PCI device.
 
-NVML only reports GPU-instance profiles while MIG mode is on (nvml.h, ``NOT_SUPPORTED`` "if device
-doesn't have MIG mode enabled"), so ``GpuInfo.mig_profiles`` is empty for GPUs in MIG-off mode.
+GPU-instance profiles and their possible placements are read from every MIG-capable GPU, in MIG
+mode or not, as NVIDIA's driver reads them (kubernetes-sigs/dra-driver-nvidia-gpu,
+``cmd/gpu-kubelet-plugin/nvlib.go`` ``getGpuInfo`` and ``inspectMigProfilesAndPlacements``: every
+profile index is asked whatever the MIG mode, ``NOT_SUPPORTED`` and ``INVALID_ARGUMENT`` skip a
+profile, any other error fails the GPU; nvml.h documents ``NOT_SUPPORTED`` as "device doesn't
+support MIG or profile isn't supported"). Dynamic MIG publishes a Hopper GPU that is not in MIG
+mode from them (mig/ondemand_step.py turns MIG mode on when a placement is prepared). MIG
+devices exist only in MIG mode, so ``mig_instances`` is empty for a GPU not in MIG mode.
 """
 
 from __future__ import annotations
@@ -251,7 +257,7 @@ def _gpu_info(
     brand = _query(index, pynvml.nvmlDeviceGetBrand, handle)
     architecture = _query(index, pynvml.nvmlDeviceGetArchitecture, handle)
     mig_capable, mig_enabled, mig_pending = _mig_mode(index, handle)
-    profiles = _mig_profiles(index, handle, memory_bytes=memory_bytes) if mig_enabled else ()
+    profiles = _mig_profiles(index, handle, memory_bytes=memory_bytes) if mig_capable else ()
     return GpuInfo(
         index=index,
         minor=_query(index, pynvml.nvmlDeviceGetMinorNumber, handle),
