@@ -192,9 +192,9 @@ def test_processes_on_the_gpu_refuse_the_placement_and_change_nothing(env: Env) 
     assert env.mig_mode(0) == (True, True)
 
 
-def record(uid: str, device: str, phase: str = PREPARE_STARTED) -> ClaimRecord:
+def record(uid: str, device: str) -> ClaimRecord:
     return ClaimRecord(
-        uid=uid, namespace="default", name="c", phase=phase,
+        uid=uid, namespace="default", name="c", phase=PREPARE_STARTED,
         devices=(PreparedDevice(request_names=("gpus",), pool="node1", device=device,
                                 cdi_device_ids=()),),
     )  # fmt: skip
