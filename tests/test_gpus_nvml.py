@@ -65,7 +65,9 @@ def test_discovery_reports_each_product_as_nvidia_smi_shows_it(product: str) -> 
         assert gpu.cuda_driver_version == 12080
         assert gpu.mig_capable == bool(expected["lgip"])
         assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)
-        assert gpu.mig_profiles == ()
+        # profiles are read in either MIG mode (as NVIDIA's driver reads them); MIG devices
+        # exist only in MIG mode
+        assert bool(gpu.mig_profiles) == gpu.mig_capable
         assert gpu.mig_instances == ()
         assert gpu.addressing_mode is None
         assert gpu.numa_node == 0  # two GPUs share one root complex, so one socket
@@ -129,12 +131,12 @@ def test_mig_enabled_without_instances_reports_profiles_but_no_devices() -> None
     assert gpu.mig_instances == ()
 
 
-def test_pending_mig_mode_is_reported_while_nvml_still_hides_profiles() -> None:
+def test_pending_mig_mode_is_reported_and_profiles_read_before_it_applies() -> None:
     inventory, _ = run_discovery("h200:1:mig-pending")
 
     (gpu,) = inventory.gpus
     assert (gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending) == (True, False, True)
-    assert gpu.mig_profiles == ()
+    assert len(gpu.mig_profiles) == 7 and gpu.mig_instances == ()
 
 
 def test_failing_gpu_is_recorded_and_logged_while_the_others_are_returned(
