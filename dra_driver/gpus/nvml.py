@@ -257,7 +257,19 @@ def _gpu_info(
     brand = _query(index, pynvml.nvmlDeviceGetBrand, handle)
     architecture = _query(index, pynvml.nvmlDeviceGetArchitecture, handle)
     mig_capable, mig_enabled, mig_pending = _mig_mode(index, handle)
-    profiles = _mig_profiles(index, handle, memory_bytes=memory_bytes) if mig_capable else ()
+    profiles: tuple[MigProfile, ...] = ()
+    if mig_capable:
+        try:
+            profiles = _mig_profiles(index, handle, memory_bytes=memory_bytes)
+        except GpuError as exc:
+            if mig_enabled:
+                raise
+            # Not in MIG mode the GPU is usable whole without them: published as a plain GPU.
+            logger.warning(
+                "cannot read the MIG profiles of GPU %d (not in MIG mode); it is a plain GPU: %s",
+                index,
+                exc,
+            )
     return GpuInfo(
         index=index,
         minor=_query(index, pynvml.nvmlDeviceGetMinorNumber, handle),
@@ -376,6 +388,9 @@ def _mig_profiles(index: int, handle: Any, *, memory_bytes: int) -> tuple[MigPro
             raise GpuError(
                 index, f"nvmlDeviceGetGpuInstanceProfileInfoV({profile_index}) failed: {exc}"
             ) from exc
+        placements = _placements(index, handle, info.id)
+        if placements is None:
+            continue
         profiles.append(
             MigProfile(
                 profile_id=info.id,
@@ -394,19 +409,26 @@ def _mig_profiles(index: int, handle: Any, *, memory_bytes: int) -> tuple[MigPro
                 jpeg_engines=info.jpegCount,
                 ofa_engines=info.ofaCount,
                 instance_count=info.instanceCount,
-                placements=_placements(index, handle, info.id),
+                placements=placements,
             )
         )
     return tuple(profiles)
 
 
-def _placements(index: int, handle: Any, profile_id: int) -> tuple[MigPlacement, ...]:
+def _placements(index: int, handle: Any, profile_id: int) -> tuple[MigPlacement, ...] | None:
+    """Every possible placement of a profile; None (the profile is skipped, as NVIDIA's driver
+    skips it) when NVML answers NOT_SUPPORTED or INVALID_ARGUMENT."""
     count = ctypes.c_uint(0)
     placements_fn = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
-    # First call with no array: NVML only reports how many placements there are.
-    _query(index, placements_fn, handle, profile_id, None, ctypes.byref(count))
-    array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
-    _query(index, placements_fn, handle, profile_id, array, ctypes.byref(count))
+    try:
+        # First call with no array: NVML only reports how many placements there are.
+        placements_fn(handle, profile_id, None, ctypes.byref(count))
+        array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        placements_fn(handle, profile_id, array, ctypes.byref(count))
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+        return None
+    except pynvml.NVMLError as exc:
+        raise GpuError(index, f"nvmlDeviceGetGpuInstancePossiblePlacements failed: {exc}") from exc
     return tuple(MigPlacement(start=p.start, size=p.size) for p in array[: count.value])
 
 
