@@ -105,7 +105,8 @@ def test_the_whole_gpu_consumes_every_counter_and_is_published_as_a_gpu() -> Non
     inv = inventory("h100:1:mig,h100:1")
     published = dynamic(inv)
     whole = by_name(published)["gpu-0"]
-    plain = by_name(published)["gpu-1"]
+    # gpu-1 (not in MIG mode) as static mode publishes it: partitionable too in dynamic mode
+    plain = by_name(node_devices(inv, driver_name=DRIVER, mig_mode="static"))["gpu-1"]
 
     (consumption,) = whole.consumes_counters
     assert consumption.counter_set == "gpu-0-counter-set"
@@ -250,13 +251,22 @@ def test_ampere_offers_no_whole_gpu_while_in_mig_mode() -> None:
     assert "gpu-0-mig-7g80gb-0-0" in names
 
 
-def test_a_gpu_not_in_mig_mode_stays_a_plain_gpu_in_dynamic_mode() -> None:
-    published = dynamic(inventory("h100:1"))
+def test_an_ampere_gpu_not_in_mig_mode_stays_a_plain_gpu_in_dynamic_mode() -> None:
+    published = dynamic(inventory("a100-80gb:1"))  # its MIG mode changes only with a reset
     (device,) = published.devices
     assert published.counter_sets == ()
     assert device.name == "gpu-0"
     assert device.consumes_counters == ()
-    assert device.capacity == {"memory": "81559Mi"}
+    assert device.capacity == {"memory": "80Gi"}
+
+
+def test_a_hopper_gpu_not_in_mig_mode_is_partitionable_as_one_in_mig_mode() -> None:
+    """MIG mode on demand: the same counter set and devices whatever the MIG mode (prepare of a
+    placement turns it on), as NVIDIA's driver publishes a Hopper in dynamic MIG mode."""
+    off, on = inventory("h100:1"), inventory("h100:1:mig")
+    assert not off.gpus[0].mig_enabled and is_partitionable(off.gpus[0], managed_mig=frozenset())
+    assert dynamic(off) == dynamic(on)
+    assert dict(dynamic(off).counter_sets[0].counters) == H100_COUNTERS
 
 
 def test_static_mode_publishes_existing_mig_devices_only() -> None:

@@ -8,7 +8,7 @@ The line format is defined in docs/explain.md:
 
 It is checked with ``gpu-dra explain`` against the demo node (``dra_driver.sim.demo``), built by the
 real simulated-GPU pipeline; the examples in ``dynamic-mig/`` against two H100s in MIG mode
-published with ``--mig-mode dynamic``.
+and an A100 not in MIG mode published with ``--mig-mode dynamic``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from tests.simulatedslices import simulated_slices
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "resourceclaims"
 FILES = sorted(EXAMPLES.rglob("*.yaml"))
 DYNAMIC_MIG = EXAMPLES / "dynamic-mig"
-DYNAMIC_MIG_NODE = ["--simulate", "h100:2:mig,h100:1", "--mig-mode", "dynamic", "--node", "node1"]
+# Two H100s in MIG mode and an A100 that is not: an Ampere GPU is never toggled, so it stays a
+# plain GPU in dynamic mode (an H100 not in MIG mode would be partitionable: MIG mode on demand).
+DYNAMIC_MIG_NODE = [
+    "--simulate", "h100:2:mig,a100-80gb:1", "--mig-mode", "dynamic", "--node", "node1",
+]  # fmt: skip
 KEYS = ("devices", "count", "requests", "consumable-shares")
 
 

@@ -65,7 +65,9 @@ def test_discovery_reports_each_product_as_nvidia_smi_shows_it(product: str) -> 
         assert gpu.cuda_driver_version == 12080
         assert gpu.mig_capable == bool(expected["lgip"])
         assert (gpu.mig_enabled, gpu.mig_pending) == (False, False)
-        assert gpu.mig_profiles == ()
+        # profiles are read in either MIG mode (as NVIDIA's driver reads them); MIG devices
+        # exist only in MIG mode
+        assert bool(gpu.mig_profiles) == gpu.mig_capable
         assert gpu.mig_instances == ()
         assert gpu.addressing_mode is None
         assert gpu.numa_node == 0  # two GPUs share one root complex, so one socket
@@ -129,12 +131,49 @@ def test_mig_enabled_without_instances_reports_profiles_but_no_devices() -> None
     assert gpu.mig_instances == ()
 
 
-def test_pending_mig_mode_is_reported_while_nvml_still_hides_profiles() -> None:
+def test_pending_mig_mode_is_reported_and_profiles_read_before_it_applies() -> None:
     inventory, _ = run_discovery("h200:1:mig-pending")
 
     (gpu,) = inventory.gpus
     assert (gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending) == (True, False, True)
-    assert gpu.mig_profiles == ()
+    assert len(gpu.mig_profiles) == 7 and gpu.mig_instances == ()
+
+
+def _placements_answering(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """nvmlDeviceGetGpuInstancePossiblePlacements answers ``code`` for the 1g.10gb profile
+    (id 19); the other profiles answer as the simulated NVML does."""
+    real = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
+
+    def placements(handle: object, profile_id: int, *args: object) -> object:
+        if profile_id == 19:
+            raise pynvml.NVMLError(code)
+        return real(handle, profile_id, *args)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGpuInstancePossiblePlacements", placements)
+
+
+def test_a_profile_whose_placements_are_not_supported_is_skipped_as_nvidia_skips_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _placements_answering(monkeypatch, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    inventory, _ = run_discovery("h100:1")
+    (gpu,) = inventory.gpus
+    assert gpu.mig_profiles and all(p.profile_id != 19 for p in gpu.mig_profiles)
+
+
+def test_profiles_nvml_cannot_read_fail_a_gpu_in_mig_mode_and_leave_one_not_in_it_plain(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _placements_answering(monkeypatch, pynvml.NVML_ERROR_NO_PERMISSION)
+    inventory, _ = run_discovery("h100:1,h100:1:mig")
+    (plain,) = inventory.gpus
+    assert (plain.minor, plain.mig_enabled, plain.mig_profiles) == (0, False, ())
+    assert "cannot read the MIG profiles of GPU 0 (not in MIG mode)" in caplog.text
+    (failure,) = inventory.failures
+    assert failure.index == 1
+    assert "nvmlDeviceGetGpuInstancePossiblePlacements failed: Insufficient Permissions" in (
+        failure.error
+    )
 
 
 def test_failing_gpu_is_recorded_and_logged_while_the_others_are_returned(

@@ -50,7 +50,7 @@ from tests.test_mps import NAMESPACE, mounts_under, mps_config
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
 
 VENDOR = "k8s.gpu.nvidia.com"
-SPEC = "h100:1,a100-40gb:1:mig"  # gpu-0 a full GPU, gpu-1 in MIG mode without instances
+SPEC = "l4:1,a100-40gb:1:mig"  # gpu-0 a full GPU (no MIG), gpu-1 in MIG mode, no instances
 THREE_G_AT_4 = mig_device_name(parent_minor=1, profile="3g.20gb", profile_id=9, placement_start=4)
 
 

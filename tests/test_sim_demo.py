@@ -58,6 +58,19 @@ def test_the_demo_publishes_prepares_and_unprepares_through_the_real_agent() -> 
     assert rows["gpu-0"][4:6] == ["default/demo-gpu", "demo-pod"]
     assert rows["gpu-0"][6].endswith("%") and rows["gpu-0"][-1] == "W"
     assert rows["gpu-4"][2:5] == ["gpu", "(MIG", "mode)"]
+    # MIG on demand: a 3g.40gb prepared on an H100 not in MIG mode turns MIG mode on, and its
+    # unprepare turns it off again (as NVML reports it at each point).
+    on_demand = out.split("==> MIG on demand")[1].split("==> Sharing and dynamic MIG")[0]
+    assert "gpu-0 in MIG mode: False (as NVML reports it)" in on_demand
+    assert re.search(r"published gpu-0 whole and \d+ MIG placements of it", on_demand)
+    assert "demo-mig-on-demand: demo-node/gpu-0-mig-3g40gb-9-0\n" in on_demand
+    assert re.search(
+        r"prepared; errors: \[\]; gpu-0 in MIG mode: True; MIG devices: "
+        r"\['gpu-0-mig-3g40gb-9-0 \(MIG-",
+        on_demand,
+    )
+    assert re.search(r"nvidia-caps/nvidia-cap\d+'\]", on_demand)
+    assert "unprepared; errors: []; gpu-0 in MIG mode: False; MIG devices: []" in on_demand
     # It ends with sharing and dynamic MIG (MPS needs root for the daemons' tmpfs).
     sharing = out.split("==> Sharing and dynamic MIG")[1]
     if os.geteuid() != 0:

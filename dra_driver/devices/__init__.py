@@ -59,6 +59,7 @@ from dra_driver.devices.partitionable import (
     MIG_TOGGLE_ARCHITECTURES,
     is_partitionable,
     partitionable_gpu,
+    toggles_mig_mode,
     unmanaged_mig_devices,
     whole_gpu_offered,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "request_policy_problem",
     "semver_cuda_driver_version",
     "semver_driver_version",
+    "toggles_mig_mode",
     "unmanaged_mig_devices",
     "validate_device",
     "whole_gpu_offered",

@@ -39,10 +39,12 @@ def unmanaged_mig_devices(gpu: GpuInfo, *, managed_mig: frozenset[str]) -> tuple
 
 
 def is_partitionable(gpu: GpuInfo, *, managed_mig: frozenset[str]) -> bool:
-    """Whether dynamic MIG mode publishes ``gpu`` as partitionable: it is in MIG mode, reports
-    its GPU-instance profiles, and every MIG device on it is one this driver created."""
+    """Whether dynamic MIG mode publishes ``gpu`` as partitionable: it is in MIG mode, or not
+    in MIG mode and able to enter it without a reset (:func:`toggles_mig_mode`: prepare of a
+    placement turns MIG mode on), reports its GPU-instance profiles, and every MIG device on it
+    is one this driver created. An Ampere GPU not in MIG mode stays a plain GPU."""
     return (
-        gpu.mig_enabled
+        (gpu.mig_enabled or toggles_mig_mode(gpu))
         and bool(gpu.mig_profiles)
         and not unmanaged_mig_devices(gpu, managed_mig=managed_mig)
     )
@@ -97,10 +99,20 @@ def _counters(capacity: Mapping[str, str], *, start: int, size: int) -> dict[str
 MIG_TOGGLE_ARCHITECTURES = frozenset({"Hopper", "Blackwell"})
 
 
+def toggles_mig_mode(gpu: GpuInfo) -> bool:
+    """Whether the driver may change ``gpu``'s MIG mode (dynamic MIG): it reports MIG support
+    and is Hopper or newer (architecture Hopper or Blackwell, or CUDA compute capability 9 or
+    more for one NVML names no architecture we know), as NVIDIA's driver decides
+    (``supportsMIGModeToggle``: architecture >= NVML_DEVICE_ARCH_HOPPER)."""
+    return gpu.mig_capable and (
+        gpu.architecture in MIG_TOGGLE_ARCHITECTURES or gpu.cuda_compute_capability[0] >= 9
+    )
+
+
 def whole_gpu_offered(gpu: GpuInfo) -> bool:
-    """Whether a partitionable GPU also offers itself whole (dynamic MIG): its architecture
-    changes MIG mode without a GPU reset."""
-    return gpu.architecture in MIG_TOGGLE_ARCHITECTURES
+    """Whether a partitionable GPU also offers itself whole (dynamic MIG): it changes MIG mode
+    without a GPU reset (:func:`toggles_mig_mode`)."""
+    return toggles_mig_mode(gpu)
 
 
 def partitionable_gpu(gpu: GpuInfo) -> tuple[CounterSet, tuple[Device, ...]]:

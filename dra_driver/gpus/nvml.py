@@ -14,8 +14,14 @@ Two facts come from sysfs rather than NVML, read under ``sysfs_root`` as Kuberne
 ``deviceattribute`` helpers read them for NVIDIA's driver: the PCIe root (``pcie_root``) and the
 NUMA node (``numa_node``) of each GPU's PCI device.
 
-NVML only reports GPU-instance profiles while MIG mode is on (nvml.h, ``NOT_SUPPORTED`` "if device
-doesn't have MIG mode enabled"), so ``GpuInfo.mig_profiles`` is empty for GPUs in MIG-off mode.
+GPU-instance profiles and their possible placements are read from every MIG-capable GPU, in MIG
+mode or not, as NVIDIA's driver reads them (kubernetes-sigs/dra-driver-nvidia-gpu,
+``cmd/gpu-kubelet-plugin/nvlib.go`` ``getGpuInfo`` and ``inspectMigProfilesAndPlacements``: every
+profile index is asked whatever the MIG mode, ``NOT_SUPPORTED`` and ``INVALID_ARGUMENT`` skip a
+profile, any other error fails the GPU; nvml.h documents ``NOT_SUPPORTED`` as "device doesn't
+support MIG or profile isn't supported"). Dynamic MIG publishes a Hopper GPU that is not in MIG
+mode from them (mig/ondemand_step.py turns MIG mode on when a placement is prepared). MIG
+devices exist only in MIG mode, so ``mig_instances`` is empty for a GPU not in MIG mode.
 """
 
 from __future__ import annotations
@@ -251,7 +257,19 @@ def _gpu_info(
     brand = _query(index, pynvml.nvmlDeviceGetBrand, handle)
     architecture = _query(index, pynvml.nvmlDeviceGetArchitecture, handle)
     mig_capable, mig_enabled, mig_pending = _mig_mode(index, handle)
-    profiles = _mig_profiles(index, handle, memory_bytes=memory_bytes) if mig_enabled else ()
+    profiles: tuple[MigProfile, ...] = ()
+    if mig_capable:
+        try:
+            profiles = _mig_profiles(index, handle, memory_bytes=memory_bytes)
+        except GpuError as exc:
+            if mig_enabled:
+                raise
+            # Not in MIG mode the GPU is usable whole without them: published as a plain GPU.
+            logger.warning(
+                "cannot read the MIG profiles of GPU %d (not in MIG mode); it is a plain GPU: %s",
+                index,
+                exc,
+            )
     return GpuInfo(
         index=index,
         minor=_query(index, pynvml.nvmlDeviceGetMinorNumber, handle),
@@ -370,6 +388,9 @@ def _mig_profiles(index: int, handle: Any, *, memory_bytes: int) -> tuple[MigPro
             raise GpuError(
                 index, f"nvmlDeviceGetGpuInstanceProfileInfoV({profile_index}) failed: {exc}"
             ) from exc
+        placements = _placements(index, handle, info.id)
+        if placements is None:
+            continue
         profiles.append(
             MigProfile(
                 profile_id=info.id,
@@ -388,19 +409,26 @@ def _mig_profiles(index: int, handle: Any, *, memory_bytes: int) -> tuple[MigPro
                 jpeg_engines=info.jpegCount,
                 ofa_engines=info.ofaCount,
                 instance_count=info.instanceCount,
-                placements=_placements(index, handle, info.id),
+                placements=placements,
             )
         )
     return tuple(profiles)
 
 
-def _placements(index: int, handle: Any, profile_id: int) -> tuple[MigPlacement, ...]:
+def _placements(index: int, handle: Any, profile_id: int) -> tuple[MigPlacement, ...] | None:
+    """Every possible placement of a profile; None (the profile is skipped, as NVIDIA's driver
+    skips it) when NVML answers NOT_SUPPORTED or INVALID_ARGUMENT."""
     count = ctypes.c_uint(0)
     placements_fn = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
-    # First call with no array: NVML only reports how many placements there are.
-    _query(index, placements_fn, handle, profile_id, None, ctypes.byref(count))
-    array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
-    _query(index, placements_fn, handle, profile_id, array, ctypes.byref(count))
+    try:
+        # First call with no array: NVML only reports how many placements there are.
+        placements_fn(handle, profile_id, None, ctypes.byref(count))
+        array = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        placements_fn(handle, profile_id, array, ctypes.byref(count))
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+        return None
+    except pynvml.NVMLError as exc:
+        raise GpuError(index, f"nvmlDeviceGetGpuInstancePossiblePlacements failed: {exc}") from exc
     return tuple(MigPlacement(start=p.start, size=p.size) for p in array[: count.value])
 
 

@@ -66,7 +66,9 @@ class MigInstanceStep(Step):
     def plan(self, claim: ClaimPlan) -> InstancePlan | None:
         dynamic = tuple(d.target for d in claim.devices if d.target.dynamic is not None)
         partitioned = tuple(
-            d.target for d in claim.devices if not d.admin_access and d.target.gpu.mig_enabled
+            d.target
+            for d in claim.devices
+            if not d.admin_access and (d.target.gpu.mig_enabled or d.target.partitioned)
         )
         if not dynamic and not partitioned:
             return None

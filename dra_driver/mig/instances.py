@@ -176,9 +176,8 @@ class DynamicMig:
         listed = self._in_mig_mode(gpu)
         if listed is None:
             raise MigFailed(
-                f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} is out of MIG mode (taken "
-                "out for a claim of the whole GPU; it goes back once that claim is unprepared and "
-                "no process runs on it)"
+                f"cannot create {name}: GPU {gpu_device_name(gpu.minor)} is not in MIG mode (a "
+                "claim of the whole GPU holds it, or turning MIG mode on failed)"
             )
         present = listed
         owned = recorded()
@@ -245,12 +244,16 @@ class DynamicMig:
         marks: MigOffMarks,
         *,
         recorded: Callable[[], frozenset[str]],
+        turned_on: MigOffMarks | None = None,
     ) -> None:
         """Take ``gpu`` out of MIG mode for its whole-GPU device ``name``; idempotent (a GPU
-        already out of MIG mode is left so, and marked). Refused (MigFailed) while the GPU has
-        MIG instances (ForeignMigInstances for those ``recorded()`` does not name) or runs
-        processes; NVML's refusal (a GPU that needs a reset, processes) leaves it in MIG mode.
-        The mark (mig/modeswitch.py) is written durably before the mode changes."""
+        already out of MIG mode is left so). Refused (MigFailed) while the GPU has MIG instances
+        (ForeignMigInstances for those ``recorded()`` does not name) or runs processes; NVML's
+        refusal (a GPU that needs a reset, processes) leaves it in MIG mode. A GPU the
+        administrator had in MIG mode gets the mark (mig/modeswitch.py) durably before the mode
+        changes; one this driver put into MIG mode (its mark in ``turned_on``) goes back to the
+        administrator's mode, off: that mark is removed after the change. A GPU not in MIG mode
+        and unmarked is the administrator's, off: nothing to do or mark."""
         current, _ = self.backend.mig_mode(gpu.uuid)
         if current:
             present = self._listed(gpu)
@@ -261,8 +264,15 @@ class DynamicMig:
                     f"({', '.join(sorted(present))}); it leaves MIG mode only when it has none"
                 )
             self._refuse_processes(gpu, f"cannot prepare {name}", "", "it does not leave MIG mode")
-        if not current and marks.path(gpu.uuid).exists():
-            return  # out of MIG mode and marked already (a repair pass, a restart)
+        if turned_on is not None and turned_on.path(gpu.uuid).exists():
+            if current:
+                self.backend.set_mig_mode(
+                    gpu.uuid, False, why=f"taking GPU {gpu_device_name(gpu.minor)} out of MIG mode"
+                )
+            self._remove_mark(gpu, turned_on)
+            return
+        if not current:
+            return  # out of MIG mode: marked already (a repair pass, a restart), or never on
         try:
             marks.write(gpu)
         except OSError as exc:
@@ -274,6 +284,64 @@ class DynamicMig:
             self.backend.set_mig_mode(
                 gpu.uuid, False, why=f"taking GPU {gpu_device_name(gpu.minor)} out of MIG mode"
             )
+
+    def _remove_mark(self, gpu: GpuInfo, marks: MigOffMarks) -> None:
+        try:
+            marks.remove(gpu.uuid)
+        except OSError as exc:
+            raise MigFailed(
+                f"GPU {gpu_device_name(gpu.minor)} is back in its MIG mode, but its mark "
+                f"{marks.path(gpu.uuid)} cannot be removed: {exc}"
+            ) from exc
+
+    def turn_on_for(
+        self, gpu: GpuInfo, name: str, *, turned_on: MigOffMarks, taken_out: MigOffMarks
+    ) -> bool:
+        """Put ``gpu`` into MIG mode for its dynamic device ``name``; idempotent. True when the
+        mode changed. A GPU taken out of MIG mode for a whole-GPU claim (its mark in
+        ``taken_out``) goes back as :meth:`enter_mig_mode` puts it back. Otherwise its mark in
+        ``turned_on`` is written durably before the mode changes, so that whatever a crash
+        interrupts, reconcile knows the driver turned it on (mig/ondemand_step.py). MigFailed
+        while processes run on the GPU, or when NVML refuses (it stays out of MIG mode)."""
+        if self.backend.mig_mode(gpu.uuid)[0]:
+            return False
+        if taken_out.path(gpu.uuid).exists():
+            return self.enter_mig_mode(gpu, taken_out)
+        self._refuse_processes(gpu, f"cannot prepare {name}", "", "its MIG mode is not turned on")
+        try:
+            turned_on.write(gpu)
+        except OSError as exc:
+            raise MigFailed(
+                f"cannot prepare {name}: cannot mark GPU {gpu_device_name(gpu.minor)} as put into "
+                f"MIG mode ({turned_on.path(gpu.uuid)}): {exc}"
+            ) from exc
+        self.backend.set_mig_mode(gpu.uuid, True, why=f"turning MIG mode on for {name}")
+        return True
+
+    def turn_off_after(self, gpu: GpuInfo, turned_on: MigOffMarks) -> bool:
+        """Take ``gpu``, which this driver put into MIG mode (its mark in ``turned_on``), out
+        of MIG mode again and remove the mark; the caller made sure no recorded claim holds a
+        MIG device of it. True when the mode changed; False without a mark. MigFailed (the mark
+        stays: reconcile tries again) while it has MIG devices or processes run on it, or when
+        NVML refuses."""
+        if not turned_on.path(gpu.uuid).exists():
+            return False
+        current, _ = self.backend.mig_mode(gpu.uuid)
+        if current:
+            present = self._listed(gpu)
+            if present:
+                raise MigFailed(
+                    f"GPU {gpu_device_name(gpu.minor)} stays in MIG mode: it has MIG devices "
+                    f"({', '.join(sorted(present))})"
+                )
+            self._refuse_processes(gpu, "cannot turn its MIG mode off", "", "it stays in MIG mode")
+            self.backend.set_mig_mode(
+                gpu.uuid,
+                False,
+                why=f"turning MIG mode off again on GPU {gpu_device_name(gpu.minor)}",
+            )
+        self._remove_mark(gpu, turned_on)
+        return current
 
     def enter_mig_mode(self, gpu: GpuInfo, marks: MigOffMarks) -> bool:
         """Put ``gpu`` back into MIG mode and remove its mark; idempotent. False when it was in

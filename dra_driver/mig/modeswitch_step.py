@@ -34,11 +34,22 @@ log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 class MigModeStep(Step):
     """Takes GPUs claimed whole out of MIG mode and back (``marks``: the GPUs taken out)."""
 
-    def __init__(self, node: NodeState, mig: DynamicMig, *, marks: MigOffMarks) -> None:
+    def __init__(
+        self,
+        node: NodeState,
+        mig: DynamicMig,
+        *,
+        marks: MigOffMarks,
+        turned_on: MigOffMarks | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self._node = node
         self.mig = mig
         self.marks = marks
-        self._lock = threading.Lock()
+        # GPUs this driver put into MIG mode (mig/ondemand_step.py): a whole-GPU claim takes
+        # them back out without a mark of its own, and its unprepare leaves them out.
+        self.turned_on = turned_on
+        self._lock = lock or threading.Lock()  # shared with the on-demand step: one mode change
 
     def _recorded(self, but: str | None = None) -> Callable[[], frozenset[str]]:
         def recorded() -> frozenset[str]:
@@ -61,7 +72,13 @@ class MigModeStep(Step):
         others = self._recorded(but=claim.ref.uid)
         for target in plan:
             with self._lock:
-                self.mig.leave_mig_mode(target.gpu, target.name, self.marks, recorded=others)
+                self.mig.leave_mig_mode(
+                    target.gpu,
+                    target.name,
+                    self.marks,
+                    recorded=others,
+                    turned_on=self.turned_on,
+                )
             log.info(
                 "took a GPU out of MIG mode",
                 extra={"claim_uid": claim.ref.uid, "device": target.name},
@@ -75,7 +92,11 @@ class MigModeStep(Step):
             try:
                 with self._lock:
                     self.mig.leave_mig_mode(
-                        device.target.gpu, device.target.name, self.marks, recorded=self._recorded()
+                        device.target.gpu,
+                        device.target.name,
+                        self.marks,
+                        recorded=self._recorded(),
+                        turned_on=self.turned_on,
                     )
             except MigFailed as exc:
                 log.error(
@@ -118,8 +139,8 @@ class MigModeStep(Step):
             targets = self._node.targets
             held = {uuid for r in self._node.records().values() for uuid in _held_whole(r, targets)}
             for uuid, gpu in sorted(gpus.items()):
-                if uuid in held:
-                    continue
+                if uuid in held or not self.marks.path(uuid).exists():
+                    continue  # held, or not taken out of MIG mode by this driver (unmarked)
                 try:
                     if self.mig.enter_mig_mode(gpu, self.marks):
                         done += 1

@@ -5,9 +5,9 @@ Flow position: node/agent.py -> here -> plugin.server.KubeletPlugin (given its s
 step factory) -> prepare.Preparer (calls the factory with what the steps may read of it).
 
 The steps, in prepare order (the preparer undoes them in reverse): the whole-GPU MIG-mode
-switch and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's instance exists
-before anything runs on it), time slicing, MPS, consumable shares. A new feature is one step
-module in its package and one line in :func:`prepare_steps`.
+switch, MIG mode on demand and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's
+instance exists before anything runs on it), time slicing, MPS, consumable shares. A new
+feature is one step module in its package and one line in :func:`prepare_steps`.
 
 The modules of dynamic MIG and of the MPS daemons are imported where those are built, so an
 agent without them does not hold their code: about 110 KB of its memory in static MIG mode (the
@@ -78,14 +78,23 @@ def prepare_steps(
 
 
 def _dynamic_mig_steps(node: NodeState, mig: DynamicMig) -> list[Step]:
-    """Dynamic MIG's steps, in prepare order: the whole-GPU MIG-mode switch, then the MIG
-    instances."""
+    """Dynamic MIG's steps, in prepare order: the whole-GPU MIG-mode switch, MIG mode on demand
+    for placements (one lock for both: one mode change at a time), then the MIG instances."""
+    import threading  # noqa: PLC0415
+
+    from dra_driver.mig import ondemand_step  # noqa: PLC0415
     from dra_driver.mig.instance_step import MigInstanceStep  # noqa: PLC0415
     from dra_driver.mig.modeswitch import MARKS_DIRECTORY, MigOffMarks  # noqa: PLC0415
     from dra_driver.mig.modeswitch_step import MigModeStep  # noqa: PLC0415
 
     marks = MigOffMarks(node.state_dir / MARKS_DIRECTORY)
-    return [MigModeStep(node, mig, marks=marks), MigInstanceStep(node, mig)]
+    turned_on = MigOffMarks(node.state_dir / ondemand_step.MARKS_DIRECTORY)
+    lock = threading.Lock()
+    return [
+        MigModeStep(node, mig, marks=marks, turned_on=turned_on, lock=lock),
+        ondemand_step.MigOnDemandStep(node, mig, turned_on=turned_on, taken_out=marks, lock=lock),
+        MigInstanceStep(node, mig),
+    ]
 
 
 def mps_daemons(config: Config, deployments: DeploymentApi | None) -> MpsDaemons | None:

@@ -17,7 +17,12 @@ from types import MappingProxyType
 from typing import Literal
 
 from dra_driver import cdi
-from dra_driver.devices import gpu_device_name, mig_device_name, whole_gpu_offered
+from dra_driver.devices import (
+    gpu_device_name,
+    mig_device_name,
+    toggles_mig_mode,
+    whole_gpu_offered,
+)
 from dra_driver.gpus.info import GpuInfo, Inventory, MigInstance, MigPlacement, MigProfile
 
 
@@ -91,7 +96,8 @@ def device_targets(
     """Every device name of this node that a claim may be allocated, with what it is.
 
     Same names as devices.node_devices publishes: full GPUs not in MIG mode, existing MIG
-    devices of GPUs in MIG mode; with ``mig_mode`` dynamic, a GPU in MIG mode offers instead
+    devices of GPUs in MIG mode; with ``mig_mode`` dynamic, a GPU in MIG mode (or one that
+    devices.toggles_mig_mode, whatever its mode) offers instead
     every placement of every GPU-instance profile (an instance that exists
     is the dynamic device of its name, so a re-discovery never adds a second one) and, where
     devices.whole_gpu_offered says so, the whole GPU, which prepare takes out of MIG mode
@@ -102,7 +108,10 @@ def device_targets(
     """
     targets: dict[str, DeviceTarget] = {}
     for gpu in inventory.gpus:
-        if not gpu.mig_enabled:
+        # A Hopper-or-newer GPU not in MIG mode is partitionable too in dynamic mode: prepare of
+        # a placement turns MIG mode on (mig/ondemand_step.py).
+        on_demand = mig_mode == "dynamic" and toggles_mig_mode(gpu) and bool(gpu.mig_profiles)
+        if not gpu.mig_enabled and not on_demand:
             name = gpu_device_name(gpu.minor)
             targets[name] = DeviceTarget(name, "gpu", gpu)
             continue

@@ -12,7 +12,12 @@
 6. Ends with ``gpu-dra status`` of the node, read from the agent's ``/metrics``: every GPU and MIG
    device with the claim and pod holding it and its simulated readings; then unprepares the
    claim, stops the agent with SIGTERM and says that both sockets are gone.
-7. Sharing and dynamic MIG (local API server only, and root only: each MPS daemon gets a tmpfs):
+7. MIG on demand (local API server only): starts the agent again with ``--mig-mode dynamic`` on
+   ``MIG_ON_DEMAND_SIMULATE``, an H100 that is not in MIG mode. It is published partitionable
+   (its counter set, the whole GPU and every placement); a 3g.40gb claim allocated by the
+   explain allocator is prepared (MIG mode turned on, the MIG device created) and unprepared
+   (the MIG device destroyed, MIG mode off again), the MIG mode shown at each point.
+8. Sharing and dynamic MIG (local API server only, and root only: each MPS daemon gets a tmpfs):
    starts the agent again on ``SHARING_SIMULATE`` with ``--consumable-shares compute``, MPS on
    (``--mps-image``; the stand-in kubelet of localkubelet.py runs its daemon Deployments as
    processes) and ``--mig-mode dynamic``. Two claims of 20Gi with 30% and 50% of the compute are
@@ -25,10 +30,11 @@
    back.
 
 Against a real cluster (``KUBECONFIG`` set) steps 1-4 publish to that cluster and step 5 only
-explains the allocation: writing a claim's allocation is the scheduler's job there. Step 7 is
-skipped there: it would create Deployments and claims in that cluster.
+explains the allocation: writing a claim's allocation is the scheduler's job there. Steps 7
+and 8 are skipped there: they would create claims (and Deployments) in that cluster.
 
-Modules: ``nodeflow`` (``main``, steps 1-6), ``sharing`` (step 7), ``cluster`` (what the demo
+Modules: ``nodeflow`` (``main``, steps 1-6), ``migondemand`` (step 7), ``sharing`` (step 8),
+``cluster`` (what the demo
 plays itself: the agent's command line, a user's claims, the scheduler's write, the kubelet's
 registration) and ``console`` (headings, waits, readable JSON). This package's ``__init__`` holds
 only the demo nodes' names and GPUs, which tests read without starting anything.
@@ -40,7 +46,11 @@ DEMO_NODE = "demo-node"
 # The demo node: four H100 (two per PCIe root), an A100 80GB in MIG mode with pre-created
 # instances, and an L4. Every example in examples/resourceclaims/ must be satisfiable on it.
 DEMO_SIMULATE = "h100:4,a100-80gb:1:mig=3g.40gb+2g.20gb+1g.10gb+1g.10gb,l4:1"
-# Step 7's node: an H100 to share, and an H100 in MIG mode without MIG devices (dynamic MIG).
-SHARING_SIMULATE = "h100:1,h100:1:mig"
+# Step 7's node: an H100 not in MIG mode (dynamic MIG turns MIG mode on for a placement).
+MIG_ON_DEMAND_SIMULATE = "h100:1"
+# Step 8's node: an A100 not in MIG mode to share (an Ampere GPU's MIG mode is never toggled, so
+# it stays a plain GPU under --mig-mode dynamic; an H100 would be partitionable and not shared),
+# and an H100 in MIG mode without MIG devices (dynamic MIG).
+SHARING_SIMULATE = "a100-80gb:1,h100:1:mig"
 DRIVER = "gpu.nvidia.com"
 MPS_NAMESPACE = "gpu-dra"

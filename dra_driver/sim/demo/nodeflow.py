@@ -30,6 +30,7 @@ from dra_driver.scheduling import explain
 from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE, DRIVER
 from dra_driver.sim.demo.cluster import agent_command, resource_claim
 from dra_driver.sim.demo.console import readable_json, step, wait_for
+from dra_driver.sim.demo.migondemand import run_mig_on_demand
 from dra_driver.sim.demo.sharing import run_sharing
 from dra_driver.sim.localapi.server import free_port
 
@@ -108,6 +109,16 @@ def main() -> int:
             return 1
         if rc != 0:
             return rc
+        step("MIG on demand: the agent with --mig-mode dynamic on an H100 not in MIG mode")
+        if fake_api is None:
+            print("    skipped against a real cluster: it would create a claim there (it runs")
+            print("    with the local API server only: unset KUBECONFIG)")
+        else:
+            rc = run_mig_on_demand(
+                workdir / "migondemand", fake_api=fake_api, driver_root=driver_root
+            )
+            if rc != 0:
+                return rc
         step("Sharing and dynamic MIG: the agent with --consumable-shares, MPS, --mig-mode dynamic")
         if fake_api is None:
             print("    skipped against a real cluster: it would create MPS daemon Deployments and")

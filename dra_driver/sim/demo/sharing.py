@@ -1,4 +1,4 @@
-"""Step 7 of ``make demo``: sharing and dynamic MIG through the real agent (local API server and
+"""Step 8 of ``make demo``: sharing and dynamic MIG through the real agent (local API server and
 root only). Two consumable shares of gpu-0 served by one MPS daemon (run by the stand-in kubelet
 of localkubelet.py) and a MIG device prepare creates, all prepared by one NodePrepareResources
 and unprepared by one NodeUnprepareResources; then the whole gpu-1, taken out of MIG mode by
@@ -47,7 +47,7 @@ MIG_CLAIM = resource_claim(
 
 
 def run_sharing(workdir: Path, *, fake_api: Any, driver_root: Path) -> int:
-    """Step 7: shares of gpu-0 enforced by one MPS daemon, and a dynamic MIG device, prepared
+    """Step 8: shares of gpu-0 enforced by one MPS daemon, and a dynamic MIG device, prepared
     and unprepared through the real agent (local API server, root)."""
     from dra_driver.sim.localkubelet import DeploymentKubelet  # noqa: PLC0415  (local demo only)
 
@@ -183,7 +183,7 @@ def _prepare_shared(
 def _whole_gpu(
     slices: list[dict[str, Any]], *, fake_api: Any, node: str, plugins: Path, specs: CdiSpecDir
 ) -> int:
-    """Step 7, last part: the whole gpu-1 (in MIG mode, dynamic) prepared out of MIG mode."""
+    """Step 8, last part: the whole gpu-1 (in MIG mode, dynamic) prepared out of MIG mode."""
     step("Scheduler: the whole gpu-1, a GPU in MIG mode (every counter of gpu-1-counter-set)")
     devices = {d["name"]: d for item in slices for d in item["spec"].get("devices") or ()}
     uuid_ = devices["gpu-1"]["attributes"]["uuid"]["string"]
@@ -233,7 +233,7 @@ def _mig_mode(plugins: Path) -> bool:
 
 
 def _sharing_node(plugins: Path) -> Inventory:
-    """Step 7's GPUs now, as the agent's NVML sees them: discovery in this process over the
+    """Step 8's GPUs now, as the agent's NVML sees them: discovery in this process over the
     simulated MIG state the agent keeps (config.py)."""
     from dra_driver.gpus import nvml  # noqa: PLC0415
     from dra_driver.paths import simulated_mig_state_path  # noqa: PLC0415

@@ -186,10 +186,12 @@ class DeviceQueries:
             return VERSION_MISMATCH
         if as_int(index) >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
             return INVALID_ARGUMENT
-        # nvml.h: NOT_SUPPORTED "if device doesn't have MIG mode enabled or profile isn't
-        # supported".
+        # nvml.h: NOT_SUPPORTED "if device doesn't support MIG or profile isn't supported".
+        # Answered in MIG mode or not: NVIDIA's driver reads every MIG-capable GPU's profiles
+        # and placements whatever its MIG mode (dra-driver-nvidia-gpu nvlib.go getGpuInfo,
+        # inspectMigProfilesAndPlacements) and publishes a Hopper not in MIG mode from them.
         profile = profile_by_index(gpu, as_int(index))
-        if profile is None or not self._library.mig.enabled(gpu):
+        if profile is None or not gpu.spec.hardware.mig_capable:
             return NOT_SUPPORTED
         info.id = profile.profile_id
         info.isP2pSupported = 0
@@ -210,8 +212,8 @@ class DeviceQueries:
         if gpu is None or rc != SUCCESS:
             return rc
         profile = profile_by_id(gpu, as_int(profile_id))
-        if profile is None or not self._library.mig.enabled(gpu):
-            return NOT_SUPPORTED
+        if profile is None or not gpu.spec.hardware.mig_capable:
+            return NOT_SUPPORTED  # every possible placement, in MIG mode or not (as above)
         # nvml.h: with placements == NULL only the count is returned.
         if placements is not None:
             array = ctypes.cast(placements, ctypes.POINTER(pynvml.c_nvmlGpuInstancePlacement_t))
