@@ -119,6 +119,8 @@ def test_the_whole_gpu_consumes_every_counter_and_is_published_as_a_gpu() -> Non
 
 # H100 80GB HBM3: the 7g.80gb profile's capacities, what NVIDIA's driver gives the whole GPU of a
 # partitionable GPU (PartCapacities: the largest value of each across the MIG profiles).
+L4_MEMORY = "23034Mi"  # an L4's NVML total memory: never partitionable
+
 H100_WHOLE_CAPACITY = {
     "multiprocessors": "132",
     "copyEngines": "8",
@@ -131,30 +133,33 @@ H100_WHOLE_CAPACITY = {
 
 
 def test_the_whole_gpu_of_a_partitionable_gpu_carries_the_largest_profiles_capacities() -> None:
-    published = dynamic(inventory("h100:1:mig,h100:1,h200:1:mig"))
+    published = dynamic(inventory("h100:1:mig,a100-80gb:1,h200:1:mig,h100:1"))
     devices = by_name(published)
 
     assert dict(devices["gpu-0"].capacity) == H100_WHOLE_CAPACITY
+    # a Hopper not in MIG mode is partitionable in dynamic mode too (MIG mode on demand)
+    assert dict(devices["gpu-3"].capacity) == H100_WHOLE_CAPACITY
     # the largest placement's capacities, without its memorySlice<i> (as NVIDIA's driver has it)
     largest = devices["gpu-0-mig-7g80gb-0-0"].capacity
     assert {n: v for n, v in largest.items() if not n.startswith("memorySlice")} == (
         H100_WHOLE_CAPACITY
     )
-    # a GPU not in MIG mode keeps its NVML total memory only, as NVIDIA's driver has it
-    assert dict(devices["gpu-1"].capacity) == {"memory": "81559Mi"}
+    # an Ampere GPU not in MIG mode is a plain GPU: its NVML total memory only, as NVIDIA's driver
+    assert set(devices["gpu-1"].capacity) == {"memory"}
+    assert not devices["gpu-1"].consumes_counters
     assert devices["gpu-2"].capacity["memory"] == "143104Mi"  # H200's 7g.141gb
     assert devices["gpu-2"].capacity["multiprocessors"] == "132"
 
 
 @pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
 def test_the_whole_gpus_capacities_pass_the_strict_schema(kubernetes_version: str) -> None:
-    objs = objects(dynamic(inventory("h100:1:mig,h100:1")))
+    objs = objects(dynamic(inventory("h100:1:mig,l4:1")))
 
     wholes = [
         d for o in objs for d in o["spec"].get("devices", ()) if d["name"] in ("gpu-0", "gpu-1")
     ]
     assert {d["name"]: d["capacity"] for d in wholes} == {
-        "gpu-1": {"memory": {"value": "81559Mi"}},
+        "gpu-1": {"memory": {"value": L4_MEMORY}},
         "gpu-0": {n: {"value": v} for n, v in H100_WHOLE_CAPACITY.items()},
     }
     for obj in objs:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from dra_driver.cli import explain_main as main
+from dra_driver.devices import MigMode
 from dra_driver.devices.classes import default_device_classes
 from dra_driver.quantity import parse_quantity
 from dra_driver.scheduling.explain import allocate, result_json
@@ -27,8 +28,8 @@ DRIVER = "gpu.nvidia.com"
 NS = "team-a"
 
 
-def slices(spec: str = "h100:1:mig") -> list[dict[str, Any]]:
-    return simulated_slices(spec, node_name=NODE, mig_mode="dynamic")
+def slices(spec: str = "h100:1:mig", mig_mode: MigMode = "dynamic") -> list[dict[str, Any]]:
+    return simulated_slices(spec, node_name=NODE, mig_mode=mig_mode)
 
 
 def mig_claim(name: str, selector: str, *, count: int = 1) -> dict[str, Any]:
@@ -92,8 +93,14 @@ def held(claim: dict[str, Any], *devices: str) -> dict[str, Any]:
     }
 
 
-def run(claim: dict[str, Any], *allocated: dict[str, Any], spec: str = "h100:1:mig") -> Any:
-    return allocate(claim, default_device_classes(DRIVER), slices(spec), allocated=allocated)
+def run(
+    claim: dict[str, Any],
+    *allocated: dict[str, Any],
+    spec: str = "h100:1:mig",
+    mig_mode: MigMode = "dynamic",
+) -> Any:
+    classes = default_device_classes(DRIVER)
+    return allocate(claim, classes, slices(spec, mig_mode), allocated=allocated)
 
 
 def devices_of(result: Any) -> list[str]:
@@ -280,7 +287,8 @@ def test_a_memory_threshold_between_the_largest_profile_and_nvml_splits_as_nvidi
     claim = gpu_claim_selecting("c", selector)
     dynamic_result = run(claim, spec="h100:1:mig")
     assert dynamic_result.satisfiable is partitionable
-    assert run(claim, spec="h100:1").satisfiable is plain
+    # a GPU not in MIG mode in static mode (in dynamic mode a Hopper is partitionable either way)
+    assert run(claim, spec="h100:1", mig_mode="static").satisfiable is plain
     if partitionable:
         assert devices_of(dynamic_result) == ["gpu-0"]
     else:
@@ -290,10 +298,10 @@ def test_a_memory_threshold_between_the_largest_profile_and_nvml_splits_as_nvidi
 
 
 def test_a_multiprocessors_selector_on_a_mixed_node_fails_on_the_gpu_without_them() -> None:
-    # gpu-1 (not in MIG mode) comes first and has memory only: a CEL runtime error, which gives up
-    # the node as in the scheduler, and the summary says so rather than blaming the counters
+    # gpu-1 (an L4, never partitionable) comes first and has memory only: a CEL runtime error,
+    # which gives up the node as in the scheduler, and the summary says so rather than blaming the counters
     selector = f"device.capacity['{DRIVER}'].multiprocessors.compareTo(quantity('132')) >= 0"
-    result = run(gpu_claim_selecting("c", selector), spec="h100:1:mig,h100:1")
+    result = run(gpu_claim_selecting("c", selector), spec="h100:1:mig,l4:1")
     assert not result.satisfiable
     (node,) = result.nodes
     assert node.error is not None and "gpu-1: CEL runtime error" in node.error
@@ -302,4 +310,4 @@ def test_a_multiprocessors_selector_on_a_mixed_node_fails_on_the_gpu_without_the
         "1 devices usable (gpu-0), but the attempt was given up on the error above"
     )
     guarded = f"has(device.capacity['{DRIVER}'].multiprocessors) && {selector}"
-    assert devices_of(run(gpu_claim_selecting("c", guarded), spec="h100:1:mig,h100:1")) == ["gpu-0"]
+    assert devices_of(run(gpu_claim_selecting("c", guarded), spec="h100:1:mig,l4:1")) == ["gpu-0"]
