@@ -299,7 +299,8 @@ def test_a_memory_threshold_between_the_largest_profile_and_nvml_splits_as_nvidi
 
 def test_a_multiprocessors_selector_on_a_mixed_node_fails_on_the_gpu_without_them() -> None:
     # gpu-1 (an L4, never partitionable) comes first and has memory only: a CEL runtime error,
-    # which gives up the node as in the scheduler, and the summary says so rather than blaming the counters
+    # which gives up the node as in the scheduler, and the summary says so rather than blaming
+    # the counters
     selector = f"device.capacity['{DRIVER}'].multiprocessors.compareTo(quantity('132')) >= 0"
     result = run(gpu_claim_selecting("c", selector), spec="h100:1:mig,l4:1")
     assert not result.satisfiable
