@@ -374,8 +374,11 @@ def read_mps_control_calls(state_dir: Path) -> list[str]:
 
 
 def make_node(path: Path) -> bool:
-    """A stand-in device node: char device 1:3 as root, else a regular file. True if char."""
+    """A stand-in device node: char device 1:3 as root, else a regular file. True if char. A
+    node already there is left as it is."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(path):
+        return stat.S_ISCHR(os.lstat(path).st_mode)
     if os.geteuid() == 0:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         return True
@@ -452,13 +455,17 @@ def mig_capability_table(gpus: int = 8) -> dict[str, int]:
     return table
 
 
-def write_capability(proc_root: Path, name: str, *, mode: int = MIG_ACCESS_MODE) -> Path:
+def write_capability(
+    proc_root: Path, name: str, *, mode: int = MIG_ACCESS_MODE, minor: int | None = None
+) -> Path:
     """The driver's file of MIG capability ``name`` (``gpu0/gi1/access``, as the table names
-    it) under ``proc_root``, as the driver writes it when the instance exists; its path."""
+    it) under ``proc_root``, as the driver writes it when the instance exists; its path.
+    ``minor``: the capability's minor in a table renumbered since (a driver reload)."""
     gpu, _, rest = name.partition("/")
     path = proc_root / "driver/nvidia/capabilities" / gpu / "mig" / rest
     path.parent.mkdir(parents=True, exist_ok=True)
-    minor = mig_capability_table()[name]
+    if minor is None:
+        minor = mig_capability_table()[name]
     path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
     return path
 
