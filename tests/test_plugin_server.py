@@ -33,7 +33,7 @@ from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from dra_driver.sharing.shares import ShareEnforcer
-from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
+from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory, write_capability
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, new_uid
 from tests.shareenforcer import RecordingEnforcer
@@ -570,6 +570,9 @@ def test_a_mig_device_re_created_under_the_same_name_gets_its_new_nodes(
             .replace("gpu0/gi7/access 66\n", "gpu0/gi7/access 900\n")
             .replace("gpu0/gi7/ci3/access 70\n", "gpu0/gi7/ci3/access 903\n")
         )
+        # the driver's files of the new instance's capabilities: prepare makes their nodes
+        write_capability(tmp_path / "proc", "gpu0/gi7/access", minor=900)
+        write_capability(tmp_path / "proc", "gpu0/gi7/ci3/access", minor=903)
         plugin.set_inventory(after)
         with channel(plugin.paths.dra) as ch:  # the device is free again for the next claim
             v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(

@@ -3,6 +3,7 @@
 Sits at the end of the node flow, in three steps:
 
 - ``driverfiles``: what of the NVIDIA driver install a container needs, scanned once at start;
+- ``devnodes``: the device nodes a spec names, made where missing (as nvidia-modprobe does);
 - ``spec``: what one claim's spec says (its devices' nodes, names and the shared edits), as bytes;
 - ``specdir``: the spec directory: atomic writes, removal, listing, spares.
 
@@ -12,6 +13,7 @@ the driver uses, so callers write ``cdi.CdiSpecDir``, ``cdi.DriverFiles``, ...
 
 from __future__ import annotations
 
+from dra_driver.cdi.devnodes import ensure_claim_nodes, ensure_device_nodes
 from dra_driver.cdi.driverfiles import (
     BASE,
     CONTAINER_LIB_DIR,
@@ -56,6 +58,8 @@ __all__ = [
     "cdi_device_id",
     "cdi_device_name",
     "device_names_in_spec",
+    "ensure_claim_nodes",
+    "ensure_device_nodes",
     "find_driver_files",
     "find_driver_library",
     "find_driver_tool",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_driver.cdi import devnodes
 from dra_driver.errors import CdiError
 
 # The driver's files grouped the way the NVIDIA container runtime groups them, by the driver
@@ -87,9 +88,10 @@ FILES_BY_CAPABILITY: dict[str, tuple[str, ...]] = {
     ),
 }
 # Device nodes beyond the GPU's own and the control nodes every claim gets (when they exist).
+MODESET_NODE = "/dev/nvidia-modeset"
 DEVICE_NODES_BY_CAPABILITY: dict[str, tuple[str, ...]] = {
-    "graphics": ("/dev/nvidia-modeset",),
-    "display": ("/dev/nvidia-modeset",),
+    "graphics": (MODESET_NODE,),
+    "display": (MODESET_NODE,),
 }
 # What every claim gets whatever its capabilities, when the node has it: the sockets of the
 # persistence daemon and the fabric manager (NVML asks them), and the GSP firmware of the
@@ -190,6 +192,10 @@ class DriverFiles:
     """
 
     dev_root: Path  # where /dev/nvidia* live on the host: "/" or the driver root
+    # The dev root where this process sees it, where missing nodes are made (devnodes.py);
+    # None: files not scanned from a driver root, nothing is made.
+    dev_root_here: Path | None = None
+    proc_root: Path = Path("/proc")  # the kernel's facts for making nodes (devnodes.py)
     mounts_by_capability: Mapping[str, tuple[Mount, ...]] = field(default_factory=dict)
     links_by_capability: Mapping[str, tuple[Link, ...]] = field(default_factory=dict)
     nodes_by_capability: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -205,11 +211,10 @@ class DriverFiles:
     def edits(self, capabilities: frozenset[str]) -> dict[str, Any]:
         """The container edits a claim with ``capabilities`` shares with every such claim."""
         groups = [BASE, *sorted(capabilities)]
-        nodes = list(CONTROL_DEVICE_NODES)
+        nodes = self.node_paths(capabilities)
         mounts: dict[str, Mount] = {}
         links: dict[str, Link] = {}
         for group in groups:
-            nodes.extend(n for n in self.nodes_by_capability.get(group, ()) if n not in nodes)
             for m in self.mounts_by_capability.get(group, ()):
                 mounts.setdefault(m.container_path, m)
             for link in self.links_by_capability.get(group, ()):
@@ -250,6 +255,13 @@ class DriverFiles:
             )
             edits["hooks"] = hooks
         return edits
+
+    def node_paths(self, capabilities: frozenset[str]) -> list[str]:
+        """The device nodes every claim with ``capabilities`` gets (container paths)."""
+        nodes = list(CONTROL_DEVICE_NODES)
+        for group in [BASE, *sorted(capabilities)]:
+            nodes.extend(n for n in self.nodes_by_capability.get(group, ()) if n not in nodes)
+        return nodes
 
     def node(self, path: str) -> DeviceNode:
         """The device node at container ``path``, addressed on the host under the dev root."""
@@ -368,12 +380,20 @@ def find_driver_files(
     if host_root != Path("/") and _is_node(driver_root / "dev/nvidiactl"):
         dev_root = host_root
     dev_seen_at = driver_root if dev_root == host_root else Path("/")
+    # /dev/nvidia-modeset also when its module is loaded: prepare makes the node (devnodes.py)
+    modeset = devnodes.module_loaded(_read_or_empty(proc_root / "modules"), "nvidia_modeset")
     nodes = {
-        capability: tuple(n for n in names if _is_node(dev_seen_at / n.lstrip("/")))
+        capability: tuple(
+            n
+            for n in names
+            if _is_node(dev_seen_at / n.lstrip("/")) or (modeset and n == MODESET_NODE)
+        )
         for capability, names in DEVICE_NODES_BY_CAPABILITY.items()
     }
     return DriverFiles(
         dev_root=dev_root,
+        dev_root_here=dev_seen_at,
+        proc_root=proc_root,
         mounts_by_capability={
             c: tuple(sorted(ms.values(), key=lambda m: m.container_path))
             for c, ms in mounts.items()
@@ -392,6 +412,13 @@ def _is_node(path: Path) -> bool:
         return path.exists()
     except OSError:
         return False
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def read_mig_cap_minors(path: Path) -> dict[str, int]:

@@ -15,8 +15,9 @@ Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
    cannot carry out, before anything changes.
 4. Each step applies in order; the first that changes the node has the claim recorded
    ``PrepareStarted`` (durably) first; a failure rolls the claim back.
-5. Write the CDI spec (with each step's edits), record ``PrepareCompleted`` (the same checks,
-   the steps' included); answer one Device per result.
+5. Make the device nodes the spec names that are missing (cdi/devnodes.py), write the CDI
+   spec (with each step's edits), record ``PrepareCompleted`` (the same checks, the steps'
+   included); answer one Device per result.
 
 Unprepare drops the claim from the checkpoint, then removes its spec, then has the steps undo in
 reverse (a step whose undo needs the record, dynamic MIG, makes it spec, undo, record); an
@@ -283,15 +284,20 @@ class Preparer(Repair):
             # The spec goes to a temp file and is fsync'd (see _sync_spec: alone, in a helper
             # thread, overlapping the checkpoint's append and fdatasync). When no step changed
             # the node the record is written once, as PrepareCompleted: the only change this
-            # prepare makes on the node is the spec, and it becomes visible (the rename) only
-            # after the record is durable. A crash before the rename leaves a temp file
-            # (reconcile removes it) and a record without its spec (the next prepare of the
-            # claim, or reconcile, writes it again); the kubelet hears of success only after
-            # both are durable.
+            # prepare makes on the node is the spec (device nodes the driver lacked stay: they
+            # are the driver's), and it becomes visible (the rename) only after the record is
+            # durable. A crash before the rename leaves a temp file (reconcile removes it) and
+            # a record without its spec (the next prepare of the claim, or reconcile, writes it
+            # again); the kubelet hears of success only after both are durable.
             capabilities = frozenset().union(*(d.capabilities for d in plan.devices))
-            pending = self.specs.begin(
-                ref.uid, self._encode_spec(ref.uid, plan.devices, capabilities, steps)
-            )
+            try:
+                spec = self._encode_spec(
+                    ref.uid, plan.devices, capabilities, steps, make_nodes=True
+                )
+            except BaseException:
+                self._roll_back_quietly(ref.uid)  # undo what the steps changed
+                raise
+            pending = self.specs.begin(ref.uid, spec)
             try:
                 synced = self._sync_spec(pending)
                 try:
@@ -390,10 +396,14 @@ class Preparer(Repair):
         devices: Iterable[PlannedDevice],
         capabilities: frozenset[str],
         steps: _Planned,
+        *,
+        make_nodes: bool = False,
     ) -> bytes:
         """The claim's spec: its devices' nodes (one CDI device per share of a device), each
         with what the steps add (env, mounts), and the driver files of ``capabilities`` (the
-        union of what its devices' configs ask for)."""
+        union of what its devices' configs ask for). ``make_nodes`` (prepare): first make
+        every device node it names that is missing (cdi/devnodes.py; CdiError naming one
+        that cannot be made)."""
         current = self._current
         unique = {d.cdi_name: d for d in devices}
         out = []
@@ -404,6 +414,8 @@ class Preparer(Repair):
             for step, step_plan in steps:
                 spec = step.edit(step_plan, device, spec=spec)
             out.append(spec)
+        if make_nodes:
+            cdi.ensure_claim_nodes(current.files, out, capabilities)
         return self._spec_encoder.encode(claim_uid, out, capabilities)
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:

@@ -17,6 +17,14 @@ says what it knows and records).
 
 Device nodes are real character devices when we are root (major/minor of /dev/null, so a real
 CDI consumer accepts them and nothing can reach a GPU through them), regular files otherwise.
+Beside the GPU and control nodes, ``dev/nvidia-caps/`` holds the capability node of every GPU
+instance and of its compute instance 0 (the only compute instance simulated GPUs make) of each
+GPU minor, as nvidia-modprobe leaves them (hard links of one node: cheap to make by the
+thousand). Its ``proc/`` holds what the agent reads of the kernel: ``devices`` (the majors of
+``nvidia-frontend``, ``nvidia-uvm`` and ``nvidia-caps``), ``driver/nvidia/params`` and the MIG
+capability table ``driver/nvidia-caps/mig-minors``; :func:`write_capability` adds a MIG
+capability's own file, as the driver does when the instance is made (prepare reads it only to
+make a missing capability node: cdi/devnodes.py).
 """
 
 from __future__ import annotations
@@ -68,6 +76,34 @@ NVIDIA_SMI_COMPUTE_MODES = "nvidia-smi.compute-mode.json"
 MPS_CONTROL_LOG = "nvidia-cuda-mps-control.log"
 MPS_CONTROL_HANG = "nvidia-cuda-mps-control.hang"
 MPS_CONTROL_FAIL = "nvidia-cuda-mps-control.fail"
+# The majors a fake /proc/devices gives the driver's character devices (195 is fixed; the others
+# the kernel hands out, in this range on real nodes).
+UVM_MAJOR = 508
+CAPS_MAJOR = 511
+PROC_DEVICES = f"""Character devices:
+  1 mem
+  4 /dev/vc/0
+  5 /dev/tty
+ 10 misc
+195 nvidia-frontend
+{CAPS_MAJOR - 1} nvidia-nvswitch
+{UVM_MAJOR} nvidia-uvm
+{CAPS_MAJOR} nvidia-caps
+
+Block devices:
+  7 loop
+259 blkext
+"""
+# /proc/driver/nvidia/params as a driver with the default device file settings has it
+NVIDIA_PARAMS = """ResmanDebugLevel: 4294967295
+RmLogonRC: 1
+ModifyDeviceFiles: 1
+DeviceFileUID: 0
+DeviceFileGID: 0
+DeviceFileMode: 438
+RegistryDwords: ""
+"""
+MIG_ACCESS_MODE = 0o444  # the mode a MIG capability's file gives its node
 
 # The stand-in nvidia-smi; exit statuses as the real one documents them (2: an invalid argument,
 # 6: no such GPU).
@@ -341,8 +377,11 @@ def read_mps_control_calls(state_dir: Path) -> list[str]:
 
 
 def make_node(path: Path) -> bool:
-    """A stand-in device node: char device 1:3 as root, else a regular file. True if char."""
+    """A stand-in device node: char device 1:3 as root, else a regular file. True if char. A
+    node already there is left as it is."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(path):
+        return stat.S_ISCHR(os.lstat(path).st_mode)
     if os.geteuid() == 0:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         return True
@@ -396,25 +435,64 @@ def make_fake_driver(
     proc_root = base / "proc"
     caps = proc_root / "driver/nvidia-caps"
     caps.mkdir(parents=True)
-    lines = ["config 1", "monitor 2"]
-    minor = 3
-    for gpu in range(8):
-        for gi in range(15):
-            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
-            minor += 1
-            for ci in range(8):
-                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
-                minor += 1
+    lines = [f"{name} {minor}" for name, minor in mig_capability_table().items()]
     (caps / "mig-minors").write_text("\n".join(lines) + "\n")
+    (proc_root / "devices").write_text(PROC_DEVICES)
+    (proc_root / "driver/nvidia/params").parent.mkdir(parents=True)
+    (proc_root / "driver/nvidia/params").write_text(NVIDIA_PARAMS)
     return FakeDriver(root=root, proc_root=proc_root, real_nodes=real_nodes, lib_dir=lib_dir)
 
 
+def mig_capability_table(gpus: int = 8) -> dict[str, int]:
+    """The kernel's MIG capability table (mig-minors) of ``gpus`` GPUs: name -> minor, numbered
+    as nv-caps.c numbers it (cdi/driverfiles.py)."""
+    table = {"config": 1, "monitor": 2}
+    minor = 3
+    for gpu in range(gpus):
+        for gi in range(15):
+            table[f"gpu{gpu}/gi{gi}/access"] = minor
+            minor += 1
+            for ci in range(8):
+                table[f"gpu{gpu}/gi{gi}/ci{ci}/access"] = minor
+                minor += 1
+    return table
+
+
+def write_capability(
+    proc_root: Path, name: str, *, mode: int = MIG_ACCESS_MODE, minor: int | None = None
+) -> Path:
+    """The driver's file of MIG capability ``name`` (``gpu0/gi1/access``, as the table names
+    it) under ``proc_root``, as the driver writes it when the instance exists; its path.
+    ``minor``: the capability's minor in a table renumbered since (a driver reload)."""
+    gpu, _, rest = name.partition("/")
+    path = proc_root / "driver/nvidia/capabilities" / gpu / "mig" / rest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if minor is None:
+        minor = mig_capability_table()[name]
+    path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
+    return path
+
+
 def make_device_nodes(dev: Path, *, gpu_minors: range = range(8)) -> None:
-    """The control nodes and one node per GPU minor under ``dev``."""
+    """The control nodes, one node per GPU minor and the MIG capability nodes simulated GPUs can
+    name (every GPU instance and its compute instance 0) under ``dev``."""
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         make_node(dev / name)
     for minor in gpu_minors:
         make_node(dev / f"nvidia{minor}")
+    table = mig_capability_table()
+    minors = [
+        table[f"gpu{gpu}/gi{gi}/{ci}access"]
+        for gpu in gpu_minors
+        if gpu < 8
+        for gi in range(15)
+        for ci in ("", "ci0/")
+    ]
+    if minors:
+        first = dev / "nvidia-caps" / f"nvidia-cap{minors[0]}"
+        make_node(first)
+        for minor in minors[1:]:
+            os.link(first, first.with_name(f"nvidia-cap{minor}"))
 
 
 def simulated_inventory(spec: str, *, node_name: str) -> Inventory:
