@@ -330,7 +330,11 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
             content_type, text = _scrape(metrics_port)
             assert content_type == "text/plain; version=0.0.4; charset=utf-8"
             series = exposition.parse(text)
-            labels = {"driver": "gpu.nvidia.com", "operation": "NodePrepareResources"}
+            labels = {
+                "node": "gpu-node-1",
+                "driver": "gpu.nvidia.com",
+                "operation": "NodePrepareResources",
+            }
             # the probes above called dra.sock with empty requests: not counted as traffic
             assert exposition.value(series, "nvidia_dra_requests_total", **labels) == 0
             node = {"node": "gpu-node-1", "driver": "gpu.nvidia.com"}
