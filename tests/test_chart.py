@@ -1173,11 +1173,11 @@ def test_the_dashboard_has_the_panels_a_gpu_operator_looks_for() -> None:
     for panel in board["panels"]:
         for target in panel.get("targets", ()):
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
-            # Per-node panels follow the node picker; the driver's request panels are cluster-wide
-            # (their series have no node label).
-            cluster_wide = ("nvidia_dra_request", "nvidia_dra_node_")
+            # Every panel follows the node picker: every series the agent exports has `node`
+            # (the driver's request and error series too), and every selector in a query uses it.
             expr = target["expr"]
-            assert '{node=~"$node"}' in expr or any(name in expr for name in cluster_wide)
+            selectors = re.findall(r"\b(?:gpu_dra|nvidia_dra)_[a-z0-9_]+(\{[^}]*\})?", expr)
+            assert selectors and all('node=~"$node"' in s for s in selectors), expr
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
 
@@ -1190,7 +1190,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_agent_exposes() -> None:
         for query in dashboard_queries()
         for name in re.findall(r"\b(?:gpu_dra|nvidia_dra)_[a-z0-9_]+\b", query)
     }
-    assert "gpu_dra_gpu_utilization_ratio" in queried and "gpu_dra_gpu_claim_info" in queried
+    assert "gpu_dra_gpu_utilization_ratio" in queried and "gpu_dra_device_claim_info" in queried
     exposed = scraped_sample_names()
     assert sorted(queried - exposed) == []
 
@@ -1222,7 +1222,7 @@ def scraped_sample_names() -> set[str]:
             holders=lambda: {"gpu-0": (ClaimHolder("ns", "c", "u", ("p",)),)},
         )
         telemetry.set_health_providers(
-            states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {"gpu-0": 0}
+            states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {}
         )
         telemetry.sample()
         registry.register_formatted(telemetry)
