@@ -918,6 +918,7 @@ def test_cluster_role_grants_only_the_calls_the_agent_needs() -> None:
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "nodes", "get"),
         ("", "events", "create"),
+        ("", "pods", "get"),  # the containers of a claim's pods (DCGM-compatible telemetry)
     }
     binding = one(render(), "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
