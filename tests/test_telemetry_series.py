@@ -23,10 +23,14 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.cli import build_config
 from dra_driver.errors import KubeUnavailable
+from dra_driver.gpus import nvml
+from dra_driver.gpus.readings import NvmlReader
 from dra_driver.gpus.telemetryvalues import Reading
 from dra_driver.metrics import Registry
 from dra_driver.sim.fakedriver import simulated_inventory
+from dra_driver.sim.faults import SimulatedFault
 from dra_driver.sim.localapi import FakeKubeApi, free_port
+from dra_driver.sim.nvml import SLOWDOWN_C, simulated_nvml
 from dra_driver.telemetry.dcgm import DCGM_METRIC_NAMES, dcgm_pci_bus_id
 from dra_driver.telemetry.holders import PodMapper, XidHistory, claim_containers
 from dra_driver.telemetry.model import ClaimHolder
@@ -343,3 +347,37 @@ def test_the_last_xid_is_the_one_whose_count_went_up() -> None:
 )
 def test_pci_bus_ids_take_dcgms_form(nvml: str, dcgm: str) -> None:
     assert dcgm_pci_bus_id(nvml) == dcgm
+
+
+def test_a_hot_simulated_gpu_slows_down_and_counts_from_zero() -> None:
+    """The readings through pynvml into the simulated GPUs: a temperature fault at the
+    slowdown threshold sets the thermal slowdown reasons; the counters are there at 0."""
+    with simulated_nvml("h100:2", node_name="n") as node:
+        inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
+        reader = NvmlReader()
+        telemetry = Telemetry(node_name="n", inventory=inventory, read=reader, dcgm=True)
+        try:
+            telemetry.sample()
+            cool = scrape_series(telemetry)
+            node.library.health.inject(
+                SimulatedFault(kind="temperature", gpu=1, celsius=SLOWDOWN_C)
+            )
+            telemetry.sample()
+            hot = scrape_series(telemetry)
+        finally:
+            reader.close()
+    slowdown = "gpu_dra_gpu_clock_slowdown"
+    assert set(exposition.find(cool, slowdown).values()) == {0.0}
+    assert len(exposition.find(cool, slowdown)) == 2 * 3  # every reason of every GPU
+    active = {
+        (dict(k)["device"], dict(k)["reason"])
+        for k, v in exposition.find(hot, slowdown).items()
+        if v
+    }
+    assert active == {("gpu-1", "hw_slowdown"), ("gpu-1", "hw_thermal")}
+    for name in ("gpu_dra_gpu_remapped_rows_total", "gpu_dra_gpu_pcie_replays_total"):
+        assert set(exposition.find(cool, name).values()) == {0.0}, name
+    assert list(exposition.find(cool, "gpu_dra_gpu_row_remap_failure").values()) == [0.0, 0.0]
+    (temp,) = exposition.find(hot, "DCGM_FI_DEV_GPU_TEMP", gpu="1").values()
+    (mem_temp,) = exposition.find(hot, "DCGM_FI_DEV_MEMORY_TEMP", gpu="1").values()
+    assert temp == SLOWDOWN_C and mem_temp > temp  # HBM: the memory sensor answers

@@ -65,12 +65,11 @@ _GAUGES = (
 )
 
 SLOWDOWN_REASONS = (
-    # nvml.h nvmlClocksEventReason* bits that hold the clocks down (not idle, not app settings)
-    ("sw_power_cap", 0x4),
+    # nvml.h nvmlClocksEventReason* bits of a slowdown for heat or a hardware signal (power
+    # capping at the limit is normal under load and left out; the bitmask is in the reading)
     ("hw_slowdown", 0x8),
     ("sw_thermal", 0x20),
     ("hw_thermal", 0x40),
-    ("hw_power_brake", 0x80),
 )
 
 INFO = "gpu_dra_gpu_info"
@@ -229,7 +228,7 @@ class _Families:
         self.slowdown = GaugeMetricFamily(
             SLOWDOWN,
             "1 while the driver holds the GPU's clocks down for the reason in the label reason "
-            "(sw_power_cap, hw_slowdown, sw_thermal, hw_thermal, hw_power_brake), else 0.",
+            "(hw_slowdown, sw_thermal, hw_thermal), else 0.",
             labels=(*labels, "reason"),
         )
         self.health = GaugeMetricFamily(
