@@ -1039,6 +1039,14 @@ def test_the_telemetry_interval_reaches_the_agent() -> None:
     assert config.telemetry_interval_s == 0
 
 
+def test_the_dcgm_series_are_on_by_default_and_the_value_reaches_the_agent() -> None:
+    for sets, wanted in (((), True), (("--set", "metrics.dcgm=false"), False)):
+        container = agent_container(render(*sets))
+        environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        assert environ["DCGM_METRICS"] == str(wanted).lower()
+        assert cli.build_config([], environ | {"NODE_NAME": "n1"}).dcgm_metrics is wanted
+
+
 def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     objects = render(*COMBINATIONS["monitoring"])
     monitor = one(objects, "PodMonitor")
@@ -1050,7 +1058,9 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     assert selector.items() <= pod_labels.items()  # it selects the agent pods
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    assert endpoint == {
+        "port": "metrics", "path": "/metrics", "interval": "30s", "honorLabels": True,
+    }  # fmt: skip
     ports = {p["name"] for p in agent_container(objects)["ports"]}
     assert "metrics" in ports
     # The agent's own labels select it: `gpu-dra status` finds the pods the same way.
@@ -1098,8 +1108,12 @@ def test_service_monitor_scrapes_the_agent_pods_through_a_headless_service() -> 
         "path": "/metrics",
         "interval": "30s",
         "scrapeTimeout": "10s",
-    }  # no honorLabels, no relabelings: the metrics carry their own node label
+        "honorLabels": True,  # the DCGM series' pod/namespace are the claim's pod's
+    }  # no relabelings: the metrics carry their own node label
     assert "PodMonitor" not in {o["kind"] for o in objects}
+    without = render(*COMBINATIONS["service monitor"], "--set", "metrics.dcgm=false")
+    (endpoint,) = one(without, "ServiceMonitor")["spec"]["endpoints"]
+    assert "honorLabels" not in endpoint
 
 
 def test_service_port_follows_the_metrics_port() -> None:
@@ -1222,9 +1236,7 @@ def scraped_sample_names() -> set[str]:
             read=reader,
             holders=lambda: {"gpu-0": (ClaimHolder("ns", "c", "u", ("p",)),)},
         )
-        telemetry.set_health_providers(
-            states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {}
-        )
+        telemetry.set_health_providers(states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {})
         telemetry.sample()
         registry.register_formatted(telemetry)
         server = metrics_server(registry, port=0, host="127.0.0.1")
