@@ -26,6 +26,7 @@ from dra_driver.errors import KubeUnavailable
 from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import NvmlReader
 from dra_driver.gpus.telemetryvalues import Reading
+from dra_driver.kube import KubeClient
 from dra_driver.metrics import Registry
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.faults import SimulatedFault
@@ -381,3 +382,19 @@ def test_a_hot_simulated_gpu_slows_down_and_counts_from_zero() -> None:
     (temp,) = exposition.find(hot, "DCGM_FI_DEV_GPU_TEMP", gpu="1").values()
     (mem_temp,) = exposition.find(hot, "DCGM_FI_DEV_MEMORY_TEMP", gpu="1").values()
     assert temp == SLOWDOWN_C and mem_temp > temp  # HBM: the memory sensor answers
+
+
+def test_the_pod_get_answers_none_for_a_pod_that_is_gone(tmp_path: Path) -> None:
+    api = FakeKubeApi().start()
+    try:
+        api.put("pods", pod("pod-0", claim="c1"))
+        client = KubeClient.from_config(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
+        try:
+            found = client.get_pod("default", "pod-0")
+            assert found is not None
+            assert claim_containers(found, "c1") == ("main",)
+            assert client.get_pod("default", "gone") is None
+        finally:
+            client.close()
+    finally:
+        api.stop()
