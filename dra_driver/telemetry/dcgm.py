@@ -104,8 +104,6 @@ XID_ERRORS = _Field(
 DCGM_METRIC_NAMES = (*(f.name for f in FIELDS), XID_ERRORS.name)
 """Every DCGM metric name the agent can expose (as written in the exposition)."""
 
-_COUNTERS = tuple(f.name for f in FIELDS if f.type == "counter")
-
 
 def dcgm_pci_bus_id(bus_id: str) -> str:
     """NVML's form of a PCI address, as DCGM reports it: ``0000:1b:00.0`` becomes
@@ -205,11 +203,15 @@ def _add(family: Metric, labels: dict[str, str], value: float) -> None:
 
 def render_dcgm(families: list[Metric]) -> str:
     """The text exposition of ``families`` with dcgm-exporter's counter names (no ``_total``)."""
-    text = render(_Fixed(families))
-    for name in _COUNTERS:
-        text = text.replace(f"# HELP {name}_total ", f"# HELP {name} ", 1)
-        text = text.replace(f"# TYPE {name}_total counter", f"# TYPE {name} counter", 1)
-    return text
+    parts = []
+    for family in families:
+        text = render(_Fixed([family]))
+        if family.type == "counter":  # its two header lines only: the samples have the name
+            name = family.name
+            text = text.replace(f"# HELP {name}_total ", f"# HELP {name} ", 1)
+            text = text.replace(f"# TYPE {name}_total counter", f"# TYPE {name} counter", 1)
+        parts.append(text)
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
