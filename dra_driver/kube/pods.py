@@ -17,12 +17,12 @@ class PodCalls(ApiConnection):
     """The core/v1 Pod call of :class:`~dra_driver.kube.client.KubeClient`."""
 
     def get_pod(self, namespace: str, name: str) -> JsonDict | None:
-        """The Pod, or None when it does not exist; KubeError when it cannot be read."""
+        """The Pod, or None when it does not exist; KubeError when it cannot be read. Over the
+        keep-alive connections of the claim GET where the configuration allows (its bounded
+        timeout: the sampling pass that asks waits for it)."""
         try:
-            pod: JsonDict = self._request(
-                "GET",
+            pod: JsonDict = self._get(
                 f"/api/v1/namespaces/{namespace}/pods/{name}",
-                verb="get",
                 resource="pods",
                 namespace=namespace,
                 name=name,

@@ -83,7 +83,9 @@ class PodMapper:
 
     ``refresh(holders)`` (once per sampling pass) forgets pairs no claim names any more and reads
     the new ones; a pod that cannot be read now is shown without containers and read again at
-    the next refresh. Not thread-safe: the sampling loop calls it.
+    the next refresh, and the pods after it wait for that refresh too (one failing GET per pass
+    while the API server is unreachable, not one per pod). Not thread-safe: the sampling loop
+    calls it.
     """
 
     def __init__(self, get_pod: GetPod) -> None:
@@ -100,14 +102,17 @@ class PodMapper:
         }
         self._known = {key: use for key, use in self._known.items() if key in wanted}
         uses: dict[tuple[str, str], PodUse] = {}
+        reachable = True  # after one failed read, the others wait for the next pass
         for key, holder in wanted.items():
             use = self._known.get(key)
             if use is None:
-                use = self._read(key, holder)
-            uses[key] = use
+                use = self._read(key, holder) if reachable else None
+                reachable = use is not None
+            uses[key] = use or PodUse(holder.namespace, key[1], ())
         return uses
 
-    def _read(self, key: tuple[str, str], holder: ClaimHolder) -> PodUse:
+    def _read(self, key: tuple[str, str], holder: ClaimHolder) -> PodUse | None:
+        """The pod's use of the claim, kept; None when the pod cannot be read now."""
         name = key[1]
         try:
             pod = self._get_pod(holder.namespace, name)
@@ -118,7 +123,7 @@ class PodMapper:
                     extra={"pod": f"{holder.namespace}/{name}", "error": str(exc)},
                 )
             self._failing.add(key)
-            return PodUse(holder.namespace, name, ())
+            return None
         self._failing.discard(key)
         containers = claim_containers(pod, holder.name) if pod is not None else ()
         use = PodUse(holder.namespace, name, containers)
