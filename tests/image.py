@@ -13,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.podman import missing
 
@@ -137,7 +139,10 @@ def load_into(directory: Path, tag: str) -> list[str]:
     """``tag`` copied into a private store in ``directory``; that store's podman options."""
     options = store_options(directory)
     archive = directory / "image.tar"
-    for args in (("save", "-q", "-o", str(archive), tag), (*options, "load", "-q", "-i", str(archive))):
+    for args in (
+        ("save", "-q", "-o", str(archive), tag),
+        (*options, "load", "-q", "-i", str(archive)),
+    ):
         run = _podman(*args, timeout=300)
         assert run.returncode == 0, run.stderr
     archive.unlink()
@@ -150,3 +155,62 @@ def remove_store(directory: Path) -> None:
     _podman(*store_options(directory), "rmi", "-a", "-f")
     _podman(*store_options(directory), "system", "reset", "-f")
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def standins_on_path_python(bindir: Path) -> None:
+    """The fake driver's Python stand-ins (nvidia-smi, ...) started by ``python3`` from PATH:
+    their shebang names this machine's interpreter, which the image has not."""
+    for tool in bindir.iterdir():
+        text = tool.read_bytes()
+        if text.startswith(b"#!/") and b"python" in text.split(b"\n", 1)[0]:
+            tool.write_bytes(b"#!/usr/bin/env python3\n" + text.split(b"\n", 1)[1])
+
+
+PROPAGATION = {"None": "rprivate", "HostToContainer": "rslave", "Bidirectional": "rshared"}
+
+
+@dataclass(frozen=True)
+class PodImage:
+    """The built image in a private store, run by podman in a node namespace as the kubelet
+    runs the DaemonSet's container: its command, env, security context, hostPath volumes at
+    their mountPaths (recursive binds, with their propagation), emptyDirs, the token files."""
+
+    tag: str
+    options: list[str]  # podman's global options for the private store
+    conf: Path  # containers.conf (tests/podman.py)
+
+    def podman(self) -> list[str]:
+        return ["env", f"CONTAINERS_CONF={self.conf}", "podman", *self.options]
+
+    def runtime(self, pod: dict[str, Any], container: dict[str, Any], *, work: Path) -> list[str]:
+        """The command the node runs to start the pod (tests/podsim.py's ``node.runtime``)."""
+        context = container.get("securityContext") or {}
+        argv = ["run", "--rm", "--pull=never", "--name", f"gpu-dra-{work.name}",
+                "--network=host"]  # fmt: skip  # the pod network: this machine's
+        if context.get("privileged"):
+            argv.append("--privileged")
+        if "runAsUser" in context:
+            argv += ["--user", f"{context['runAsUser']}:{context.get('runAsGroup', 0)}"]
+        if context.get("readOnlyRootFilesystem"):
+            argv += ["--read-only", "--read-only-tmpfs=false"]  # no tmpfs the kubelet adds not
+        for name, value in pod["env"].items():
+            argv += ["--env", f"{name}={value}"]
+        create = []
+        for volume in pod["volumes"]:
+            if volume["create"]:  # DirectoryOrCreate: the kubelet makes it, podman would not
+                create.append(volume["host_path"])
+            options = [PROPAGATION[volume["propagation"]]]
+            if volume["read_only"]:
+                options.append("ro")
+            argv += [
+                "--volume",
+                f"{volume['host_path']}:{volume['mount_path']}:{','.join(options)}",
+            ]
+        for path in pod["empty_dirs"]:
+            argv += ["--tmpfs", path]
+        for path, source in pod["files"].items():
+            argv += ["--volume", f"{source}:{path}:ro"]
+        command, args = container["command"], container.get("args", [])
+        argv += ["--entrypoint", json.dumps(command), self.tag, *args]
+        make = f"mkdir -p {' '.join(map(shlex.quote, create))} && " if create else ""
+        return ["sh", "-c", make + 'exec "$@"', "sh", *self.podman(), *argv]
