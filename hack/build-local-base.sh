@@ -36,9 +36,15 @@ fi
 
 # minbase: essential packages + apt, no recommends; python3-venv and python3-pip are what the
 # Dockerfile uses (`python3 -m venv`, `python3 -m pip`); ca-certificates lets pip reach PyPI.
+# Without manual pages, translations and documentation but the copyright files (about 50 MB).
 rootfs() {
   mmdebstrap --variant=minbase --quiet \
     --aptopt='APT::Install-Recommends "false"' \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --include=python3,python3-venv,python3-pip,ca-certificates \
     bookworm - "$mirror" \
     "deb ${SECURITY_MIRROR:-http://deb.debian.org/debian-security} bookworm-security main"
