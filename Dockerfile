@@ -37,7 +37,8 @@ COPY dra_driver ./dra_driver
 # The package's own wheel offline: its build backend (setuptools) is among the wheels above.
 RUN gcc -static -O2 -Wall -o dra_driver/cdi/hook/gpu-dra-cdi-hook dra_driver/cdi/hook/hook.c \
     && python3 -m pip wheel --wheel-dir /wheels --no-index --find-links /wheels --no-deps \
-       -c constraints.txt .
+       -c constraints.txt . \
+    && cd /wheels && sha256sum *.whl > /wheels.sha256
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="gpu-dra" \
@@ -52,6 +53,10 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # belongs to apt; `pip install --break-system-packages` would mix our packages with apt's). The
 # venv has no pip of its own: the base's pip installs into it (`--python`), so the image carries
 # one pip, the base's. The wheels are bind-mounted, not copied, so they leave no layer behind.
+# Their checksums are copied, and kept as a record of what was installed: podman/buildah (1.28)
+# key the cache of a RUN by its text alone, not by what it mounts, so without this change of
+# input a new wheel of the package would not be installed (stale image, seen here).
+COPY --from=build /wheels.sha256 /opt/gpu-dra/wheels.sha256
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     --mount=type=bind,source=constraints.txt,target=/tmp/constraints.txt \
     python3 -m venv --without-pip /opt/gpu-dra \

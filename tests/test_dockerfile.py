@@ -182,3 +182,15 @@ def test_the_image_has_the_pyc_files_of_the_charts_pythonoptimize() -> None:
     assert any("PYTHONDONTWRITEBYTECODE=1" in env for env in of("ENV"))
     daemonset = (REPO / "charts" / "gpu-dra" / "templates" / "daemonset.yaml").read_text()
     assert re.search(r'- name: PYTHONOPTIMIZE\n\s+value: "2"', daemonset)
+
+
+def test_new_wheels_invalidate_the_cached_install() -> None:
+    """podman/buildah key a cached RUN by its text, not by what it bind-mounts from another
+    stage: the final stage copies the wheels' checksums from the build stage before the RUN
+    that installs them, so that a new wheel of the package makes a new install layer."""
+    steps = instructions()
+    final = steps[[kw for kw, _ in steps].index("FROM", 1) :]
+    copies = [i for i, (kw, args) in enumerate(final) if kw == "COPY" and "--from=build" in args]
+    installs = [i for i, (kw, args) in enumerate(final) if kw == "RUN" and "from=build" in args]
+    assert copies and installs and copies[0] < installs[0]
+    assert "sha256sum" in " ".join(of("RUN")[:-1])  # the build stage writes them
