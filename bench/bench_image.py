@@ -47,15 +47,16 @@ def main() -> int:
     if why:
         print(f"skipped: {why}")
         return 0
-    started = time.monotonic()
-    tag = build()
-    built_s = time.monotonic() - started
-    image_facts = facts(tag)
     store = Path(tempfile.mkdtemp(prefix="ddi-", dir="/tmp"))
     api = None
     node = None
     try:
-        image = PodImage(tag, load_into(store, tag), containers_conf(store))
+        conf = containers_conf(store)
+        started = time.monotonic()
+        tag = build(conf)
+        built_s = time.monotonic() - started
+        image_facts = facts(tag)
+        image = PodImage(tag, load_into(store, tag), conf)
         with tempfile.TemporaryDirectory(prefix="dd-", dir="/tmp") as d:
             work = Path(d)
             (work / "elf").mkdir()

@@ -84,14 +84,15 @@ def why_not_buildable() -> str:
     )
 
 
-def build() -> str:
-    """The image of this checkout (built unless an image of the same inputs exists): its tag."""
+def build(conf: Path) -> str:
+    """The image of this checkout (built unless an image of the same inputs exists), podman
+    reading ``conf`` (tests/podman.py): its tag."""
     tag = test_tag()
     if present(tag):
         return tag
     run = subprocess.run(
         ["bash", str(REPO / "hack/build-image.sh")],
-        env={**os.environ, "ENGINE": "podman", "IMAGE": tag},
+        env={**os.environ, "ENGINE": "podman", "IMAGE": tag, "CONTAINERS_CONF": str(conf)},
         capture_output=True, text=True, timeout=1500, check=False,
     )  # fmt: skip
     if run.returncode != 0:
@@ -152,8 +153,7 @@ def load_into(directory: Path, tag: str) -> list[str]:
 def remove_store(directory: Path) -> None:
     """Everything of the private store in ``directory``, its mounts first."""
     _podman(*store_options(directory), "rm", "-a", "-f")
-    _podman(*store_options(directory), "rmi", "-a", "-f")
-    _podman(*store_options(directory), "system", "reset", "-f")
+    _podman(*store_options(directory), "rmi", "-a", "-f")  # unmounts its layers
     shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -58,10 +58,11 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[PodImage]:
-    tag = build()
     store = Path(tempfile.mkdtemp(prefix="ddi-", dir="/tmp"))
     try:
-        yield PodImage(tag, load_into(store, tag), containers_conf(store))
+        conf = containers_conf(store)
+        tag = build(conf)
+        yield PodImage(tag, load_into(store, tag), conf)
     finally:
         remove_store(store)
 
