@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # Image of the gpu-dra node agent (`make image`). Two stages: the first builds wheels of the package
 # and of its dependencies at the exact versions of constraints.txt, the second installs only those
 # wheels (no compiler, no network, no build files) into the same slim Python base.
@@ -10,6 +9,8 @@
 # Python 3.11 and pip). Every step below runs unchanged on both: both are bookworm with apt, and
 # the steps call `python3 -m ...`, never a path (the official image has its Python in /usr/local,
 # Debian's is /usr/bin/python3).
+# No `# syntax=` line: BuildKit's own Dockerfile frontend (Docker >= 23) and buildah both know
+# RUN --mount; the line would make docker fetch a frontend image from Docker Hub first.
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
 
 FROM ${BASE_IMAGE} AS build

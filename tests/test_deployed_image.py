@@ -44,15 +44,11 @@ from tests.test_deployed import (  # noqa: F401 - the module's fixtures
     work,
 )
 
-
-def _why_not() -> str:
-    return _missing() or why_not_buildable()
-
-
+WHY_NOT = _missing() or why_not_buildable()
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.helm,
-    pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "-"),
+    pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "-"),
 ]
 
 
