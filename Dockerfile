@@ -14,6 +14,9 @@
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
 
 FROM ${BASE_IMAGE} AS build
+# A PyPI mirror, where PyPI is out of reach (hack/build-image.sh passes PIP_INDEX_URL on); this
+# stage only, so it stays out of the image.
+ARG PIP_INDEX_URL
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 # The CDI hook runs on the node, outside this image: a static binary works on any host. It is

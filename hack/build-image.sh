@@ -50,7 +50,9 @@ esac
 # pip in the build stage trusts what this machine trusts (a proxy's CA, say): CA_BUNDLE, by
 # default the system bundle, goes in as a build secret, which no layer keeps.
 ca_bundle="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
-secret=()
-if [ -s "$ca_bundle" ]; then secret=(--secret "id=ca-bundle,src=$ca_bundle"); fi
-"${build[@]}" "${secret[@]}" --build-arg "BASE_IMAGE=$base" -t "$image" -f Dockerfile .
+extra=()
+if [ -s "$ca_bundle" ]; then extra=(--secret "id=ca-bundle,src=$ca_bundle"); fi
+# PIP_INDEX_URL: a PyPI mirror for the build stage's pip.
+if [ -n "${PIP_INDEX_URL:-}" ]; then extra+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL"); fi
+"${build[@]}" "${extra[@]}" --build-arg "BASE_IMAGE=$base" -t "$image" -f Dockerfile .
 echo "make image: built $image on $base with $engine"
