@@ -8,10 +8,11 @@
 # localhost/gpu-dra-base:bookworm instead (hack/build-local-base.sh: Debian 12 with Debian's own
 # Python 3.11 and pip). Every step below runs unchanged on both: both are bookworm with apt, and
 # the steps call `python3 -m ...`, never a path (the official image has its Python in /usr/local,
-# Debian's is /usr/bin/python3).
+# Debian's is /usr/bin/python3). The name is fully qualified: podman resolves no short names
+# unless registries.conf says where to look.
 # No `# syntax=` line: BuildKit's own Dockerfile frontend (Docker >= 23) and buildah both know
 # RUN --mount; the line would make docker fetch a frontend image from Docker Hub first.
-ARG BASE_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
+ARG BASE_IMAGE=docker.io/library/python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
 
 FROM ${BASE_IMAGE} AS build
 # A PyPI mirror, where PyPI is out of reach (hack/build-image.sh passes PIP_INDEX_URL on); this

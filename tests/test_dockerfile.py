@@ -64,7 +64,8 @@ def test_build_is_multi_stage_on_pinned_slim_python_bases() -> None:
     for base in bases():
         image = base.split()[0]
         match = re.fullmatch(
-            r"python:(\d+)\.(\d+)\.(\d+)-slim(-[a-z]+)?@sha256:[0-9a-f]{64}", image
+            r"(docker\.io/library/)?python:(\d+)\.(\d+)\.(\d+)-slim(-[a-z]+)?@sha256:[0-9a-f]{64}",
+            image,
         )
         assert match, f"base {image!r} must be pinned as python:X.Y.Z-slim...@sha256:<digest>"
 
