@@ -71,8 +71,10 @@ chart: $(STAMP) $(HOOK) helm
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" helm lint --strict charts/gpu-dra
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q tests/test_chart.py
 
+## make image: the agent's image, gpu-dra:<version> (IMAGE=...), with podman, buildah or docker;
+## BASE_IMAGE=... another base; without a registry it builds on hack/build-local-base.sh's base
 image:
-	docker build -t gpu-dra:$$(grep -m1 '^version' pyproject.toml | cut -d'"' -f2) .
+	bash hack/build-image.sh
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(HOOK) .gpu-check .mypy_cache .ruff_cache .pytest_cache

@@ -15,6 +15,8 @@ The plan (JSON) says everything; nothing here knows the chart:
 * ``node.binds``: ``[source, target]``: a test directory shown at a host path;
 * ``node.overlays``: ``[extra, target]``: ``extra``'s files added to a host directory
   (read-only overlay), e.g. the driver's libraries in /usr/lib/x86_64-linux-gnu;
+* ``node.runtime``: optional; a command that starts the pod itself (podman with the built
+  image), run in place of this file's ``pod`` and sent the same signals;
 * ``pod.root``: an empty directory that becomes the Pod's root;
 * ``pod.image``: host directories that make up the agent's image (bound without submounts, so the
   node's overlays are not in the image);
@@ -62,10 +64,13 @@ def node(plan: dict[str, Any], plan_path: str) -> int:
             _mount("--bind", volume["host_path"], volume["host_path"])
             _mount("--make-shared", volume["host_path"])
     Path(plan["node"]["ready"]).write_text(str(os.getpid()))
-    pod = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "unchanged", sys.executable, __file__, "pod",
-         plan_path]
-    )  # fmt: skip
+    # A container runtime in the node instead (tests/test_deployed_image.py: podman runs the
+    # built image), or this file's own stand-in of one.
+    runtime = plan["node"].get("runtime") or [
+        "unshare", "--mount", "--propagation", "unchanged", sys.executable, __file__, "pod",
+        plan_path,
+    ]  # fmt: skip
+    pod = subprocess.Popen(runtime)
 
     def forward(signum: int, frame: object) -> None:
         pod.send_signal(signum)

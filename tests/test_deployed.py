@@ -68,6 +68,7 @@ from dra_driver.sim.localapi import FakeKubeApi, free_port
 from dra_driver.sim.profiles import DRIVER_VERSION
 from tests import exposition
 from tests.claimdata import allocated_claim, opaque
+from tests.image import PodImage, standins_on_path_python
 from tests.podman import BUSYBOX, busybox_rootfs, containers_conf, missing, podman_env
 from tests.test_chart import CHART, HELM, NAMESPACE, RELEASE
 
@@ -260,8 +261,10 @@ def start_node(
     api: FakeKubeApi,
     simulate: str = "h100:2",
     extra_values: tuple[str, ...] = (),
+    image: PodImage | None = None,
 ) -> tuple[Node, dict[str, Any]]:
-    """The node with the driver installed per ``layout`` and the chart's agent Pod on it."""
+    """The node with the driver installed per ``layout`` and the chart's agent Pod on it: the
+    machine's userland as the image, or with ``image`` podman running the built image."""
     values, lib_dir, driver_root = LAYOUTS[layout]
     # Simulated GPUs (no GPU here): the only value changed from the layout's, but for the ports:
     # the pod shares this machine's network, where other runs may hold the default ports.
@@ -280,6 +283,8 @@ def start_node(
     )
     for leftover in (fake.root / lib_dir).glob("libc.so*"):
         leftover.unlink()  # the fake tree's "unrelated library" would shadow the host's libc
+    if image is not None:  # the stand-in tools run with the image's python3, not this one
+        standins_on_path_python(fake.root / "usr/bin")
     kubelet_dir, cdi_dir = work / "k", work / "cdi"
     kubelet_dir.mkdir(exist_ok=True)  # a test may leave state there first (a switched node)
     (kubelet_dir / "plugins_registry").mkdir()  # the kubelet creates it (type: Directory)
@@ -314,7 +319,7 @@ def start_node(
         # GPU): the driver root is read-only in the pod, the plugin data dir is not.
         FAKE_NVIDIA_SMI_DIR=f"{env['KUBELET_PLUGINS_DIRECTORY_PATH']}/gpu.nvidia.com",
     )
-    plan = {
+    plan: dict[str, Any] = {
         "node": {
             "tmpfs": ["/run", "/var/lib"],  # the machine's own state stays out of the node
             "overlays": overlays,
@@ -341,6 +346,10 @@ def start_node(
             "env": env,
         },
     }
+    if image is not None:
+        for name in ("PATH", "HOME", "PYTHONDONTWRITEBYTECODE"):  # the image's own
+            del env[name]
+        plan["node"]["runtime"] = image.runtime(plan["pod"], container, work=work)
     (work / "podroot").mkdir()
     plan_path = work / "plan.json"
     plan_path.write_text(json.dumps(plan))
