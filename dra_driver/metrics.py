@@ -217,8 +217,9 @@ class DriverMetrics:
     ``error_types`` are created at 0 up front, so that ``rate()`` sees the first error of a
     kind. Every series carries ``node`` (``node_name``, from the config), so dashboards filter
     them by node like the telemetry; NVIDIA's driver labels them by ``driver`` (and
-    ``operation``, ``error_type``) only. Gauges computed from state (prepared devices, prepared devices that are missing) get
-    their collector from the part that owns the state (``prepared_devices.set_collector``).
+    ``operation``, ``error_type``) only. Gauges computed from state (prepared devices, prepared
+    devices that are missing) get their collector from the part that owns the state
+    (``prepared_devices.set_collector``).
     """
 
     def __init__(
