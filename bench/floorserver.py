@@ -29,7 +29,7 @@ import grpc
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.dra import V1Servicer
-from dra_driver.plugin.server import _GRPC_WORKERS, _serve
+from dra_driver.plugin.services import _GRPC_WORKERS, _serve
 from dra_driver.prepare import ClaimRef, Outcome, Preparer
 from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
 
