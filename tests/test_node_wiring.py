@@ -47,3 +47,40 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("dra_driver."))))
     }
     assert unused.isdisjoint(modules), sorted(unused & set(modules))
     assert {"dra_driver.sharing.mps_step", "dra_driver.sharing.share_step"} <= set(modules)
+
+
+def test_simulated_gpus_make_device_nodes_only_inside_a_simulated_driver_install(
+    tmp_path: Path,
+) -> None:
+    # --simulate: the nodes a spec names are fictional; the agent makes them only inside a
+    # simulated install with its own dev/ (GPU operator layout), never in the node's /dev, where
+    # no driver module gives them numbers (cdi/devnodes.py); a real node makes them in its /dev.
+    from dra_driver.node.config import Config  # noqa: PLC0415
+    from dra_driver.node.wiring import plugin_settings  # noqa: PLC0415
+    from dra_driver.plugin.server import KubeletPlugin  # noqa: PLC0415
+    from dra_driver.sim.nvml import discover_simulated  # noqa: PLC0415
+
+    def dev_root_made_in(driver_root: Path, simulate: str | None) -> Path | None:
+        config = Config(
+            node_name="node1",
+            simulate=simulate,
+            nvidia_driver_root=driver_root,
+            kubelet_plugins_directory_path=tmp_path / "plugins",
+            kubelet_registrar_directory_path=tmp_path / "registry",
+            cdi_root=tmp_path / "cdi",
+            cdi_hook="none",
+        )
+        plugin = KubeletPlugin(
+            settings=plugin_settings(config),
+            inventory=discover_simulated("h100:1", node_name="node1"),
+            claims=None,  # type: ignore[arg-type]  # not started: no claim is read
+            steps=lambda state: [],
+        )
+        return plugin.driver_files().dev_root_here
+
+    assert dev_root_made_in(Path("/"), "h100:1") is None
+    assert dev_root_made_in(Path("/"), None) == Path("/")
+    install = tmp_path / "driver"
+    (install / "dev").mkdir(parents=True)
+    (install / "dev" / "nvidiactl").touch()
+    assert dev_root_made_in(install, "h100:1") == install

@@ -166,6 +166,7 @@ def plugin_settings(config: Config) -> PluginSettings:
         pod_uid=config.pod_uid,
         unprepare_on_exit=config.unprepare_on_exit,
         nvidia_namespace=config.nvidia_namespace,
+        simulated_gpus=config.simulate is not None,
     )
 
 

@@ -159,14 +159,7 @@ class KubeletPlugin:
     def start(self) -> None:
         """Prepare state, then serve dra.sock, then the registration socket. Not re-entrant."""
         cfg = self.settings
-        driver_version = self.inventory.gpus[0].driver_version if self.inventory.gpus else None
-        # Scanned where this process sees the install, named in specs as the host sees it.
-        files = cdi.find_driver_files(
-            driver_root=cfg.driver_root_in_container,
-            host_driver_root=cfg.nvidia_driver_root,
-            driver_version=driver_version,
-            proc_root=self._proc_root,
-        )
+        files = self.driver_files()
         cfg.plugin_data_dir.mkdir(parents=True, exist_ok=True)
         files = dataclasses.replace(files, hook_path=self._hook_path())
         log.info(
@@ -355,6 +348,22 @@ class KubeletPlugin:
             log.warning(
                 "cannot post an Event on the Node", extra={"reason": reason, "error": str(exc)}
             )
+
+    def driver_files(self) -> cdi.DriverFiles:
+        """The driver install's files and device nodes, scanned where this process sees the
+        install and named in specs as the host sees it (without the CDI hook)."""
+        cfg = self.settings
+        driver_version = self.inventory.gpus[0].driver_version if self.inventory.gpus else None
+        files = cdi.find_driver_files(
+            driver_root=cfg.driver_root_in_container,
+            host_driver_root=cfg.nvidia_driver_root,
+            driver_version=driver_version,
+            proc_root=self._proc_root,
+        )
+        if cfg.simulated_gpus and files.dev_root_here == Path("/"):
+            # simulated GPUs, the node's own /dev: no nodes made (PluginSettings.simulated_gpus)
+            files = dataclasses.replace(files, dev_root_here=None)
+        return files
 
     def _hook_path(self) -> str | None:
         """The host path of the CDI hook the specs name (installs the builtin one)."""

@@ -40,3 +40,7 @@ class PluginSettings:
     pod_uid: str | None = None
     unprepare_on_exit: bool = False  # docs/migration.md: switching back to NVIDIA's driver
     nvidia_namespace: str = "nvidia-dra-driver-gpu"  # NVIDIA's MPS daemons of adopted claims
+    # Simulated GPUs (--simulate): their device nodes are made (cdi/devnodes.py) only inside a
+    # simulated driver install that has its own dev/, never in the node's /dev, where no driver
+    # module exists to give them numbers (a chart with `simulate` on a cluster without GPUs).
+    simulated_gpus: bool = False
