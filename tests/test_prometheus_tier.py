@@ -1,15 +1,17 @@
 """A real Prometheus (Debian's ``prometheus`` package, installed by .ci/run) scraping the real agent
 on simulated GPUs, as the chart runs it, with a prepared claim and injected faults.
 
-One agent and one Prometheus for the module (about 30 s together): the agent runs in-cluster
+One agent and one Prometheus for the module (about 35 s together): the agent runs in-cluster
 against the local API server on four simulated H100 with ``--telemetry-interval 1``; Prometheus
-scrapes it every second and evaluates the chart's alerts (charts/gpu-dra/rules/, each ``for:``
-shortened to 1 s so the tier stays short) every second. Checked: ``promtool check metrics`` on the
-agent's exposition (clean but for the lint of dcgm-exporter's own names); every query of the chart's dashboard returns series for the node; the XID and
-ECC panels count the first event of a device; dashboard 12239's queries (NVIDIA's dcgm-exporter
-dashboard) return data, with the pod of the claim on the held GPU; each alert fires on its fault
-(agent not ready before the kubelet registers it; ECC, fatal XID, GPU lost, row remapping,
-thermal slowdown, tainted device) and clears after recovery. Skips only where ``prometheus`` or
+scrapes it every second as the chart's PodMonitor has the prometheus-operator scrape it (target
+labels, ``honorLabels``), and evaluates the chart's alerts (charts/gpu-dra/rules/, each ``for:``
+shortened to 1 s so the tier stays short) every second. Checked: ``promtool check metrics`` on
+the agent's exposition (clean but for the lint of dcgm-exporter's own names); every query of the
+chart's dashboard returns series for the node and honours ``$node``; the XID and ECC panels
+count the first event of a device; dashboard 12239's queries (NVIDIA's dcgm-exporter dashboard)
+return data, with the pod of the claim on the held GPU; each alert fires on its fault (agent not
+ready before the kubelet registers it; ECC, fatal XID, GPU lost, row remapping, thermal
+slowdown, tainted device) and clears after recovery. Skips only where ``prometheus`` or
 ``promtool`` is not installed.
 """
 
@@ -39,6 +41,7 @@ from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.sim.localapi import FakeKubeApi, free_port
 from tests.claimdata import allocated_claim
 from tests.test_agent import _in_cluster, _register
+from tests.test_chart import HELM, render
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -127,21 +130,43 @@ class Tier:
             return str(answer.read().decode())
 
 
+AGENT_POD = {"namespace": "gpu-dra", "pod": "gpu-dra-kubelet-plugin-x7k2p"}
+
+
+def pod_monitor_endpoint() -> dict[str, Any]:
+    """The scrape endpoint of the chart's PodMonitor (helm template), or the operator's defaults
+    where helm is not installed."""
+    if HELM is None:
+        return {"port": "metrics"}
+    objects = render("--set", "metrics.podMonitor.enabled=true")
+    (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
+    endpoint: dict[str, Any] = monitor["spec"]["podMetricsEndpoints"][0]
+    return endpoint
+
+
 def prometheus_config(tmp: Path, *, metrics_port: int) -> Path:
-    """The chart's rules with every ``for:`` at 1 s, and a 1 s scrape of the agent."""
+    """The chart's rules with every ``for:`` at 1 s, and a 1 s scrape of the agent as the chart's
+    PodMonitor has the prometheus-operator scrape it: the agent pod's ``namespace``, ``pod``,
+    ``container`` and ``endpoint`` as target labels, and the PodMonitor's ``honorLabels``."""
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
             if "for" in rule:
                 rule["for"] = "1s"
     (tmp / "rules.yaml").write_text(yaml.safe_dump(rules))
+    endpoint = pod_monitor_endpoint()
+    target_labels = {**AGENT_POD, "container": "kubelet-plugin", "endpoint": endpoint["port"]}
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(tmp / "rules.yaml")],
         "scrape_configs": [
             {
                 "job_name": "gpu-dra",
-                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
+                "honor_labels": bool(endpoint.get("honorLabels", False)),
+                "metrics_path": endpoint.get("path", "/metrics"),
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{metrics_port}"], "labels": target_labels}
+                ],
             }
         ],
     }
@@ -402,5 +427,7 @@ def test_dcgm_dashboard_12239_queries_return_data_with_the_pod_of_the_claim(tier
         (s["metric"].get("pod"), s["metric"].get("namespace"), s["metric"].get("container"))
         for s in used
     ] == [(POD, POD_NAMESPACE, CONTAINER)]
+    # A GPU no claim holds names no pod of a claim (with honorLabels, the agent's own target
+    # label fills in, as it does for dcgm-exporter's idle GPUs).
     idle = tier.query(f'DCGM_FI_DEV_FB_USED{{Hostname="{NODE}", gpu="1"}}')
-    assert idle and all("pod" not in s["metric"] for s in idle)
+    assert idle and all(s["metric"].get("pod") in (None, AGENT_POD["pod"]) for s in idle)
