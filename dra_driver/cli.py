@@ -211,6 +211,16 @@ FLAGS: tuple[Flag, ...] = (
         10.0,
     ),
     Flag(
+        "--dcgm-metrics",
+        "DCGM_METRICS",
+        "dcgm_metrics",
+        "true: also serve the telemetry under NVIDIA dcgm-exporter's names and labels "
+        "(DCGM_FI_DEV_*, with the pod and container of each claim; docs/metrics.md); false: "
+        "only gpu_dra_*",
+        _bool,
+        True,
+    ),
+    Flag(
         "--mps-image",
         "MPS_IMAGE",
         "mps_image",

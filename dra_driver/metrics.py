@@ -179,12 +179,13 @@ class RequestMetrics:
     per claim that got an error. Each costs a lock or two and no allocation.
     """
 
-    __slots__ = ("_duration", "_errors", "_inflight", "_requests", "driver_name")
+    __slots__ = ("_duration", "_errors", "_inflight", "_requests", "driver_name", "node_name")
 
     def __init__(
         self,
         *,
         driver_name: str,
+        node_name: str,
         operation: str,
         requests: Counter,
         duration: Histogram,
@@ -192,9 +193,10 @@ class RequestMetrics:
         errors: Counter,
     ) -> None:
         self.driver_name = driver_name
-        self._requests = requests.labels(driver_name, operation)
-        self._duration = duration.labels(driver_name, operation)
-        self._inflight = inflight.labels(driver_name)
+        self.node_name = node_name
+        self._requests = requests.labels(node_name, driver_name, operation)
+        self._duration = duration.labels(node_name, driver_name, operation)
+        self._inflight = inflight.labels(node_name, driver_name)
         self._errors = errors
 
     def started(self) -> None:
@@ -206,14 +208,16 @@ class RequestMetrics:
         self._duration.observe(elapsed_s)
 
     def failed(self, error_type: str) -> None:
-        self._errors.labels(self.driver_name, error_type).inc()
+        self._errors.labels(self.node_name, self.driver_name, error_type).inc()
 
 
 class DriverMetrics:
     """Every request and device-count metric of the node agent, registered in ``registry``.
 
     ``error_types`` are created at 0 up front, so that ``rate()`` sees the first error of a
-    kind. Gauges computed from state (prepared devices, prepared devices that are missing) get
+    kind. Every series carries ``node`` (``node_name``, from the config), so dashboards filter
+    them by node like the telemetry; NVIDIA's driver labels them by ``driver`` (and
+    ``operation``, ``error_type``) only. Gauges computed from state (prepared devices, prepared devices that are missing) get
     their collector from the part that owns the state (``prepared_devices.set_collector``).
     """
 
@@ -232,21 +236,21 @@ class DriverMetrics:
             "nvidia_dra_requests_total",
             "NodePrepareResources and NodeUnprepareResources calls of the kubelet that "
             "were answered, by operation.",
-            ("driver", "operation"),
+            ("node", "driver", "operation"),
             registry=to,
         )
         self.request_duration = Histogram(
             "nvidia_dra_request_duration_seconds",
             "Time to answer a NodePrepareResources or NodeUnprepareResources call of the "
             "kubelet (all claims of the call), in seconds.",
-            ("driver", "operation"),
+            ("node", "driver", "operation"),
             buckets=REQUEST_DURATION_BUCKETS_S,
             registry=to,
         )
         self.requests_inflight = Gauge(
             "nvidia_dra_requests_inflight",
             "NodePrepareResources and NodeUnprepareResources calls being answered now.",
-            ("driver",),
+            ("node", "driver"),
             registry=to,
         )
         self.prepared_devices = registry.register(
@@ -259,13 +263,13 @@ class DriverMetrics:
         self.prepare_errors = Counter(
             "nvidia_dra_node_prepare_errors_total",
             "Claims whose prepare failed, by error type.",
-            ("driver", "error_type"),
+            ("node", "driver", "error_type"),
             registry=to,
         )
         self.unprepare_errors = Counter(
             "nvidia_dra_node_unprepare_errors_total",
             "Claims whose unprepare failed, by error type.",
-            ("driver", "error_type"),
+            ("node", "driver", "error_type"),
             registry=to,
         )
         self.published_devices = Gauge(
@@ -282,16 +286,17 @@ class DriverMetrics:
                 ("node", "driver"),
             )
         )
-        self.requests_inflight.labels(driver_name)
+        self.requests_inflight.labels(node_name, driver_name)
         for error_type in error_types:
-            self.prepare_errors.labels(driver_name, error_type)
-            self.unprepare_errors.labels(driver_name, error_type)
+            self.prepare_errors.labels(node_name, driver_name, error_type)
+            self.unprepare_errors.labels(node_name, driver_name, error_type)
         self.prepare = self._request_metrics(PREPARE, self.prepare_errors)
         self.unprepare = self._request_metrics(UNPREPARE, self.unprepare_errors)
 
     def _request_metrics(self, operation: str, errors: Counter) -> RequestMetrics:
         return RequestMetrics(
             driver_name=self.driver_name,
+            node_name=self.node_name,
             operation=operation,
             requests=self.requests,
             duration=self.request_duration,

@@ -330,7 +330,11 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
             content_type, text = _scrape(metrics_port)
             assert content_type == "text/plain; version=0.0.4; charset=utf-8"
             series = exposition.parse(text)
-            labels = {"driver": "gpu.nvidia.com", "operation": "NodePrepareResources"}
+            labels = {
+                "node": "gpu-node-1",
+                "driver": "gpu.nvidia.com",
+                "operation": "NodePrepareResources",
+            }
             # the probes above called dra.sock with empty requests: not counted as traffic
             assert exposition.value(series, "nvidia_dra_requests_total", **labels) == 0
             node = {"node": "gpu-node-1", "driver": "gpu.nvidia.com"}
@@ -368,9 +372,9 @@ def test_the_agent_runs_in_cluster_publishes_serves_probes_and_cleans_up(tmp_pat
             while not held and time.monotonic() < deadline:
                 time.sleep(0.2)
                 series = exposition.parse(_scrape(metrics_port)[1])
-                held = exposition.find(series, "gpu_dra_gpu_claim_info", claim_name="c1")
+                held = exposition.find(series, "gpu_dra_device_claim_info", claim_name="c1")
             assert [dict(k)["device"] for k in held] == ["gpu-2-mig-3g20gb-9-0"]
-            assert [dict(k)["claim_pod"] for k in held] == ["pod-0"]
+            assert [dict(k)["pod_name"] for k in held] == ["pod-0"]
         finally:
             agent.send_signal(signal.SIGTERM)
             _, stderr = agent.communicate(timeout=20)

@@ -918,6 +918,7 @@ def test_cluster_role_grants_only_the_calls_the_agent_needs() -> None:
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "nodes", "get"),
         ("", "events", "create"),
+        ("", "pods", "get"),  # the containers of a claim's pods (DCGM-compatible telemetry)
     }
     binding = one(render(), "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -1038,6 +1039,14 @@ def test_the_telemetry_interval_reaches_the_agent() -> None:
     assert config.telemetry_interval_s == 0
 
 
+def test_the_dcgm_series_are_on_by_default_and_the_value_reaches_the_agent() -> None:
+    for sets, wanted in (((), True), (("--set", "metrics.dcgm=false"), False)):
+        container = agent_container(render(*sets))
+        environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        assert environ["DCGM_METRICS"] == str(wanted).lower()
+        assert cli.build_config([], environ | {"NODE_NAME": "n1"}).dcgm_metrics is wanted
+
+
 def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     objects = render(*COMBINATIONS["monitoring"])
     monitor = one(objects, "PodMonitor")
@@ -1049,7 +1058,9 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     assert selector.items() <= pod_labels.items()  # it selects the agent pods
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    assert endpoint == {
+        "port": "metrics", "path": "/metrics", "interval": "30s", "honorLabels": True,
+    }  # fmt: skip
     ports = {p["name"] for p in agent_container(objects)["ports"]}
     assert "metrics" in ports
     # The agent's own labels select it: `gpu-dra status` finds the pods the same way.
@@ -1097,8 +1108,12 @@ def test_service_monitor_scrapes_the_agent_pods_through_a_headless_service() -> 
         "path": "/metrics",
         "interval": "30s",
         "scrapeTimeout": "10s",
-    }  # no honorLabels, no relabelings: the metrics carry their own node label
+        "honorLabels": True,  # the DCGM series' pod/namespace are the claim's pod's
+    }  # no relabelings: the metrics carry their own node label
     assert "PodMonitor" not in {o["kind"] for o in objects}
+    without = render(*COMBINATIONS["service monitor"], "--set", "metrics.dcgm=false")
+    (endpoint,) = one(without, "ServiceMonitor")["spec"]["endpoints"]
+    assert "honorLabels" not in endpoint
 
 
 def test_service_port_follows_the_metrics_port() -> None:
@@ -1173,11 +1188,11 @@ def test_the_dashboard_has_the_panels_a_gpu_operator_looks_for() -> None:
     for panel in board["panels"]:
         for target in panel.get("targets", ()):
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
-            # Per-node panels follow the node picker; the driver's request panels are cluster-wide
-            # (their series have no node label).
-            cluster_wide = ("nvidia_dra_request", "nvidia_dra_node_")
+            # Every panel follows the node picker: every series the agent exports has `node`
+            # (the driver's request and error series too), and every selector in a query uses it.
             expr = target["expr"]
-            assert '{node=~"$node"}' in expr or any(name in expr for name in cluster_wide)
+            selectors = re.findall(r"\b(?:gpu_dra|nvidia_dra)_[a-z0-9_]+(\{[^}]*\})?", expr)
+            assert selectors and all('node=~"$node"' in s for s in selectors), expr
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
 
@@ -1190,7 +1205,7 @@ def test_every_metric_the_dashboard_queries_is_one_the_agent_exposes() -> None:
         for query in dashboard_queries()
         for name in re.findall(r"\b(?:gpu_dra|nvidia_dra)_[a-z0-9_]+\b", query)
     }
-    assert "gpu_dra_gpu_utilization_ratio" in queried and "gpu_dra_gpu_claim_info" in queried
+    assert "gpu_dra_gpu_utilization_ratio" in queried and "gpu_dra_device_claim_info" in queried
     exposed = scraped_sample_names()
     assert sorted(queried - exposed) == []
 
@@ -1221,9 +1236,7 @@ def scraped_sample_names() -> set[str]:
             read=reader,
             holders=lambda: {"gpu-0": (ClaimHolder("ns", "c", "u", ("p",)),)},
         )
-        telemetry.set_health_providers(
-            states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {"gpu-0": 0}
-        )
+        telemetry.set_health_providers(states=lambda: {"gpu-0": "Healthy"}, xid_counts=lambda: {})
         telemetry.sample()
         registry.register_formatted(telemetry)
         server = metrics_server(registry, port=0, host="127.0.0.1")

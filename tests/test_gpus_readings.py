@@ -35,7 +35,7 @@ def telemetry_calls(node: SimulatedNode) -> Counter[str]:
     return Counter(c for c in node.library.calls if not c.startswith("nvmlInit"))
 
 
-def test_a_full_gpu_answers_every_query_with_eight_calls(reader: NvmlReader) -> None:
+def test_a_full_gpu_answers_every_query_with_sixteen_calls(reader: NvmlReader) -> None:
     with simulated_nvml("h100:1", node_name=NODE) as node:
         targets = targets_of(node)
         node.library.calls.clear()
@@ -43,10 +43,10 @@ def test_a_full_gpu_answers_every_query_with_eight_calls(reader: NvmlReader) -> 
         assert all(getattr(reading, field) is not None for field in READING_FIELDS)
         calls = telemetry_calls(node)
         assert calls.pop("nvmlDeviceGetHandleByUUID") == 1
-        assert sum(calls.values()) == len(QUERIES) == 8
+        assert sum(calls.values()) == len(QUERIES) == 16
         node.library.calls.clear()
         reader.read(targets)
-        assert sum(telemetry_calls(node).values()) == 8  # the handle is kept
+        assert sum(telemetry_calls(node).values()) == 16  # the handle is kept
 
 
 def test_not_supported_queries_are_left_out_logged_once_and_not_asked_again(
@@ -56,7 +56,7 @@ def test_not_supported_queries_are_left_out_logged_once_and_not_asked_again(
     with simulated_nvml("a100-80gb:1:mig=3g.40gb", node_name=NODE) as node:
         gpu, mig = targets_of(node)
         readings = reader.read([gpu, mig])
-        # The GPU in MIG mode has no utilisation; the MIG device only memory.
+        # The GPU in MIG mode has no utilisation; the MIG device is asked only for memory.
         assert readings[gpu.uuid].utilization_ratio is None
         assert readings[gpu.uuid].temperature_celsius is not None
         assert readings[mig.uuid].memory_total_bytes == 40192 << 20
@@ -69,14 +69,17 @@ def test_not_supported_queries_are_left_out_logged_once_and_not_asked_again(
             if "does not support" in r.getMessage()
         }
         assert unsupported == {
-            gpu.name: ["nvmlDeviceGetUtilizationRates"],  # a GPU in MIG mode
-            mig.name: [q.name for q in QUERIES if q.name != "nvmlDeviceGetMemoryInfo"],
+            gpu.name: [  # a GPU in MIG mode
+                "nvmlDeviceGetUtilizationRates",
+                "nvmlDeviceGetEncoderUtilization",
+                "nvmlDeviceGetDecoderUtilization",
+            ],
         }
         node.library.calls.clear()
         caplog.clear()
         reader.read([gpu, mig])
         calls = telemetry_calls(node)
-        assert sum(calls.values()) == (len(QUERIES) - 1) + 1  # each asks only what it answers
+        assert sum(calls.values()) == (len(QUERIES) - 3) + 1  # each asks only what it answers
         assert calls["nvmlDeviceGetUtilizationRates"] == 0
         assert not caplog.records
 
@@ -115,9 +118,11 @@ def test_a_library_without_a_symbol_counts_as_not_supported(reader: NvmlReader) 
         (reading,) = reader.read([target]).values()
         assert reading.power_limit_watts is None
         assert reading.power_usage_watts is not None
+        assert reading.memory_temperature_celsius is None  # GDDR: per field NOT_SUPPORTED
+        assert reading.remapped_rows_uncorrected is None  # Turing: page retirement, not rows
         node.library.calls.clear()
         reader.read([target])
-        assert sum(telemetry_calls(node).values()) == len(QUERIES) - 1
+        assert sum(telemetry_calls(node).values()) == len(QUERIES) - 3
 
 
 def test_nvml_stays_initialised_across_discovery_passes_until_closed() -> None:

@@ -42,6 +42,7 @@ from tests.claimdata import allocated_claim, new_uid
 from tests.test_plugin_server import channel, start_plugin, v1_claim
 
 DRIVER = "gpu.nvidia.com"
+AT = {"node": "node1", "driver": DRIVER}  # every driver series carries its node
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
 
@@ -147,14 +148,14 @@ def test_request_updates_from_many_threads_are_not_lost() -> None:
         t.start()
     for t in threads:
         t.join()
-    labels = {"driver": DRIVER, "operation": PREPARE}
+    labels = {"node": "node1", "driver": DRIVER, "operation": PREPARE}
     assert registry.sample_value("nvidia_dra_requests_total", **labels) == 16000
-    assert registry.sample_value("nvidia_dra_requests_inflight", driver=DRIVER) == 0
+    assert registry.sample_value("nvidia_dra_requests_inflight", **AT) == 0
     duration = "nvidia_dra_request_duration_seconds"
     assert registry.sample_value(f"{duration}_bucket", **labels, le="0.001") == 16000
     assert registry.sample_value(f"{duration}_sum", **labels) == pytest.approx(4.0)
     errors = "nvidia_dra_node_prepare_errors_total"
-    assert registry.sample_value(errors, driver=DRIVER, error_type="cdi") == 16000
+    assert registry.sample_value(errors, **AT, error_type="cdi") == 16000
 
 
 # -- the driver's metrics ----------------------------------------------------------------------
@@ -179,7 +180,7 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
     assert helps == set(exposition.types(text))  # each metric has its HELP
     series = exposition.parse(text)
     buckets = exposition.find(
-        series, "nvidia_dra_request_duration_seconds_bucket", driver=DRIVER, operation=PREPARE
+        series, "nvidia_dra_request_duration_seconds_bucket", **AT, operation=PREPARE
     )
     assert sorted(float(dict(k)["le"]) for k in buckets) == [
         0.001, 0.0025, 0.005, 0.01, 0.025,
@@ -189,11 +190,11 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
     assert les[:6] == ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05"]  # as Go writes them
     # Known series exist at 0 from the start, so rate() sees their first increase.
     requests = "nvidia_dra_requests_total"
-    assert exposition.value(series, requests, driver=DRIVER, operation=UNPREPARE) == 0
-    assert exposition.value(series, "nvidia_dra_requests_inflight", driver=DRIVER) == 0
+    assert exposition.value(series, requests, **AT, operation=UNPREPARE) == 0
+    assert exposition.value(series, "nvidia_dra_requests_inflight", **AT) == 0
     for kind in ERROR_TYPES:
         errors = "nvidia_dra_node_prepare_errors_total"
-        assert exposition.value(series, errors, driver=DRIVER, error_type=kind) == 0
+        assert exposition.value(series, errors, **AT, error_type=kind) == 0
 
 
 @pytest.mark.parametrize(
@@ -254,15 +255,13 @@ class Served:
         return self.registry.sample_value(name, **labels)
 
     def requests(self, operation: str) -> float | None:
-        return self.value("nvidia_dra_requests_total", driver=DRIVER, operation=operation)
+        return self.value("nvidia_dra_requests_total", **AT, operation=operation)
 
     def prepare_errors(self, kind: str) -> float | None:
-        return self.value("nvidia_dra_node_prepare_errors_total", driver=DRIVER, error_type=kind)
+        return self.value("nvidia_dra_node_prepare_errors_total", **AT, error_type=kind)
 
     def prepared(self, device_type: str) -> float | None:
-        return self.value(
-            "nvidia_dra_prepared_devices", node="node1", driver=DRIVER, device_type=device_type
-        )
+        return self.value("nvidia_dra_prepared_devices", **AT, device_type=device_type)
 
 
 @pytest.fixture
@@ -315,13 +314,11 @@ def test_prepare_and_unprepare_over_the_sockets_show_in_the_metrics(
         assert content_type == "text/plain; version=0.0.4; charset=utf-8" == CONTENT_TYPE
         series = exposition.parse(body)
         requests = "nvidia_dra_requests_total"
-        assert exposition.value(series, requests, driver=DRIVER, operation=PREPARE) == 3
+        assert exposition.value(series, requests, **AT, operation=PREPARE) == 3
         prepared = "nvidia_dra_prepared_devices"
-        assert (
-            exposition.value(series, prepared, node="node1", driver=DRIVER, device_type="gpu") == 2
-        )
+        assert exposition.value(series, prepared, **AT, device_type="gpu") == 2
         errors = "nvidia_dra_node_prepare_errors_total"
-        assert exposition.value(series, errors, driver=DRIVER, error_type="device_conflict") == 1
+        assert exposition.value(series, errors, **AT, error_type="device_conflict") == 1
 
         answer = stub.NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(good), bad_ref]), timeout=5
@@ -331,15 +328,13 @@ def test_prepare_and_unprepare_over_the_sockets_show_in_the_metrics(
 
     assert served.requests(UNPREPARE) == 1
     assert (
-        served.value(
-            "nvidia_dra_node_unprepare_errors_total", driver=DRIVER, error_type="invalid_claim"
-        )
+        served.value("nvidia_dra_node_unprepare_errors_total", **AT, error_type="invalid_claim")
         == 1
     )
     assert served.prepared("gpu") == 0
-    assert served.value("nvidia_dra_requests_inflight", driver=DRIVER) == 0
+    assert served.value("nvidia_dra_requests_inflight", **AT) == 0
     for operation, calls in ((PREPARE, 3), (UNPREPARE, 1)):
-        labels = {"driver": DRIVER, "operation": operation}
+        labels = {"node": "node1", "driver": DRIVER, "operation": operation}
         duration = "nvidia_dra_request_duration_seconds"
         count = served.value(f"{duration}_count", **labels)
         total_s = served.value(f"{duration}_sum", **labels)
@@ -356,9 +351,7 @@ def test_prepare_and_unprepare_over_the_sockets_show_in_the_metrics(
     assert status == 200
     assert body == served.registry.render()  # HTTP serves exactly the registry
     requests = "nvidia_dra_requests_total"
-    assert (
-        exposition.value(exposition.parse(body), requests, driver=DRIVER, operation=UNPREPARE) == 1
-    )
+    assert exposition.value(exposition.parse(body), requests, **AT, operation=UNPREPARE) == 1
     assert scrape(served.http.port, "/other")[0] == 404
     assert scrape(served.http.port, "/metrics?x=1")[0] == 200
 
@@ -388,12 +381,12 @@ def test_a_call_in_progress_is_counted_in_flight(served: Served, kubeapi: FakeKu
                 v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=10
             )
             deadline = time.monotonic() + 5
-            while served.value(inflight, driver=DRIVER) != 1 and time.monotonic() < deadline:
+            while served.value(inflight, **AT) != 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert served.value(inflight, driver=DRIVER) == 1
+            assert served.value(inflight, **AT) == 1
             assert served.requests(PREPARE) == 0  # counted when answered
         assert call.result().claims[uid].error == ""
-    assert served.value(inflight, driver=DRIVER) == 0
+    assert served.value(inflight, **AT) == 0
     assert served.requests(PREPARE) == 1
 
 
@@ -460,4 +453,4 @@ def test_grpc_errors_of_the_whole_call_still_count_the_request(
             v1.NodePrepareResourcesRequest(claims=claims), timeout=5
         )
     assert served.requests(PREPARE) == 1
-    assert served.value("nvidia_dra_requests_inflight", driver=DRIVER) == 0
+    assert served.value("nvidia_dra_requests_inflight", **AT) == 0

@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from dra_driver.prepare.checkpoint import ClaimRecord, PreparedDevice
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from dra_driver.telemetry.sampler import (
+    DCGM_METRIC_NAMES,
     METRIC_NAMES,
     ClaimHolder,
     Holders,
@@ -161,16 +162,19 @@ def test_the_metrics_carry_device_labels_and_leave_out_what_a_device_lacks(
     ecc = "gpu_dra_gpu_ecc_errors_total"
     assert exposition.value(series, ecc, **gpu0_labels, error_type="corrected") == 3
     assert exposition.value(series, ecc, **gpu0_labels, error_type="uncorrected") == 0
-    # A MIG device: its profile, the claim holding it; only what it reported.
-    mig_labels = {"node": NODE, "device": MIG_3G, "uuid": mig, "gpu": "2", "profile": "3g.40gb",
-                  "claim_namespace": "team-a", "claim_name": "infer"}  # fmt: skip
+    # A MIG device: its profile, no claim label; only what it reported.
+    mig_labels = {"node": NODE, "device": MIG_3G, "uuid": mig, "gpu": "2", "profile": "3g.40gb"}
     assert exposition.value(series, "gpu_dra_gpu_memory_total_bytes", **mig_labels) == 40 << 30
     assert exposition.find(series, "gpu_dra_gpu_utilization_ratio", device=MIG_3G) == {}
     assert exposition.find(series, ecc, device=MIG_3G) == {}
+    # Who holds it: one info series per (device, claim, pod), the only series with claim labels.
     assert exposition.value(
-        series, "gpu_dra_gpu_claim_info", node=NODE, device=MIG_3G, uuid=mig,
-        claim_namespace="team-a", claim_name="infer", claim_uid="u9", claim_pod="server-0",
+        series, "gpu_dra_device_claim_info", node=NODE, device=MIG_3G, uuid=mig, gpu="2",
+        claim_namespace="team-a", claim_name="infer", claim_uid="u9", pod_namespace="team-a",
+        pod_name="server-0",
     ) == 1  # fmt: skip
+    with_claims = {name for name, labels in series if "claim_name" in dict(labels)}
+    assert with_claims == {"gpu_dra_device_claim_info"}
     # Every device has its info line, even those without a reading.
     info = exposition.find(series, "gpu_dra_gpu_info")
     assert sorted(dict(k)["device"] for k in info) == sorted(
@@ -193,13 +197,17 @@ def test_without_health_providers_there_are_no_health_series_and_with_them_there
     assert exposition.find(series, "gpu_dra_gpu_health") == {}
     assert exposition.find(series, "gpu_dra_gpu_xid_errors_total") == {}
     states = {"gpu-0": "Healthy", "gpu-1": "Unhealthy"}
-    telemetry.set_health_providers(states=lambda: states, xid_counts=lambda: {"gpu-1": 2})
+    counts = {("gpu-1", 79): 1, ("gpu-1", 48): 1}
+    telemetry.set_health_providers(states=lambda: states, xid_counts=lambda: counts)
     series = scrape_series(telemetry)
     health = exposition.find(series, "gpu_dra_gpu_health")
     assert {dict(k)["device"]: dict(k)["state"] for k in health} == states
     assert set(health.values()) == {1.0}
+    # Every device has its XID counter, at 0 until its first XID.
     xids = exposition.find(series, "gpu_dra_gpu_xid_errors_total")
-    assert {dict(k)["device"]: v for k, v in xids.items()} == {"gpu-1": 2}
+    assert {dict(k)["device"]: v for k, v in xids.items()} == {
+        t.name: 2 if t.name == "gpu-1" else 0 for t in telemetry_targets(inventory)
+    }
     states["gpu-1"] = "Healthy"  # read at each scrape, not at the sample
     series = scrape_series(telemetry)
     health = exposition.find(series, "gpu_dra_gpu_health", device="gpu-1")
@@ -259,8 +267,8 @@ def test_with_sampling_off_claims_and_info_are_still_served(inventory: Inventory
     with pytest.raises(ValueError, match="off"):
         telemetry.sample()
     series = scrape_series(telemetry)
-    assert exposition.find(series, "gpu_dra_gpu_claim_info", claim_pod="p")
-    assert exposition.find(series, "gpu_dra_gpu_info", device="gpu-1", claim_name="c")
+    assert exposition.find(series, "gpu_dra_device_claim_info", device="gpu-1", pod_name="p")
+    assert exposition.find(series, "gpu_dra_gpu_info", device="gpu-1")
     assert exposition.find(series, "gpu_dra_telemetry_last_sample_timestamp_seconds") == {}
     telemetry.stop()
 
@@ -373,16 +381,21 @@ def test_simulated_gpus_are_scraped_over_http_with_plausible_moving_values(
         assert exposition.find(series, util, device=MIG_3G) == {}
         assert exposition.find(series, util, device="gpu-2") == {}
         assert exposition.find(series, "gpu_dra_gpu_temperature_celsius", device="gpu-2")
-        # The values move with time, the same way for the same time.
-        first = reader.read(telemetry.targets)
+        # The values move with time, the same way for the same time (but the energy, which
+        # only ever adds up).
+        first = without_energy(reader.read(telemetry.targets))
         now[0] += 60
-        later = reader.read(telemetry.targets)
+        later = without_energy(reader.read(telemetry.targets))
         assert first != later
         now[0] -= 60
-        assert reader.read(telemetry.targets) == first
+        assert without_energy(reader.read(telemetry.targets)) == first
     finally:
         server.stop()
         reader.close()
+
+
+def without_energy(readings: Mapping[str, Reading]) -> dict[str, Reading]:
+    return {uuid: replace(r, energy_millijoules=None) for uuid, r in readings.items()}
 
 
 def test_ecc_errors_show_as_volatile_counts(node: SimulatedNode) -> None:
@@ -403,5 +416,5 @@ def test_every_metric_the_agent_exposes_is_documented() -> None:
     docs = (REPO / "docs" / "metrics.md").read_text() + (REPO / "docs" / "plugin.md").read_text()
     registry = Registry()
     DriverMetrics(registry, driver_name="gpu.nvidia.com", node_name=NODE)
-    names = set(exposition.types(registry.render())) | set(METRIC_NAMES)
+    names = set(exposition.types(registry.render())) | set(METRIC_NAMES) | set(DCGM_METRIC_NAMES)
     assert sorted(name for name in names if f"`{name}`" not in docs) == []

@@ -7,13 +7,14 @@ are handled here and never leave it. Devices are looked up by UUID
 re-discoveries do not matter; handles are kept between passes and looked up again after an
 error. With ``--simulate`` the same pynvml calls reach sim/nvml.py.
 
-Cost per pass: at most ``len(QUERIES)`` (8) NVML calls per device, fewer for MIG devices:
+Cost per pass: at most ``len(QUERIES)`` (16) NVML calls per device, fewer for MIG devices:
 
+- MIG devices are asked only for memory info, the one query NVML answers for them (nvml.h);
 - a query a device answers NOT_SUPPORTED (or a library without the symbol) is logged once (one
-  line per device naming its queries) and not asked again of that device (MIG devices support
-  only memory info; GPUs in MIG mode no utilisation);
+  line per device naming its queries) and not asked again of that device (GPUs in MIG mode
+  answer no utilisation, GDDR boards no memory temperature);
 - any other error (GPU lost, a timeout) ends that device's round for this pass: one failing call,
-  not eight. It is logged once per device and error until the device answers again, and its
+  not sixteen. It is logged once per device and error until the device answers again, and its
   handle is looked up again next pass.
 
 Not thread-safe: one sampling loop calls ``read``. NVML stays initialised from the first read to
@@ -41,7 +42,11 @@ def _utilization(handle: Any) -> dict[str, Any]:
 
 def _memory(handle: Any) -> dict[str, Any]:
     info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    return {"memory_used_bytes": int(info.used), "memory_total_bytes": int(info.total)}
+    return {
+        "memory_used_bytes": int(info.used),
+        "memory_total_bytes": int(info.total),
+        "memory_free_bytes": int(info.free),
+    }
 
 
 def _temperature(handle: Any) -> dict[str, Any]:
@@ -61,6 +66,51 @@ def _sm_clock(handle: Any) -> dict[str, Any]:
     return {"sm_clock_hertz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) * 1e6}
 
 
+def _memory_clock(handle: Any) -> dict[str, Any]:
+    return {
+        "memory_clock_hertz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM) * 1e6
+    }
+
+
+def _memory_temperature(handle: Any) -> dict[str, Any]:
+    (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:  # per field: GDDR boards have no such sensor
+        raise pynvml.NVMLError(value.nvmlReturn)
+    return {"memory_temperature_celsius": float(value.value.uiVal)}
+
+
+def _energy(handle: Any) -> dict[str, Any]:
+    return {"energy_millijoules": int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))}
+
+
+def _encoder(handle: Any) -> dict[str, Any]:
+    percent, _period_us = pynvml.nvmlDeviceGetEncoderUtilization(handle)
+    return {"encoder_utilization_ratio": percent / 100}
+
+
+def _decoder(handle: Any) -> dict[str, Any]:
+    percent, _period_us = pynvml.nvmlDeviceGetDecoderUtilization(handle)
+    return {"decoder_utilization_ratio": percent / 100}
+
+
+def _pcie_replays(handle: Any) -> dict[str, Any]:
+    return {"pcie_replays": int(pynvml.nvmlDeviceGetPcieReplayCounter(handle))}
+
+
+def _remapped_rows(handle: Any) -> dict[str, Any]:
+    corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+    return {
+        "remapped_rows_corrected": int(corrected),
+        "remapped_rows_uncorrected": int(uncorrected),
+        "row_remap_pending": bool(pending),
+        "row_remap_failure": bool(failure),
+    }
+
+
+def _clock_event_reasons(handle: Any) -> dict[str, Any]:
+    return {"clock_event_reasons": int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))}
+
+
 def _ecc(field: str, error_type: int) -> Callable[[Any], dict[str, Any]]:
     def query(handle: Any) -> dict[str, Any]:
         count = pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC)
@@ -75,15 +125,24 @@ class Query:
 
     name: str  # for logs: the NVML function
     call: Callable[[Any], dict[str, Any]]
+    mig: bool = False  # asked of MIG devices too (else of GPUs only)
 
 
 QUERIES = (
     Query("nvmlDeviceGetUtilizationRates", _utilization),
-    Query("nvmlDeviceGetMemoryInfo", _memory),
+    Query("nvmlDeviceGetMemoryInfo", _memory, mig=True),
     Query("nvmlDeviceGetTemperature", _temperature),
     Query("nvmlDeviceGetPowerUsage", _power_usage),
     Query("nvmlDeviceGetEnforcedPowerLimit", _power_limit),
     Query("nvmlDeviceGetClockInfo(SM)", _sm_clock),
+    Query("nvmlDeviceGetClockInfo(MEM)", _memory_clock),
+    Query("nvmlDeviceGetFieldValues(MEMORY_TEMP)", _memory_temperature),
+    Query("nvmlDeviceGetTotalEnergyConsumption", _energy),
+    Query("nvmlDeviceGetEncoderUtilization", _encoder),
+    Query("nvmlDeviceGetDecoderUtilization", _decoder),
+    Query("nvmlDeviceGetPcieReplayCounter", _pcie_replays),
+    Query("nvmlDeviceGetRemappedRows", _remapped_rows),
+    Query("nvmlDeviceGetCurrentClocksEventReasons", _clock_event_reasons),
     Query(
         "nvmlDeviceGetTotalEccErrors(corrected)",
         _ecc("ecc_corrected_errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
@@ -149,6 +208,7 @@ class NvmlReader:
 
     def _read_device(self, target: TelemetryTarget) -> Reading | None:
         uuid = target.uuid
+        is_mig = target.type == "mig"
         values: dict[str, Any] = {}
         unsupported: list[str] = []
         try:
@@ -157,7 +217,7 @@ class NvmlReader:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 self._handles[uuid] = handle
             for query in self._queries:
-                if (uuid, query.name) in self._unsupported:
+                if (uuid, query.name) in self._unsupported or (is_mig and not query.mig):
                     continue
                 try:
                     values.update(query.call(handle))

@@ -24,6 +24,10 @@ class TelemetryTarget:
     profile: str = ""  # MIG profile, e.g. "3g.40gb"; empty for a GPU
     product_name: str = ""
     mig_enabled: bool = False
+    gpu_index: int = 0  # the GPU's NVML index (a MIG device's parent's): DCGM's GPU id
+    pci_bus_id: str = ""  # the GPU's extended BDF, lowercase: "0000:1b:00.0"
+    gpu_uuid: str = ""  # the GPU's UUID (a MIG device's parent's; a GPU's own)
+    gpu_instance_id: int | None = None  # a MIG device's GPU instance id; None for a GPU
 
 
 @dataclass(frozen=True)
@@ -41,3 +45,15 @@ class Reading:
     sm_clock_hertz: float | None = None
     ecc_corrected_errors: int | None = None
     ecc_uncorrected_errors: int | None = None
+    memory_free_bytes: int | None = None
+    memory_clock_hertz: float | None = None
+    memory_temperature_celsius: float | None = None
+    energy_millijoules: int | None = None  # since the driver loaded
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    pcie_replays: int | None = None
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    clock_event_reasons: int | None = None  # NVML's bitmask (nvmlClocksEventReason*)

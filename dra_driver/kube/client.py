@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dra_driver.kube.deployments import DeploymentCalls
 from dra_driver.kube.nodes import NodeCalls
+from dra_driver.kube.pods import PodCalls
 from dra_driver.kube.resourceclaims import ResourceClaimCalls
 from dra_driver.kube.resourceslices import ResourceSliceCalls
 
 
-class KubeClient(ResourceSliceCalls, ResourceClaimCalls, NodeCalls, DeploymentCalls):
+class KubeClient(ResourceSliceCalls, ResourceClaimCalls, NodeCalls, PodCalls, DeploymentCalls):
     """Typed access to the few API calls the node agent makes. Thread-safe.
 
     Connect with :meth:`from_config`; every call raises a KubeError subclass on failure (see

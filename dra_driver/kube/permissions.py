@@ -15,6 +15,7 @@ API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
     {
         ("get", "", "nodes"),
         ("create", "", "events"),
+        ("get", "", "pods"),
         ("get", GROUP, "resourceclaims"),
         ("list", GROUP, "resourceslices"),
         ("watch", GROUP, "resourceslices"),
@@ -24,7 +25,8 @@ API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
     }
 )
 """Every (verb, API group, resource) the node agent requests across the cluster; "" is the core
-group. The chart's ClusterRole grants exactly these. Discovery (``GET /apis/resource.k8s.io``)
+group. The chart's ClusterRole grants exactly these (``get pods``: the containers of a claim's
+pods on the DCGM-compatible telemetry, kube/pods.py). Discovery (``GET /apis/resource.k8s.io``)
 is a non-resource URL every authenticated user may read."""
 
 MPS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(

@@ -24,7 +24,7 @@ import ctypes
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
@@ -61,6 +61,7 @@ from dra_driver.sharing import shares
 if TYPE_CHECKING:
     from dra_driver import metrics
     from dra_driver.sim.nvml import SimulatedNvmlLibrary
+    from dra_driver.telemetry.holders import GetPod
     from dra_driver.telemetry.sampler import Telemetry
 
 logger = logging.getLogger("dra_driver.node.agent")
@@ -274,10 +275,12 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             stack.callback(plugin.stop)
             telemetry = None
             if registry is not None:
-                telemetry = _start_telemetry(config, inventory, plugin, discovery, stack)
+                telemetry = _start_telemetry(
+                    config, inventory, plugin, discovery, stack, get_pod=kube.get_pod
+                )
                 telemetry.set_health_providers(
                     states=lambda: {name: h.status for name, h in monitor.states().items()},
-                    xid_counts=lambda: _xids_per_device(monitor.xid_counts()),
+                    xid_counts=monitor.xid_counts,
                 )
                 registry.register_formatted(telemetry)
                 from dra_driver.node.healthmetrics import HealthMetrics  # noqa: PLC0415
@@ -409,10 +412,12 @@ def _start_telemetry(
     plugin: KubeletPlugin,
     discovery: Discovery,
     stack: ExitStack,
+    *,
+    get_pod: GetPod,
 ) -> Telemetry:
     """Per-device telemetry for ``/metrics``, sampling (unless the interval is 0) until the stack
-    closes. The claims come from the plugin's checkpoint; simulated GPUs are busy while a
-    prepared claim holds them."""
+    closes. The claims come from the plugin's checkpoint, the containers of their pods (DCGM
+    series) from ``get_pod``; simulated GPUs are busy while a prepared claim holds them."""
     from dra_driver.gpus.readings import NvmlReader  # noqa: PLC0415
     from dra_driver.telemetry.sampler import Telemetry  # noqa: PLC0415
 
@@ -424,6 +429,9 @@ def _start_telemetry(
         interval_s=config.telemetry_interval_s,
         holders=plugin.device_holders,
         heartbeat=Heartbeat("telemetry", stall_s=TELEMETRY_STALL_S) if reader else None,
+        dcgm=config.dcgm_metrics,
+        driver_name=config.driver_name,
+        get_pod=get_pod,
     )
     discovery.simulate_workload(lambda uuid: uuid in telemetry.held_uuids())
     if reader is not None:
@@ -431,15 +439,6 @@ def _start_telemetry(
     telemetry.start()
     stack.callback(telemetry.stop)
     return telemetry
-
-
-def _xids_per_device(counts: Mapping[tuple[str, int], int]) -> dict[str, int]:
-    """The health monitor's XID events per (device, XID) as a total per device (telemetry's
-    ``gpu_dra_gpu_xid_errors_total``)."""
-    totals: dict[str, int] = {}
-    for (device, _xid), count in counts.items():
-        totals[device] = totals.get(device, 0) + count
-    return totals
 
 
 def health_policy(config: Config) -> HealthPolicy:

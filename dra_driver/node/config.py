@@ -78,6 +78,8 @@ class Config:
     rediscover_interval_s: float = 60.0
     # Seconds between telemetry samples (GPU and MIG readings on /metrics); 0 turns them off.
     telemetry_interval_s: float = 10.0
+    # Also expose the samples under dcgm-exporter's names and labels (telemetry/dcgm.py).
+    dcgm_metrics: bool = True
     # GPU health (health/decisions.py, health/monitor.py)
     health_ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     health_fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS

@@ -4,7 +4,7 @@ its latest readings, for one node or the whole cluster.
 Node-local (the default) reads one agent's ``/metrics`` (``--metrics-url``, by default
 ``http://127.0.0.1:8080/metrics``, the chart's ``metricsPort`` seen from the node itself or through
 ``kubectl port-forward``) and shows what that agent reports: its devices (``gpu_dra_gpu_info``),
-the claims and pods holding them (``gpu_dra_gpu_claim_info``, as of the agent's last telemetry
+the claims and pods holding them (``gpu_dra_device_claim_info``, as of the agent's last telemetry
 sample), the health state where the agent's health watcher reports one, and the readings.
 
 Cluster-wide (``--kubeconfig``) uses the caller's own credentials (``STATUS_PERMISSIONS`` in
@@ -175,11 +175,11 @@ def agent_devices(text: str) -> list[DeviceStatus]:
                 values.setdefault(key, {})[_VALUES[sample.name]] = sample.value
             elif sample.name == "gpu_dra_gpu_health" and sample.value == 1:
                 values.setdefault(key, {})["health"] = labels.get("state", "")
-            elif sample.name == "gpu_dra_gpu_claim_info":
+            elif sample.name == "gpu_dra_device_claim_info":
                 claim = (labels.get("claim_namespace", ""), labels.get("claim_name", ""))
                 pods = holders.setdefault(key, {}).setdefault(claim, [])
-                if labels.get("claim_pod"):
-                    pods.append(labels["claim_pod"])
+                if labels.get("pod_name"):
+                    pods.append(labels["pod_name"])
     out = []
     for key, row in rows.items():
         claims = tuple(

@@ -1,17 +1,21 @@
 """Telemetry readings of the simulated library: load, memory, temperature, power, clocks, ECC.
 
 The telemetry side of the simulated library (library.py collects the table): utilisation,
-memory used, temperature, power and its limit, SM clock and ECC counts, and the lookup by UUID
-telemetry uses. They move over time as a deterministic function of the device's UUID and the
-library's ``clock`` (``simulated_load``), higher while the library's ``workload`` says a device
-runs work (the agent points it at the devices prepared claims hold). MIG device handles answer
-NOT_SUPPORTED for all but memory, and a GPU in MIG mode for utilisation, as nvml.h documents
-for real GPUs. A fault's temperature and ECC errors (health.py) take precedence.
+memory used, temperature (GPU, and HBM memory through ``nvmlDeviceGetFieldValues``), power, its
+limit and the energy it adds up to, SM and memory clocks, encoder and decoder use (0: the
+simulated work uses neither), PCIe replays (0), the clock event reasons (idle, thermal slowdown at
+the slowdown threshold), ECC counts, and the lookup by UUID telemetry uses. They move over time
+as a deterministic function of the device's UUID and the library's ``clock``
+(``simulated_load``), higher while the library's ``workload`` says a device runs work (the agent
+points it at the devices prepared claims hold). MIG device handles answer NOT_SUPPORTED for all
+but memory, and a GPU in MIG mode for utilisation, as nvml.h documents for real GPUs. A fault's
+temperature and ECC errors (health.py) take precedence.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +32,7 @@ from dra_driver.sim.nvml.abi import (
     pointee,
     set_pointer,
 )
+from dra_driver.sim.nvml.health import SLOWDOWN_C
 from dra_driver.sim.nvml.node import SimulatedGpu, SimulatedMig, digest
 
 if TYPE_CHECKING:
@@ -42,17 +47,24 @@ class _Envelope:
     idle_power_w: int
     max_sm_clock_mhz: int
     idle_sm_clock_mhz: int
+    memory_clock_mhz: int
+    hbm: bool  # HBM boards report a memory temperature (NVML_FI_DEV_MEMORY_TEMP); GDDR ones not
 
 
 _ENVELOPES = {
-    "a100-40gb": _Envelope(400, 55, 1410, 210),
-    "a100-80gb": _Envelope(400, 60, 1410, 210),
-    "h100-80gb": _Envelope(700, 70, 1980, 345),
-    "h200-141gb": _Envelope(700, 75, 1980, 345),
-    "l4": _Envelope(72, 16, 2040, 210),
-    "t4": _Envelope(70, 10, 1590, 300),
+    "a100-40gb": _Envelope(400, 55, 1410, 210, 1215, hbm=True),
+    "a100-80gb": _Envelope(400, 60, 1410, 210, 1593, hbm=True),
+    "h100-80gb": _Envelope(700, 70, 1980, 345, 2619, hbm=True),
+    "h200-141gb": _Envelope(700, 75, 1980, 345, 3201, hbm=True),
+    "l4": _Envelope(72, 16, 2040, 210, 6251, hbm=False),
+    "t4": _Envelope(70, 10, 1590, 300, 5001, hbm=False),
 }
-_DEFAULT_ENVELOPE = _Envelope(300, 40, 1500, 300)
+_DEFAULT_ENVELOPE = _Envelope(300, 40, 1500, 300, 1500, hbm=False)
+_UPTIME_S = 3600.0  # energy counters start as if the driver had loaded an hour before
+_SAMPLING_PERIOD_US = 167_000  # what NVML reports for the encoder and decoder samples
+_REASON_GPU_IDLE = 0x1
+_REASON_HW_SLOWDOWN = 0x8
+_REASON_HW_THERMAL_SLOWDOWN = 0x40
 
 
 def _envelope(gpu: SimulatedGpu) -> _Envelope:
@@ -79,6 +91,8 @@ class SimulatedReadings:
 
     def __init__(self, library: SimulatedNvmlLibrary) -> None:
         self._library = library
+        self._energy_lock = threading.Lock()
+        self._energy: dict[str, tuple[float, float]] = {}  # UUID -> (clock s, millijoules)
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         return {
@@ -89,6 +103,12 @@ class SimulatedReadings:
             "nvmlDeviceGetEnforcedPowerLimit": self._enforced_power_limit,
             "nvmlDeviceGetClockInfo": self._clock_info,
             "nvmlDeviceGetTotalEccErrors": self._total_ecc_errors,
+            "nvmlDeviceGetFieldValues": self._field_values,
+            "nvmlDeviceGetTotalEnergyConsumption": self._total_energy,
+            "nvmlDeviceGetEncoderUtilization": self._codec_utilization,
+            "nvmlDeviceGetDecoderUtilization": self._codec_utilization,
+            "nvmlDeviceGetPcieReplayCounter": self._pcie_replay_counter,
+            "nvmlDeviceGetCurrentClocksEventReasons": self._clocks_event_reasons,
         }
 
     def _load(self, gpu: SimulatedGpu, mig: SimulatedMig | None) -> float:
@@ -171,14 +191,77 @@ class SimulatedReadings:
         pointee(ref).value = self.gpu_temperature(gpu)
         return SUCCESS
 
+    def _power_w(self, gpu: SimulatedGpu) -> float:
+        envelope = _envelope(gpu)
+        span_w = envelope.power_limit_w - envelope.idle_power_w
+        return envelope.idle_power_w + 0.9 * span_w * self._load(gpu, None)
+
     def _power_usage(self, handle: Any, ref: Any) -> int:
         gpu, _, rc = self._telemetry_device(handle)
         if gpu is None or rc != SUCCESS:
             return rc
-        envelope = _envelope(gpu)
-        span_w = envelope.power_limit_w - envelope.idle_power_w
-        watts = envelope.idle_power_w + 0.9 * span_w * self._load(gpu, None)
-        pointee(ref).value = round(watts * 1000)  # milliwatts
+        pointee(ref).value = round(self._power_w(gpu) * 1000)  # milliwatts
+        return SUCCESS
+
+    def _total_energy(self, handle: Any, ref: Any) -> int:
+        """Millijoules since the driver loaded: the power of each call over the time since the
+        last one (so it never goes back, and follows the power readings)."""
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        now_s, watts = self._library.clock(), self._power_w(gpu)
+        with self._energy_lock:
+            since_s, total_mj = self._energy.get(gpu.uuid, (now_s - _UPTIME_S, 0.0))
+            total_mj += max(0.0, now_s - since_s) * watts * 1000
+            self._energy[gpu.uuid] = (now_s, total_mj)
+        pointee(ref).value = int(total_mj)
+        return SUCCESS
+
+    def _codec_utilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        if self._library.mig.enabled(gpu):
+            return NOT_SUPPORTED
+        pointee(util_ref).value = 0  # the simulated work encodes and decodes nothing
+        pointee(period_ref).value = _SAMPLING_PERIOD_US
+        return SUCCESS
+
+    def _pcie_replay_counter(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        pointee(ref).value = 0
+        return SUCCESS
+
+    def _clocks_event_reasons(self, handle: Any, ref: Any) -> int:
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        reasons = 0
+        if self._load(gpu, None) <= 0.05:
+            reasons |= _REASON_GPU_IDLE
+        if self.gpu_temperature(gpu) >= SLOWDOWN_C:
+            reasons |= _REASON_HW_SLOWDOWN | _REASON_HW_THERMAL_SLOWDOWN
+        pointee(ref).value = reasons
+        return SUCCESS
+
+    def _field_values(self, handle: Any, count: Any, ref: Any) -> int:
+        """Only ``NVML_FI_DEV_MEMORY_TEMP`` is known (HBM boards); other fields answer
+        NOT_SUPPORTED in their own ``nvmlReturn``, as the real call does per field."""
+        gpu, _, rc = self._telemetry_device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        values = pointee(ref)
+        for i in range(as_int(count)):
+            value = values[i]
+            value.timestamp = int(self._library.clock() * 1e6)
+            if value.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP and _envelope(gpu).hbm:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = self.gpu_temperature(gpu) + 4  # HBM runs a little hotter
+                value.nvmlReturn = SUCCESS
+            else:
+                value.nvmlReturn = NOT_SUPPORTED
         return SUCCESS
 
     def _enforced_power_limit(self, handle: Any, ref: Any) -> int:
@@ -192,9 +275,12 @@ class SimulatedReadings:
         gpu, _, rc = self._telemetry_device(handle)
         if gpu is None or rc != SUCCESS:
             return rc
+        envelope = _envelope(gpu)
+        if as_int(clock_type) == pynvml.NVML_CLOCK_MEM:
+            pointee(ref).value = envelope.memory_clock_mhz
+            return SUCCESS
         if as_int(clock_type) not in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
             return NOT_SUPPORTED
-        envelope = _envelope(gpu)
         load = self._load(gpu, None)
         boost = min(1.0, 1.25 * load) if load > 0.05 else 0.0
         mhz = envelope.idle_sm_clock_mhz + boost * (
