@@ -15,7 +15,7 @@ POLICY = HealthPolicy(driver_name="gpu.nvidia.com", min_change_interval_s=0)
 
 def served(health: HealthBook, problems: list[str]) -> Series:
     registry = Registry()
-    registry.register(
+    registry.register_formatted(
         HealthMetrics(
             node_name="n1",
             conditions=health.conditions,
@@ -77,3 +77,24 @@ def test_readiness_is_one_only_while_no_check_has_a_problem() -> None:
     problems.append("kubelet has not registered the plugin yet")
     ready = find(served(health, problems), "gpu_dra_agent_ready")
     assert [(dict(k), v) for k, v in ready.items()] == [({"node": "n1"}, 0.0)]
+
+
+def test_the_exposition_is_formatted_again_only_when_an_input_changed() -> None:
+    health = book(POLICY, GPU)
+    problems: list[str] = []
+    metrics = HealthMetrics(
+        node_name="n1",
+        conditions=health.conditions,
+        states=health.states,
+        readiness=[lambda: problems],
+    )
+    first = metrics.exposition()
+    assert metrics.exposition() is first  # nothing changed: the same text, not formatted again
+    problems.append("NVML does not answer")
+    not_ready = metrics.exposition()
+    assert list(find(parse(not_ready), "gpu_dra_agent_ready").values()) == [0.0]
+    health.record(XidObserved("GPU-0", 48), now_s=1.0)
+    health.settle(now_s=1.0)
+    tainted = parse(metrics.exposition())
+    assert list(find(tainted, "gpu_dra_gpu_condition", value="48", fatal="true").values()) == [1.0]
+    assert list(find(tainted, "gpu_dra_device_health_taints", device="gpu-0").values()) == [1.0]

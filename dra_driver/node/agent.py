@@ -286,7 +286,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                 from dra_driver.node.healthmetrics import HealthMetrics  # noqa: PLC0415
 
                 readiness = (plugin, publisher, discovery, monitor)
-                registry.register(
+                registry.register_formatted(
                     HealthMetrics(
                         node_name=config.node_name,
                         conditions=monitor.conditions,
