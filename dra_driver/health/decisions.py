@@ -147,6 +147,15 @@ class DeviceHealth(NamedTuple):
     changed_s: float
 
 
+class ActiveCondition(NamedTuple):
+    """A condition of one device as NVML reports it now (before the rate limit and the cap on
+    taints; for metrics): its kind, its value (an XID's number) and whether it is fatal."""
+
+    kind: str
+    value: str
+    fatal: bool
+
+
 class HealthChange(NamedTuple):
     """A published change of one device (for logs and Node Events)."""
 
@@ -443,6 +452,30 @@ class HealthBook:
             )
             for device, p in self._published.items()
         }
+
+    def conditions(self) -> dict[str, tuple[ActiveCondition, ...]]:
+        """Device -> its conditions now, one per kind in taint order (devices without any are
+        left out). A kind's value and fatality are those its taint would have."""
+        found: dict[str, tuple[ActiveCondition, ...]] = {}
+        for uuid, target in self._targets.items():
+            conditions = self._conditions.get(uuid, {})
+            for device in target.devices:
+                by_kind: dict[str, list[_Condition]] = {}
+                for c in conditions.values():
+                    if c.scope in (None, device):
+                        by_kind.setdefault(c.kind, []).append(c)
+                active = tuple(
+                    ActiveCondition(
+                        kind,
+                        max(by_kind[kind], key=lambda c: (c.fatal, c.last_seen_s)).value,
+                        any(c.fatal for c in by_kind[kind]),
+                    )
+                    for kind in KINDS
+                    if kind in by_kind
+                )
+                if active:
+                    found[device] = active
+        return found
 
     def xid_counts(self) -> dict[tuple[str, int], int]:
         """(GPU name ``gpu-<minor>``, XID) -> XID events seen, ignored ones included."""

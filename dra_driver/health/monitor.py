@@ -38,6 +38,7 @@ from dra_driver.errors import DraError, HealthWatchError, PublishError
 from dra_driver.gpus.healthwatch import NvmlHealthWatch
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.health.decisions import (
+    ActiveCondition,
     DeviceHealth,
     GpuTarget,
     HealthBook,
@@ -169,6 +170,11 @@ class HealthMonitor:
                 for d, s in states.items()
             }
         return {d: s._replace(changed_s=wall - (mono - s.changed_s)) for d, s in states.items()}
+
+    def conditions(self) -> dict[str, tuple[ActiveCondition, ...]]:
+        """Device name -> the health conditions NVML reports for it now (for alerts)."""
+        with self._lock:
+            return self._book.conditions()
 
     def xid_counts(self) -> dict[tuple[str, int], int]:
         """(GPU name ``gpu-<minor>``, XID) -> XID events seen since start, ignored ones too."""

@@ -283,6 +283,17 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     xid_counts=monitor.xid_counts,
                 )
                 registry.register_formatted(telemetry)
+                from dra_driver.node.healthmetrics import HealthMetrics  # noqa: PLC0415
+
+                readiness = (plugin, publisher, discovery, monitor)
+                registry.register_formatted(
+                    HealthMetrics(
+                        node_name=config.node_name,
+                        conditions=monitor.conditions,
+                        states=monitor.states,
+                        readiness=[part.readiness_problems for part in readiness],
+                    )
+                )
             if driver_metrics is not None and scrapes is not None:
                 driver_metrics.set_published_devices(len(node_devices.devices))
                 scrapes.start()

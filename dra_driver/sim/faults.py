@@ -24,7 +24,7 @@ from typing import Any
 from dra_driver.errors import SimulationSpecError
 from dra_driver.paths import DEFAULT_DRIVER_NAME, DEFAULT_PLUGINS_DIR, simulated_faults_path
 
-FAULT_KINDS = ("xid", "ecc", "lost", "reset", "temperature", "hang")
+FAULT_KINDS = ("xid", "ecc", "lost", "reset", "temperature", "hang", "row-remap-failure")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +36,9 @@ class SimulatedFault:
     count up, and retired pages (before Ampere) or remapped rows pending), ``lost`` (XID 79, then
     every query answers GPU_IS_LOST), ``reset`` (a GPU reset: answers again, volatile ECC counts
     and pending pages/rows cleared), ``temperature`` (``celsius``), ``hang`` (every call on the
-    GPU blocks for ``seconds``). ``gpu`` is the NVML index (= the minor, ``gpu-<minor>``).
+    GPU blocks for ``seconds``), ``row-remap-failure`` (NVML's remapped rows report a failure, on
+    Ampere and later, until a reset: the GPU serviced). ``gpu`` is the NVML index (= the minor,
+    ``gpu-<minor>``).
     """
 
     kind: str
@@ -113,6 +115,9 @@ def main(argv: Sequence[str]) -> int:
     what.add_argument("--reset", action="store_true", help="a GPU reset: the GPU is back")
     what.add_argument("--temperature", type=int, metavar="CELSIUS", help="the GPU temperature")
     what.add_argument("--hang", type=float, metavar="SECONDS", help="NVML calls on it hang")
+    what.add_argument(
+        "--row-remap-failure", action="store_true", help="remapping a memory row failed"
+    )
     parser.add_argument("--gpu-instance", type=int, help="with --xid: the MIG GPU instance id")
     parser.add_argument("--compute-instance", type=int, help="with --xid: its compute instance")
     parser.add_argument(
@@ -136,8 +141,12 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    kinds = ("xid", "ecc", "lost", "reset", "temperature", "hang")
-    kind = next(k for k in kinds if getattr(args, k) is not None and getattr(args, k) is not False)
+    kind = next(
+        k
+        for k in FAULT_KINDS
+        if getattr(args, k.replace("-", "_")) is not None
+        and getattr(args, k.replace("-", "_")) is not False
+    )
     try:
         fault = SimulatedFault(
             kind=kind,

@@ -71,6 +71,7 @@ class _GpuHealth:
         "lost",
         "remapped_rows_pending",
         "retired_pages_pending",
+        "row_remap_failure",
         "temperature_c",
         "temperature_injected",
     )
@@ -82,6 +83,7 @@ class _GpuHealth:
         self.ecc_aggregate = 0  # uncorrected, lifetime
         self.retired_pages_pending = False
         self.remapped_rows_pending = False
+        self.row_remap_failure = False
         self.temperature_c = IDLE_C
         self.temperature_injected = False  # else telemetry's moving reading is the temperature
 
@@ -150,6 +152,9 @@ class SimulatedHealth:
                 state.hang_until = 0.0
                 state.ecc_volatile = 0
                 state.retired_pages_pending = state.remapped_rows_pending = False
+                state.row_remap_failure = False
+            elif fault.kind == "row-remap-failure":
+                state.row_remap_failure = True
             elif fault.kind == "temperature":
                 state.temperature_c = fault.celsius
                 state.temperature_injected = True
@@ -332,7 +337,7 @@ class SimulatedHealth:
         pointee(corr).value = 0
         pointee(unc).value = state.ecc_aggregate
         pointee(pending).value = int(state.remapped_rows_pending)
-        pointee(failure).value = 0
+        pointee(failure).value = int(state.row_remap_failure)
         return SUCCESS
 
     def temperature(self, gpu: SimulatedGpu) -> int | None:
