@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -231,7 +232,9 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
         kubeapi.add_claim(allocated_claim(name=f"c{i}", devices=[f"gpu-{i}"])) for i in range(GPUS)
     ]
     expected: dict[str, list[tuple[Any, ...]]] = {}
+    clean_start = time.monotonic()
     plugin_process.spawn()
+    clean_s = time.monotonic() - clean_start  # a start with nothing to repair: the floor
     with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:  # clean answers
         stub = v1_grpc.DRAPluginStub(ch)
         refs = [claim_ref(c) for c in claims]
@@ -241,7 +244,7 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
             p.name: p.read_bytes() for p in Path(plugin_process.settings["cdi"]).glob("*.json")
         }
         stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(claims=refs), timeout=10)
-    started = time.monotonic()
+    recoveries: list[float] = []
     for iteration in range(ITERATIONS):
         batch = rng.sample(claims, rng.randint(1, 4))
         unprepare = rng.random() < 0.5
@@ -265,7 +268,9 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
         time.sleep(rng.uniform(0, 0.004))
         plugin_process.kill()
         caller.join(5)
+        recovery_start = time.monotonic()
         plugin_process.spawn()
+        recoveries.append(time.monotonic() - recovery_start)
         check_node(plugin_process.settings)
         if iteration % 10 == 9:  # every claim prepares again, with the same answer and spec
             with grpc.insecure_channel(f"unix://{plugin_process.dra_socket}") as ch:
@@ -280,7 +285,12 @@ def test_kill_9_during_prepare_and_unprepare_leaves_a_consistent_node(
                     p.name: p.read_bytes()
                     for p in Path(plugin_process.settings["cdi"]).glob("*.json")
                 } == spec_bytes
-    assert time.monotonic() - started < 60
+    # A start after a kill -9 (rolling back half-done claims, rewriting specs) costs no more
+    # than the first, clean one: judged against that start measured in this run, as this
+    # machine's pace changes by half from hour to hour (median 0.41 s against 0.90 s here; the
+    # 100 cycles used to be held to 60 s in all, which a slow hour broke at 73 s).
+    typical = statistics.median(recoveries)
+    assert typical < 1.5 * clean_s, (typical, clean_s)
 
 
 @pytest.fixture
