@@ -33,7 +33,9 @@ Metric names and labels of the driver (``DriverMetrics``): nvidia-compat.md, "Me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import prometheus_client.metrics
@@ -41,6 +43,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.metrics import Counter, Gauge, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 # Process-wide in the library; this package is its only user in the agent.
 prometheus_client.metrics.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -57,6 +61,80 @@ F = TypeVar("F", bound="Formatted")
 def render(collector: Collector) -> str:
     """The text exposition (format 0.0.4) of ``collector``'s metrics, by prometheus_client."""
     return generate_latest(collector).decode()
+
+
+_RENDERED_TYPES = {"counter": "counter", "gauge": "gauge", "info": "gauge"}
+
+
+def render_families(families: Iterable[Metric], *, counter_suffix: bool = True) -> str:
+    """``render`` of already built families, the same text, faster where many series share one
+    label dict (telemetry: every series of a device reuses its labels): each label dict is
+    formatted once per call, not once per sample as ``generate_latest`` does (64 GPUs with the
+    DCGM-compatible series: 2,900 lines). Families of other types than counter, gauge and info,
+    samples with a timestamp, and names outside the classic charset go through
+    ``generate_latest``. ``counter_suffix`` False writes a counter's header under its own name,
+    without ``_total`` (dcgm-exporter's counters; their samples carry the name they have).
+    tests/test_metrics_render.py holds it byte-equal to ``render``."""
+    out: list[str] = []
+    label_text: dict[int, str] = {}
+    for family in families:
+        kind = _RENDERED_TYPES.get(family.type)
+        if kind is None or not _CLASSIC_NAME.fullmatch(family.name):
+            out.append(render(_Families([family])))
+            continue
+        name = family.name
+        if family.type == "counter" and counter_suffix:
+            name += "_total"
+        elif family.type == "info":
+            name += "_info"
+        help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        for sample in family.samples:
+            if sample.timestamp is not None or not _CLASSIC_NAME.fullmatch(sample.name):
+                out.append(render(_Families([_only(family, sample)])).split("\n", 2)[2])
+                continue
+            labels = sample.labels
+            text = label_text.get(id(labels))
+            if text is None:
+                text = label_text[id(labels)] = _label_text(labels)
+            if text == _ODD:
+                out.append(render(_Families([_only(family, sample)])).split("\n", 2)[2])
+                continue
+            value = floatToGoString(sample.value)  # type: ignore[no-untyped-call]
+            out.append(f"{sample.name}{text} {value}\n")
+    return "".join(out)
+
+
+_CLASSIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_CLASSIC_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_ODD = "\0"  # a label set with a name outside the classic charset: generate_latest escapes it
+
+
+def _label_text(labels: Mapping[str, str]) -> str:
+    """``{a="1",b="2"}`` as generate_latest writes it (names sorted, values escaped)."""
+    if not labels:
+        return ""
+    parts = []
+    for key, value in sorted(labels.items()):
+        if not _CLASSIC_LABEL.fullmatch(key):
+            return _ODD
+        escaped = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+        parts.append(f'{key}="{escaped}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def _only(family: Metric, sample: Sample) -> Metric:
+    alone = Metric(family.name, family.documentation, family.type)
+    alone.samples = [sample]
+    return alone
+
+
+@dataclass(frozen=True)
+class _Families:
+    families: list[Metric]
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 class Formatted(Collector, Protocol):

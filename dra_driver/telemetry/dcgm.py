@@ -28,7 +28,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.samples import Sample
 
 from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
-from dra_driver.metrics import render
+from dra_driver.metrics import render_families
 from dra_driver.telemetry.model import Inputs
 
 _MIB = 1 << 20
@@ -203,23 +203,7 @@ def _add(family: Metric, labels: dict[str, str], value: float) -> None:
 
 def render_dcgm(families: list[Metric]) -> str:
     """The text exposition of ``families`` with dcgm-exporter's counter names (no ``_total``)."""
-    parts = []
-    for family in families:
-        text = render(_Fixed([family]))
-        if family.type == "counter":  # its two header lines only: the samples have the name
-            name = family.name
-            text = text.replace(f"# HELP {name}_total ", f"# HELP {name} ", 1)
-            text = text.replace(f"# TYPE {name}_total counter", f"# TYPE {name} counter", 1)
-        parts.append(text)
-    return "".join(parts)
-
-
-@dataclass(frozen=True)
-class _Fixed:
-    families: list[Metric]
-
-    def collect(self) -> list[Metric]:
-        return self.families
+    return render_families(families, counter_suffix=False)
 
 
 def describe() -> list[Metric]:

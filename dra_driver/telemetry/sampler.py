@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
@@ -39,7 +39,7 @@ from dra_driver.devices import gpu_device_name, mig_device_name
 from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
-from dra_driver.metrics import render
+from dra_driver.metrics import render_families
 from dra_driver.telemetry import dcgm, series
 from dra_driver.telemetry.holders import (
     GetPod,
@@ -283,7 +283,7 @@ class Telemetry:
             cached = self._rendered
             if cached is not None and cached[0].same_as(inputs):
                 return cached[1]
-            text = render(_Fixed(self._series(inputs)))
+            text = render_families(self._series(inputs))
             if self.dcgm:
                 text += dcgm.render_dcgm(self._dcgm(inputs))
             self._rendered = (inputs, text)
@@ -314,16 +314,6 @@ class Telemetry:
             xids=xids,
             last_xids=last_xids,
         )
-
-
-@dataclass(frozen=True)
-class _Fixed:
-    """Metric families already made, as a collector (for ``render``)."""
-
-    families: list[Metric]
-
-    def collect(self) -> list[Metric]:
-        return self.families
 
 
 __all__ = [
