@@ -257,6 +257,7 @@ def _header_text(path_name: str) -> str:
              "set_default_device_pinned_mem_limit {uuid} 10240M"],
         ),
         ("mig-mps.yaml", MPS_MIG_DEVICE, ["set_default_device_pinned_mem_limit {uuid} 8192M"]),
+        ("mps-multiuser.yaml", "gpu-0", ["set_default_active_thread_percentage 25"]),
     ],
 )  # fmt: skip
 def test_mps_examples_are_prepared_as_their_headers_say(
@@ -279,7 +280,11 @@ def test_mps_examples_are_prepared_as_their_headers_say(
     mps_env.preparer.prepare(mps_env.ref(claim))
     assert mps_env.deployments() == [f"mps-{uid}"]  # "a Deployment `mps-<claim uid>`"
     commands = [c.format(uuid=uuid) for c in told]
-    assert mps_env.daemon_calls(uid) == [f"start {uuid}", "get_server_list", *commands]
+    multi_user = config["opaque"]["parameters"]["sharing"]["mpsConfig"].get("multiUser", False)
+    start = f"start -M {uuid}" if multi_user else f"start {uuid}"  # the daemon's mode, recorded
+    assert mps_env.daemon_calls(uid) == [start, "get_server_list", *commands]
+    if multi_user:
+        assert "`nvidia-cuda-mps-control -f -M`" in text
     for command in told:
         assert f"`{command.format(uuid='<MIG uuid>' if 'mig' in device else '<GPU uuid>')}`" in text
     modes = mps_env.fake.compute_modes()
