@@ -5,8 +5,11 @@ kubelet's registration of the plugin."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import grpc
 
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg_pb2
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from dra_driver.sim.demo.console import step
 
 
 def resource_claim(
@@ -86,3 +90,33 @@ def allocated(claim: dict[str, Any], allocation: dict[str, Any], node: str) -> d
         ],
     }
     return out
+
+
+def run_agent(
+    command: list[str],
+    log_path: Path,
+    body: Callable[[subprocess.Popen[bytes]], int],
+    *,
+    cleanup: Callable[[], None] = lambda: None,
+) -> int:
+    """Start the agent (``command``, its stderr to ``log_path``), run ``body`` with it, then stop
+    it with SIGTERM and run ``cleanup``. The agent's log is printed when ``body`` raised. Returns
+    1 when the agent exited other than by that SIGTERM, else what ``body`` returned."""
+    with log_path.open("w") as log_file:
+        agent = subprocess.Popen(command, stderr=log_file)
+    shown = False
+    try:
+        rc = body(agent)
+        shown = True
+    finally:
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=15)
+        cleanup()
+        if not shown:
+            step("Agent log (structured logs, --log-format text)")
+            print(log_path.read_text().rstrip())
+    if agent.returncode not in (0, -signal.SIGTERM):
+        print(f"agent exited with {agent.returncode}", file=sys.stderr)
+        return 1
+    return rc

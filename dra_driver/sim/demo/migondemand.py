@@ -7,9 +7,7 @@ turns MIG mode off again. The MIG mode is shown as NVML reports it at each point
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +21,13 @@ from dra_driver.devices.classes import default_device_classes
 from dra_driver.kube import KubeClient
 from dra_driver.scheduling import explain
 from dra_driver.sim.demo import DEMO_NODE, DRIVER, MIG_ON_DEMAND_SIMULATE
-from dra_driver.sim.demo.cluster import agent_command, allocated, register, resource_claim
+from dra_driver.sim.demo.cluster import (
+    agent_command,
+    allocated,
+    register,
+    resource_claim,
+    run_agent,
+)
 from dra_driver.sim.demo.console import step, wait_for
 
 if TYPE_CHECKING:
@@ -52,27 +56,14 @@ def run_mig_on_demand(workdir: Path, *, fake_api: Any, driver_root: Path) -> int
     command += ["--mig-mode", "dynamic"]
     print("    " + " ".join(command[2:]))
     print(f"    gpu-0 in MIG mode: {_gpu(plugins).mig_enabled} (as NVML reports it)")
-    log_path = workdir / "agent.log"
-    with log_path.open("w") as log_file:
-        agent = subprocess.Popen(command, stderr=log_file)
     kube = KubeClient.from_config(kubeconfig=kubeconfig)
-    shown = False
-    try:
-        rc = _prepare(agent, kube=kube, fake_api=fake_api, plugins=plugins, registry=registry,
-                      cdi_root=cdi_root)  # fmt: skip
-        shown = True
-    finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=15)
-        kube.close()
-        if not shown:
-            step("Agent log (structured logs, --log-format text)")
-            print(log_path.read_text().rstrip())
-    if agent.returncode not in (0, -signal.SIGTERM):
-        print(f"agent exited with {agent.returncode}", file=sys.stderr)
-        return 1
-    return rc
+    return run_agent(
+        command,
+        workdir / "agent.log",
+        lambda agent: _prepare(agent, kube=kube, fake_api=fake_api, plugins=plugins,
+                               registry=registry, cdi_root=cdi_root),
+        cleanup=kube.close,
+    )  # fmt: skip
 
 
 def _prepare(

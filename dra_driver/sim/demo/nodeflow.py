@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -28,7 +27,7 @@ from dra_driver.errors import MetricsUnavailable
 from dra_driver.kube import KubeClient
 from dra_driver.scheduling import explain
 from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE, DRIVER
-from dra_driver.sim.demo.cluster import agent_command, resource_claim
+from dra_driver.sim.demo.cluster import agent_command, resource_claim, run_agent
 from dra_driver.sim.demo.console import readable_json, step, wait_for
 from dra_driver.sim.demo.migondemand import run_mig_on_demand
 from dra_driver.sim.demo.sharing import run_sharing
@@ -89,24 +88,14 @@ def main() -> int:
         ]  # fmt: skip
         print("    " + " ".join(command[2:]))
         log_path = workdir / "agent.log"
-        with log_path.open("w") as log_file:
-            agent = subprocess.Popen(command, stderr=log_file)
-        shown = False
-        try:
-            rc = _run(agent, kubeconfig=kubeconfig, node=node, registry=registry,
-                      plugins=plugins, cdi_root=cdi_root, fake_api=fake_api, log_path=log_path,
-                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")  # fmt: skip
-            shown = True
-        finally:
-            if agent.poll() is None:
-                agent.send_signal(signal.SIGTERM)
-                agent.wait(timeout=15)
-            if not shown:
-                step("Agent log (structured logs, --log-format text)")
-                print(log_path.read_text().rstrip())
-        if agent.returncode not in (0, -signal.SIGTERM):
-            print(f"agent exited with {agent.returncode}", file=sys.stderr)
-            return 1
+        rc = run_agent(
+            command,
+            log_path,
+            lambda agent: _run(agent, kubeconfig=kubeconfig, node=node, registry=registry,
+                               plugins=plugins, cdi_root=cdi_root, fake_api=fake_api,
+                               log_path=log_path,
+                               metrics_url=f"http://127.0.0.1:{metrics_port}/metrics"),
+        )  # fmt: skip
         if rc != 0:
             return rc
         step("MIG on demand: the agent with --mig-mode dynamic on an H100 not in MIG mode")

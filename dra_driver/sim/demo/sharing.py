@@ -7,7 +7,6 @@ prepare and put back by unprepare."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,13 @@ from dra_driver.devices.classes import default_device_classes
 from dra_driver.kube import KubeClient
 from dra_driver.scheduling import explain
 from dra_driver.sim.demo import DEMO_NODE, DRIVER, MPS_NAMESPACE, SHARING_SIMULATE
-from dra_driver.sim.demo.cluster import agent_command, allocated, register, resource_claim
+from dra_driver.sim.demo.cluster import (
+    agent_command,
+    allocated,
+    register,
+    resource_claim,
+    run_agent,
+)
 from dra_driver.sim.demo.console import step, wait_for
 
 if TYPE_CHECKING:
@@ -67,29 +72,21 @@ def run_sharing(workdir: Path, *, fake_api: Any, driver_root: Path) -> int:
     )
     print("    creates for MPS control daemons, as processes of the fake driver root's daemon)")
     kubelet = DeploymentKubelet(fake_api, node_name=node, log_dir=workdir / "pods").start()
-    log_path = workdir / "agent.log"
-    with log_path.open("w") as log_file:
-        agent = subprocess.Popen(command, stderr=log_file)
     kube = KubeClient.from_config(kubeconfig=kubeconfig)
-    shown = False
-    try:
-        rc = _prepare_shared(agent, kube=kube, kubelet=kubelet, fake_api=fake_api, node=node,
-                             plugins=plugins, registry=registry, cdi_root=cdi_root)  # fmt: skip
-        shown = True
-    finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(timeout=15)
+
+    def cleanup() -> None:
         kubelet.stop()
         kube.close()
         _unmount_left(workdir)
-        if not shown:
-            step("Agent log (structured logs, --log-format text)")
-            print(log_path.read_text().rstrip())
-    if agent.returncode not in (0, -signal.SIGTERM):
-        print(f"agent exited with {agent.returncode}", file=sys.stderr)
-        return 1
-    return rc
+
+    return run_agent(
+        command,
+        workdir / "agent.log",
+        lambda agent: _prepare_shared(agent, kube=kube, kubelet=kubelet, fake_api=fake_api,
+                                      node=node, plugins=plugins, registry=registry,
+                                      cdi_root=cdi_root),
+        cleanup=cleanup,
+    )  # fmt: skip
 
 
 def _prepare_shared(
