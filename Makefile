@@ -8,7 +8,7 @@ TOOLS := .tools
 # The CDI hook the agent installs on the node (static, so it runs on any host).
 HOOK := dra_driver/cdi/hook/gpu-dra-cdi-hook
 
-.PHONY: demo test check lint format typecheck bench proto chart image helm hook gpu-check clean
+.PHONY: demo test check lint format typecheck bench proto chart image helm hook gpu-check kube cluster clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ gpu-check: $(STAMP) $(HOOK)
 ## make test: the full test suite (opt-in tiers skip with a reason when their tools are missing)
 test: $(STAMP) $(HOOK) helm
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q
+
+## make kube: etcd and Kubernetes' own programs (and hack/kube's test tooling) built from their Go
+## modules into ~/.cache/gpu-dra/kube/<version>/bin (GPU_DRA_KUBE_CACHE=...), reused when there
+kube:
+	@bash hack/kube.sh > /dev/null
+
+## make cluster: a real local cluster (control plane, two hollow GPU nodes, the chart installed)
+## for people; Ctrl-C stops it (needs root, as the test tier)
+cluster: $(STAMP) $(HOOK) helm kube
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m tests.cluster
 
 ## make check: format check, lint, strict types, the import contracts (.importlinter), then the tests
 check: $(STAMP)

@@ -24,6 +24,7 @@ if have_all; then
   echo "$out"
   exit 0
 fi
+[ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null 2>&1 || { echo "make kube: no go on PATH (Go 1.26 or newer)" >&2; exit 1; }
 mkdir -p "$out"
 start=$(date +%s)

@@ -191,8 +191,10 @@ def daemonset_container(*values: str) -> tuple[dict[str, Any], dict[str, dict[st
     return container, {v["name"]: v for v in pod["volumes"]}
 
 
-def container_env(container: dict[str, Any], *, pod_uid: str) -> dict[str, str]:
-    fields = {"spec.nodeName": NODE, "metadata.namespace": NAMESPACE, "metadata.uid": pod_uid}
+def container_env(
+    container: dict[str, Any], *, pod_uid: str, node: str = NODE, namespace: str = NAMESPACE
+) -> dict[str, str]:
+    fields = {"spec.nodeName": node, "metadata.namespace": namespace, "metadata.uid": pod_uid}
     env = {}
     for entry in container["env"]:
         if "value" in entry:
@@ -200,6 +202,45 @@ def container_env(container: dict[str, Any], *, pod_uid: str) -> dict[str, str]:
         else:
             env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
+
+
+@dataclass(frozen=True)
+class ApiAccess:
+    """How the agent's Pod reaches the API server: in-cluster (KUBERNETES_SERVICE_HOST/PORT on
+    loopback, a ServiceAccount token and the server's CA)."""
+
+    port: int
+    token: str
+    ca_file: Path
+
+    @classmethod
+    def of(cls, api: FakeKubeApi) -> ApiAccess:
+        assert api.tls_dir is not None  # in-cluster clients insist on TLS
+        return cls(port=api.port, token=api.token or "", ca_file=api.tls_dir / "ca.crt")
+
+
+@dataclass(frozen=True)
+class PodSource:
+    """The agent's Pod as the API server holds it (the DaemonSet controller made it): its
+    container and volumes, and the downward-API fields the kubelet would resolve."""
+
+    container: dict[str, Any]
+    volumes: dict[str, dict[str, Any]]
+    node: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def of(cls, pod: dict[str, Any]) -> PodSource:
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        return cls(
+            container=container,
+            volumes={v["name"]: v for v in spec["volumes"]},
+            node=spec["nodeName"],
+            namespace=pod["metadata"]["namespace"],
+            uid=pod["metadata"]["uid"],
+        )
 
 
 @dataclass
@@ -258,25 +299,37 @@ def start_node(
     *,
     layout: str,
     builds: Builds,
-    api: FakeKubeApi,
+    api: FakeKubeApi | ApiAccess,
     simulate: str = "h100:2",
     extra_values: tuple[str, ...] = (),
     image: PodImage | None = None,
+    pod: PodSource | None = None,
+    env_overrides: dict[str, str] | None = None,
+    gpus: int = 2,
+    host_state: Path | None = None,
 ) -> tuple[Node, dict[str, Any]]:
     """The node with the driver installed per ``layout`` and the chart's agent Pod on it: the
-    machine's userland as the image, or with ``image`` podman running the built image."""
+    machine's userland as the image, or with ``image`` podman running the built image. The Pod
+    is the chart's rendered DaemonSet's, or ``pod``: one the API server holds (a real cluster's
+    DaemonSet controller made it), its environment changed by ``env_overrides`` only."""
     values, lib_dir, driver_root = LAYOUTS[layout]
-    # Simulated GPUs (no GPU here): the only value changed from the layout's, but for the ports:
-    # the pod shares this machine's network, where other runs may hold the default ports.
-    container, volumes = daemonset_container(
-        *values, *extra_values, "--set", f"simulate={simulate}",
-        "--set", f"healthcheckPort={free_port()}", "--set", f"metricsPort={free_port()}",
-    )  # fmt: skip
-    env = container_env(container, pod_uid=str(uuid.uuid4()))
+    access = api if isinstance(api, ApiAccess) else ApiAccess.of(api)
+    if pod is None:
+        # Simulated GPUs (no GPU here): the only value changed from the layout's, but for the
+        # ports: the pod shares this machine's network, where other runs may hold the defaults.
+        container, volumes = daemonset_container(
+            *values, *extra_values, "--set", f"simulate={simulate}",
+            "--set", f"healthcheckPort={free_port()}", "--set", f"metricsPort={free_port()}",
+        )  # fmt: skip
+        env = container_env(container, pod_uid=str(uuid.uuid4()))
+    else:
+        container, volumes = pod.container, pod.volumes
+        env = container_env(container, pod_uid=pod.uid, node=pod.node, namespace=pod.namespace)
+    env.update(env_overrides or {})
     operator = driver_root != "/"
     fake = make_fake_driver(
         work / "driver",
-        gpu_minors=range(2),
+        gpu_minors=range(gpus),
         lib_dir=lib_dir,
         library_bytes=lambda lib: builds.libraries[lib],
         device_nodes=operator,  # a driver container's root has its dev/; a host install does not
@@ -285,9 +338,12 @@ def start_node(
         leftover.unlink()  # the fake tree's "unrelated library" would shadow the host's libc
     if image is not None:  # the stand-in tools run with the image's python3, not this one
         standins_on_path_python(fake.root / "usr/bin")
-    kubelet_dir, cdi_dir = work / "k", work / "cdi"
+    # What the node keeps on its disk across restarts of the Pod: ``host_state`` (default: work)
+    state = host_state or work
+    kubelet_dir, cdi_dir = state / "k", state / "cdi"
     kubelet_dir.mkdir(exist_ok=True)  # a test may leave state there first (a switched node)
-    (kubelet_dir / "plugins_registry").mkdir()  # the kubelet creates it (type: Directory)
+    # the kubelet creates it (type: Directory); a real one (tests/cluster) did already
+    (kubelet_dir / "plugins_registry").mkdir(exist_ok=True)
     cdi_dir.mkdir(exist_ok=True)
     binds = [[str(kubelet_dir), "/var/lib/kubelet"], [str(cdi_dir), env["CDI_ROOT"]]]
     overlays: list[list[str]] = []
@@ -295,7 +351,7 @@ def start_node(
         binds.append([str(fake.root), driver_root])
     else:
         host_dev = work / "host-dev"
-        make_device_nodes(host_dev, gpu_minors=range(2))
+        make_device_nodes(host_dev, gpu_minors=range(gpus))
         overlays += [
             [str(fake.root / lib_dir), f"/{lib_dir}"],
             [str(fake.root / "usr/bin"), "/usr/bin"],
@@ -304,14 +360,13 @@ def start_node(
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     account = work / "serviceaccount"
     account.mkdir()
-    (account / "token").write_text(api.token or "")
-    (account / "namespace").write_text(NAMESPACE)
-    assert api.tls_dir is not None  # in-cluster clients insist on TLS
-    shutil.copyfile(api.tls_dir / "ca.crt", account / "ca.crt")
+    (account / "token").write_text(access.token)
+    (account / "namespace").write_text(env.get("POD_NAMESPACE", NAMESPACE))
+    shutil.copyfile(access.ca_file, account / "ca.crt")
     secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
     env.update(
         KUBERNETES_SERVICE_HOST="127.0.0.1",
-        KUBERNETES_SERVICE_PORT=str(api.port),
+        KUBERNETES_SERVICE_PORT=str(access.port),
         PATH=f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         HOME="/root",
         PYTHONDONTWRITEBYTECODE="1",

@@ -1,9 +1,10 @@
 """A real etcd + kube-apiserver on loopback, for the opt-in integration tier (envtest style).
 
-Set ``KUBEBUILDER_ASSETS`` to a directory holding the ``etcd`` and ``kube-apiserver`` binaries
-(for example what ``setup-envtest use -p path`` prints). Without it every test here is skipped
-with a message saying so; with it they run, and anything that keeps them from running (a missing
-binary, no ``openssl``, a Kubernetes older than 1.32) fails them instead of skipping.
+The ``etcd`` and ``kube-apiserver`` binaries are those ``make kube`` builds (tests/kubebins.py), or
+any in ``KUBEBUILDER_ASSETS`` (for example what ``setup-envtest use -p path`` prints). Without
+them every test here is skipped with a message saying so, except with ``CI=true`` (CI builds
+them first), where that fails; anything else that keeps them from running (no ``openssl``, a
+Kubernetes older than 1.32) fails them.
 
 The server gets what controller-runtime's envtest gives it (its ``controlplane/apiserver.go``
 and ``etcd.go``): a serving certificate, a ServiceAccount issuer and signing key, RBAC,
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
 import socket
@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from dra_driver.kube import KubeClient
+from tests.kubebins import kube_bin
 
 TOKEN = "integration-admin-token"
 _START_TIMEOUT_S = 90.0
@@ -49,17 +50,9 @@ def _free_port() -> int:
 
 
 def _assets() -> Path:
-    value = os.environ.get("KUBEBUILDER_ASSETS", "")
-    if not value:
-        pytest.skip(
-            "KUBEBUILDER_ASSETS is not set: point it at a directory with the etcd and "
-            "kube-apiserver binaries to run the real-apiserver tier"
-        )
-    # Set: the tier was asked for, so what keeps it from running is a failure, not a skip.
-    assets = Path(value)
-    missing = [b for b in ("etcd", "kube-apiserver") if not os.access(assets / b, os.X_OK)]
-    if missing:
-        pytest.fail(f"KUBEBUILDER_ASSETS={assets} has no executable {' or '.join(missing)}")
+    # make kube's cache, or KUBEBUILDER_ASSETS (tests/kubebins.py): skipped without them, and
+    # failed with CI=true, where .ci/run builds them first
+    assets = kube_bin("etcd", "kube-apiserver")
     if shutil.which("openssl") is None:
         pytest.fail("the openssl command is needed to make the test certificates")
     return assets
