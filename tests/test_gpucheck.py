@@ -46,14 +46,14 @@ def test_the_check_of_a_simulated_h100_passes_every_section_with_no_difference(
     assert not [s for s in body["sections"].values() if "error" in s], body["sections"]
     (gpu,) = body["gpus"]
     assert gpu["product_name"] == "NVIDIA H100 80GB HBM3"
-    assert gpu["twin"] == {"spec": "h100-80gb:1", "differences": []}
+    assert gpu["twin"] == {"spec": "h100-80gb:1:numa=0", "differences": []}
     assert [d["name"] for d in gpu["facts"]["devices"]["static"]] == ["gpu-0"]
     (resource_slice,) = body["sections"]["discovery"]["resource_slices"]
     assert [d["name"] for d in resource_slice["spec"]["devices"]] == ["gpu-0"]
     scans = body["sections"]["driver_files"]
     (scan,) = [v for v in scans.values() if isinstance(v, dict)]
     assert all(not s["missing_host_paths"] for s in scan["specs"].values())
-    assert "simulated twin h100-80gb:1: 0 difference(s)" in printed
+    assert "simulated twin h100-80gb:1:numa=0: 0 difference(s)" in printed
     assert f"report: {out / report.REPORT_FILE}" in printed
     assert (out / report.SUMMARY_FILE).read_text() in printed
 
@@ -118,7 +118,7 @@ def test_the_asker_refuses_a_setter_before_calling_it() -> None:
 def test_a_gpu_in_mig_mode_is_compared_with_a_twin_of_the_same_layout(tmp_path: Path) -> None:
     body, _ = run(tmp_path, "a100-40gb:1:mig=3g.20gb+1g.5gb")
     (gpu,) = body["gpus"]
-    assert gpu["twin"]["spec"] == "a100-40gb:1:mig=3g.20gb+1g.5gb"
+    assert gpu["twin"]["spec"] == "a100-40gb:1:mig=3g.20gb+1g.5gb:numa=0"
     assert gpu["twin"]["differences"] == []
     profiles = gpu["facts"]["mig"]["profiles"]
     answered = {p["info"]["value"]["id"] for p in profiles.values() if "value" in p["info"]}
@@ -149,15 +149,18 @@ def test_the_comparison_names_a_changed_field_and_ignores_node_state() -> None:
 
 
 def test_the_twin_spec_follows_the_mig_mode_and_layout() -> None:
-    off = {"mig_enabled": False, "mig_pending": False, "mig_instances": []}
-    assert twin_spec("h100-80gb", off) == "h100-80gb:1"
-    assert twin_spec("h100-80gb", {**off, "mig_pending": True}) == "h100-80gb:1:mig-pending"
+    off = {"mig_enabled": False, "mig_pending": False, "mig_instances": [], "numa_node": None}
+    assert twin_spec("h100-80gb", off) == "h100-80gb:1:numa=none"
+    assert twin_spec("h100-80gb", {**off, "numa_node": 1}) == "h100-80gb:1:numa=1"
+    assert twin_spec("h100-80gb", {**off, "mig_pending": True}) == (
+        "h100-80gb:1:mig-pending:numa=none"
+    )
     instances = [
         {"profile": {"name": "1g.10gb"}, "placement": {"start": 6}},
         {"profile": {"name": "3g.40gb"}, "placement": {"start": 0}},
     ]
     on = {**off, "mig_enabled": True, "mig_instances": instances}
-    assert twin_spec("h100-80gb", on) == "h100-80gb:1:mig=3g.40gb+1g.10gb"
+    assert twin_spec("h100-80gb", on) == "h100-80gb:1:mig=3g.40gb+1g.10gb:numa=none"
 
 
 def test_without_root_the_cuda_load_is_skipped_saying_why(

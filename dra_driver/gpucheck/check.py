@@ -46,11 +46,14 @@ NODE_NAME = "gpu-check"  # the pool name of the ResourceSlices shown (nothing is
 
 class Twins(Protocol):
     """The simulated GPUs, given by the CLI: the product key of a product name, and simulated
-    GPUs installed below pynvml for a ``--simulate`` spec (yielding their sysfs root)."""
+    GPUs installed below pynvml for a ``--simulate`` spec (yielding their sysfs root), on a
+    simulated driver of the given versions (None: the simulated driver's own)."""
 
     def product_key(self, product_name: str) -> str | None: ...
 
-    def installed(self, spec: str) -> AbstractContextManager[Path]: ...
+    def installed(
+        self, spec: str, *, driver_version: str | None, cuda_driver_version: int | None
+    ) -> AbstractContextManager[Path]: ...
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,9 @@ def _facts_of_node(
 
 def twin_spec(key: str, discovery: Mapping[str, Any]) -> str:
     """The ``--simulate`` spec of the twin of the GPU discovery reported (``GpuInfo`` as
-    JSON): its product, MIG mode and MIG devices (by placement). Addressing mode, NUMA and
-    event support are left to the profile: they are what the comparison checks."""
+    JSON): its product, MIG mode and MIG devices (by placement), and the NUMA node the GPU
+    sits on (the node's, not the product's). Addressing mode and event support are left to the
+    profile: they are what the comparison checks."""
     spec = f"{key}:1"
     if discovery["mig_enabled"]:
         instances = sorted(discovery["mig_instances"], key=lambda m: m["placement"]["start"])
@@ -150,20 +154,28 @@ def twin_spec(key: str, discovery: Mapping[str, Any]) -> str:
         spec += f":mig={layout}" if layout else ":mig"
     elif discovery["mig_pending"]:
         spec += ":mig-pending"
-    return spec
+    numa = discovery["numa_node"]
+    return spec + f":numa={'none' if numa is None else int(numa)}"
 
 
 def compare_with_twin(
     facts: Mapping[str, Any], *, twins: Twins, driver_name: str
 ) -> dict[str, Any]:
     """The twin's spec and every difference between one GPU's ``facts`` (as gpu_facts gives
-    them, or read back from a report) and its twin's answers to the same questions."""
+    them, or read back from a report) and its twin's answers to the same questions. The twin
+    runs on the node's driver and CUDA versions (the node's, not the product's), so every
+    version the agent derives from them is compared by value."""
     product = facts["discovery"]["product_name"]
     key = twins.product_key(product)
     if key is None:
         return {"spec": None, "error": f"no simulated profile for {product!r}"}
     spec = twin_spec(key, facts["discovery"])
-    with twins.installed(spec) as sysfs_root:
+    discovery = facts["discovery"]
+    with twins.installed(
+        spec,
+        driver_version=discovery.get("driver_version"),
+        cuda_driver_version=discovery.get("cuda_driver_version"),
+    ) as sysfs_root:
         _, twin = _facts_of_node(
             driver_root=Path("/"),
             sysfs_root=sysfs_root,

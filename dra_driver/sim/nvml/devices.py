@@ -37,6 +37,11 @@ from dra_driver.sim.nvml.spec import TOTAL_COMPUTE_SLICES
 if TYPE_CHECKING:
     from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
 
+DRIVER_GPU_INSTANCE_PROFILE_COUNT = 0x11
+"""The GPU-instance profile indices the simulated driver knows (R580's nvml.h: 0 to 0x10). A
+real H200 on 580.159.04 answers INVALID_ARGUMENT for index 0x11, which pynvml 13 already names
+(``NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX``), and NOT_SUPPORTED for known ones it lacks."""
+
 _COMPUTE_MODES: dict[str, int] = {
     "DEFAULT": pynvml.NVML_COMPUTEMODE_DEFAULT,
     "EXCLUSIVE_THREAD": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
@@ -184,7 +189,7 @@ class DeviceQueries:
         info = pointee(ref)
         if info.version != pynvml.nvmlGpuInstanceProfileInfo_v2:
             return VERSION_MISMATCH
-        if as_int(index) >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+        if as_int(index) >= DRIVER_GPU_INSTANCE_PROFILE_COUNT:
             return INVALID_ARGUMENT
         # nvml.h: NOT_SUPPORTED "if device doesn't support MIG or profile isn't supported".
         # Answered in MIG mode or not: NVIDIA's driver reads every MIG-capable GPU's profiles
@@ -205,6 +210,7 @@ class DeviceQueries:
         info.ofaCount = profile.ofa_engines
         info.memorySizeMB = profile.memory_mib
         info.name = f"MIG {profile.name}".encode()
+        info.version = 0  # the real library hands the whole structure back, version zeroed
         return SUCCESS
 
     def _gi_placements(self, handle: Any, profile_id: Any, placements: Any, count: Any) -> int:
