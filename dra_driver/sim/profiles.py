@@ -268,6 +268,11 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
 ALIASES: dict[str, str] = {"h100": "h100-80gb", "h200": "h200-141gb"}
 """Short spec names; A100 has none because its two memory sizes have different MIG profiles."""
 
+MEMORY_RESERVED_MIB = 614
+"""Device memory the driver reserves on a whole GPU (``nvmlMemory_v2_t.reserved``): what a real
+H200 showed (with 20 GB allocated, ``nvmlDeviceGetMemoryInfo`` counted 20699 MiB used, nvidia-smi
+on ``nvmlDeviceGetMemoryInfo_v2`` 20085 MiB). The other products are not measured and reuse it."""
+
 DRIVER_VERSION = "570.124.06"
 """What nvmlSystemGetDriverVersion returns on simulated nodes (an R570 production driver)."""
 

@@ -64,6 +64,7 @@ class DeviceQueries:
             "nvmlDeviceGetArchitecture": self._architecture,
             "nvmlDeviceGetCudaComputeCapability": self._compute_capability,
             "nvmlDeviceGetMemoryInfo": self._memory_info,
+            "nvmlDeviceGetMemoryInfo_v2": self._memory_info_v2,
             "nvmlDeviceGetPciInfo_v3": self._pci_info,
             "nvmlDeviceGetMinorNumber": self._minor,
             "nvmlDeviceGetAddressingMode": self._addressing_mode,
@@ -114,14 +115,28 @@ class DeviceQueries:
         return rc
 
     def _memory_info(self, handle: Any, ref: Any) -> int:
+        """nvmlDeviceGetMemoryInfo (v1): the driver's reserved memory counted as used."""
         gpu, mig, rc = self._library.device(handle)
         if gpu is None or rc != SUCCESS:
             return rc
-        mib = mig.profile.memory_mib if mig else gpu.spec.hardware.memory_mib
+        info = self._library.readings.memory(gpu, mig)
         memory = pointee(ref)
-        memory.total = mib * 1024 * 1024
-        memory.used = self._library.readings.memory_used_bytes(gpu, mig, total_bytes=memory.total)
-        memory.free = memory.total - memory.used
+        memory.total = info.total
+        memory.used = info.used + info.reserved
+        memory.free = info.free
+        return SUCCESS
+
+    def _memory_info_v2(self, handle: Any, ref: Any) -> int:
+        """nvmlDeviceGetMemoryInfo_v2: reserved apart, used without it (what nvidia-smi shows)."""
+        gpu, mig, rc = self._library.device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        memory = pointee(ref)
+        if memory.version != pynvml.nvmlMemory_v2:
+            return VERSION_MISMATCH
+        info = self._library.readings.memory(gpu, mig)
+        memory.total, memory.reserved = info.total, info.reserved
+        memory.used, memory.free = info.used, info.free
         return SUCCESS
 
     def _pci_info(self, handle: Any, ref: Any) -> int:
