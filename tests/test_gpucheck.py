@@ -235,3 +235,31 @@ def test_a_gpu_that_does_not_answer_is_reported_and_the_other_sections_still_run
     assert body["gpus"][0]["twin"]["differences"] == []
     assert "error" not in body["sections"]["driver_files"]
     assert "error" not in body["sections"]["cuda_load"]
+
+
+@pytest.mark.skipif(not CAN_LOAD, reason=runtime.unavailable() or "needs cc for the stand-ins")
+def test_a_wrapper_script_as_nvidia_smi_is_named_and_does_not_fail_the_cuda_load(
+    tmp_path: Path,
+) -> None:
+    # as on a real H200 node: /usr/bin/nvidia-smi a shell script, no ELF program beside the libs
+    (tmp_path / "work").mkdir()
+    with simulated_machine("h100:1", tmp_path / "machine") as machine:
+        smi = machine.driver_roots[0] / "usr/bin/nvidia-smi"
+        smi.unlink()
+        smi.write_text('#!/bin/sh\nexec /opt/nvidia/nvidia-smi "$@"\n')
+        body = run_check(machine, twins=SimulatedTwins(), options=Options(), work=tmp_path / "work")
+    (files,) = (v for k, v in body["sections"]["driver_files"].items() if k != "seconds")
+    assert files["host_paths"][str(smi)] == "script (#!/bin/sh)"
+    assert str(smi) in files["scripts"]
+    libcuda = next(p for p in files["host_paths"] if p.endswith(".so.570.124.06"))
+    assert files["host_paths"][libcuda] == "ELF"
+    assert files["host_paths"][files["hook"]] == "ELF"
+    assert files["host_paths"][str(machine.driver_roots[0] / "dev/nvidiactl")] in (
+        "character device",  # as root
+        "file",  # a fake driver's node without root
+    )
+    load = body["sections"]["cuda_load"]
+    assert load["ok"], load
+    (note,) = load["steps"]["nvidia-smi"]["output"]
+    assert note.startswith(f"not run: the spec mounts {smi}, a script (#!/bin/sh), as nvidia-smi")
+    assert "mounts a script as a program: script (#!/bin/sh)" in report.summary(body)

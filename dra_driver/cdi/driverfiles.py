@@ -333,6 +333,7 @@ def find_driver_files(
 
     mounts: dict[str, dict[str, Mount]] = {}
     links: dict[str, dict[str, Link]] = {}
+    homes: list[Path] = []  # where the driver's libraries really are (links followed)
     for directory in _library_dirs(driver_root):
         for capability, libs in LIBRARIES_BY_CAPABILITY.items():
             for lib in libs:
@@ -340,6 +341,8 @@ def find_driver_files(
                 if found is None:
                     continue
                 real, lib_links = found
+                if real.parent not in homes:
+                    homes.append(real.parent)
                 group = mounts.setdefault(capability, {})
                 container_path = f"{CONTAINER_LIB_DIR}/{real.name}"
                 if container_path in group:
@@ -349,14 +352,12 @@ def find_driver_files(
                     links.setdefault(capability, {}).setdefault(link.link, link)
     for capability, names in BINARIES_BY_CAPABILITY.items():
         for name in names:
-            for rel in _BIN_DIRS:
-                tool = _resolve_in_root(driver_root, driver_root / rel / name)
-                if tool is not None and tool.is_file():
-                    container_path = f"/usr/bin/{name}"
-                    mounts.setdefault(capability, {})[container_path] = Mount(
-                        host(tool), container_path
-                    )
-                    break
+            tool = _find_tool(driver_root, name, homes)
+            if tool is not None:
+                container_path = f"/usr/bin/{name}"
+                mounts.setdefault(capability, {})[container_path] = Mount(
+                    host(tool), container_path
+                )
     for capability, rels in FILES_BY_CAPABILITY.items():
         for rel in rels:
             for real, container_path in _matching_files(driver_root, rel, driver_version):
@@ -440,12 +441,43 @@ def read_mig_cap_minors(path: Path) -> dict[str, int]:
 def find_driver_tool(driver_root: Path, name: str) -> Path | None:
     """Where this process finds the driver's program ``name`` (``nvidia-smi``) under
     ``driver_root`` (its own view: ``CONTAINER_DRIVER_ROOT``), links followed inside the root;
-    None when the install has none."""
+    None when the install has none. Where the one on the root's PATH is a script wrapping the
+    driver's (as ``/usr/bin/nvidia-smi`` on a node whose driver lives in ``/usr/local/nvidia``),
+    the program beside the driver's libraries (``<lib dir>/../bin/<name>``) is preferred."""
+    nvml_library = find_driver_library(driver_root, "libnvidia-ml.so.1")
+    return _find_tool(driver_root, name, [] if nvml_library is None else [nvml_library.parent])
+
+
+def file_kind(path: Path) -> str:
+    """What the file at ``path`` (links followed) is by its first bytes: ``"ELF"``, ``"script"``
+    (``#!``), ``"file"`` (anything else), or ``"missing"``."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError:
+        return "missing"
+    if head == b"\x7fELF":
+        return "ELF"
+    return "script" if head.startswith(b"#!") else "file"
+
+
+def _find_tool(driver_root: Path, name: str, homes: list[Path]) -> Path | None:
+    """``name`` on the root's PATH directories, or, when that is a script (a wrapper), the ELF
+    program of that name in a ``bin`` directory beside ``homes`` (the driver's library
+    directories), which a container without a shell can run."""
+    found = None
     for rel in _BIN_DIRS:
         tool = _resolve_in_root(driver_root, driver_root / rel / name)
         if tool is not None and tool.is_file():
-            return tool
-    return None
+            found = tool
+            break
+    if found is not None and file_kind(found) != "script":
+        return found
+    for home in homes:
+        beside = _resolve_in_root(driver_root, home.parent / "bin" / name)
+        if beside is not None and beside.is_file() and file_kind(beside) == "ELF":
+            return beside
+    return found
 
 
 def find_driver_library(driver_root: Path, soname: str) -> Path | None:

@@ -294,8 +294,16 @@ def _cuda_load(
     )
     container = Path(tempfile.mkdtemp(prefix="container-", dir=work))
     entry["driver_root"] = str(roots[0])
+    note = None
+    smi = driverroot.scripts_mounted(spec).get("/usr/bin/nvidia-smi")
+    if smi is not None:
+        note = (
+            f"the spec mounts {smi}, a {driverroot.describe(Path(smi))}, as nvidia-smi: the "
+            "minimal root has no interpreter for it (a container with one runs it)"
+        )
     entry.update(runtime.load_cuda(spec, probe=probe, work=container,
-                                   timeout_s=options.cuda_timeout_s))  # fmt: skip
+                                   timeout_s=options.cuda_timeout_s,
+                                   nvidia_smi_note=note))  # fmt: skip
 
 
 __all__ = [

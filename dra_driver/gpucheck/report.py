@@ -69,6 +69,8 @@ def summary(report: Mapping[str, Any]) -> str:
     for root, scan in sections.get("driver_files", {}).items():
         if not isinstance(scan, dict):
             continue
+        for script in scan.get("scripts", []):
+            lines.append(f"  {root}: mounts a script as a program: {scan['host_paths'][script]}")
         for capabilities, spec in scan["specs"].items():
             missing = spec["missing_host_paths"]
             state = "every host path exists" if not missing else f"missing: {', '.join(missing)}"
