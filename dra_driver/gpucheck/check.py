@@ -9,9 +9,11 @@ questions asked of the simulated profile of the same product, which the CLI inst
 pynvml (:class:`Twins`; only the CLI and node/ may import sim/).
 
 Strictly read-only: no NVML setter is ever called (nvmlquery.Asker refuses them; a test records
-every NVML call a simulated run makes), no nvidia-smi option that sets anything is run, no MPS
-daemon is started. The one process it starts that touches the driver is the probe in a private
-mount namespace (runtime.py). Sections that fail are reported; the others still run.
+every NVML call a simulated run makes), no nvidia-smi option that sets anything is run. The one
+process it starts that touches the driver is the probe in a private mount namespace
+(runtime.py); only with ``--mps`` (Options.mps) does it start an MPS control daemon of its own,
+send it a share's limits, run the probe as its client (allocating device memory, running a
+kernel) and quit it (mpscheck.py). Sections that fail are reported; the others still run.
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ from typing import Any, Protocol
 
 import pynvml
 
-from dra_driver import __version__
+from dra_driver import __version__, cdi
 from dra_driver.devices.pool import node_devices
 from dra_driver.errors import DraError
-from dra_driver.gpucheck import compare, driverroot, nvmlquery, runtime
+from dra_driver.gpucheck import compare, driverroot, mpscheck, nvmlquery, runtime
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.readings import NvmlReader
 from dra_driver.gpus.telemetryvalues import TelemetryTarget
 from dra_driver.publish.slices import build_slices, device_json, to_api_objects
+from dra_driver.sharing import mps
 
 REPORT_VERSION = 1
 NODE_NAME = "gpu-check"  # the pool name of the ResourceSlices shown (nothing is published)
@@ -73,6 +76,8 @@ class Options:
     driver_name: str = "gpu.nvidia.com"
     probe: Path | None = None  # a prebuilt probe (probe.c); None: built with cc
     cuda_timeout_s: float = 60
+    mps: bool = False  # the mps section (mpscheck.py): starts an MPS daemon of its own
+    mps_share: mpscheck.Share | None = None  # None: mpscheck.default_share of the GPU
 
 
 @contextmanager
@@ -259,6 +264,9 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
         )
         if first is None:
             entry.setdefault("note", "NVML found no GPU; the spec names gpu-0")
+    if options.mps:
+        with _section(report, "mps") as entry:
+            _mps(entry, roots=roots, machine=machine, options=options, gpu=first, work=work)
     report["wall_s"] = round(time.monotonic() - started, 3)
     return report
 
@@ -278,12 +286,10 @@ def _cuda_load(
     if why is not None:
         entry["skipped"] = why
         return
-    probe = options.probe
+    probe = _probe(options, work)
     if probe is None:
-        if shutil.which("cc") is None:
-            entry["skipped"] = "no C compiler for the probe and no --probe given"
-            return
-        probe = runtime.build_probe(work)
+        entry["skipped"] = "no C compiler for the probe and no --probe given"
+        return
     files = driverroot.scan(
         roots[0],
         driver_version=gpu.driver_version if gpu else None,
@@ -304,6 +310,55 @@ def _cuda_load(
     entry.update(runtime.load_cuda(spec, probe=probe, work=container,
                                    timeout_s=options.cuda_timeout_s,
                                    nvidia_smi_note=note))  # fmt: skip
+
+
+def _probe(options: Options, work: Path) -> Path | None:
+    """The probe: given, built before in ``work``, built now, or None without a compiler."""
+    if options.probe is not None:
+        return options.probe
+    built = work / "gpu-check-probe"
+    if built.exists():
+        return built
+    return runtime.build_probe(work) if shutil.which("cc") is not None else None
+
+
+def _mps(
+    entry: dict[str, Any],
+    *,
+    roots: list[Path],
+    machine: Machine,
+    options: Options,
+    gpu: GpuInfo | None,
+    work: Path,
+) -> None:
+    if gpu is None or not roots:
+        entry["skipped"] = "no GPU" if gpu is None else "no driver root holds libnvidia-ml.so.1"
+        return
+    control = cdi.find_driver_tool(roots[0], mps.CONTROL)
+    if control is None:
+        entry["skipped"] = f"the driver root {roots[0]} has no {mps.CONTROL}"
+        return
+    probe = _probe(options, work)
+    if probe is None:
+        entry["skipped"] = "no C compiler for the probe and no --probe given"
+        return
+    files = driverroot.scan(roots[0], driver_version=gpu.driver_version,
+                            proc_root=machine.proc_root)  # fmt: skip
+    share = options.mps_share or mpscheck.default_share(gpu.memory_bytes)
+    # the daemon's socket path must fit a Unix socket address: a short directory of its own
+    with tempfile.TemporaryDirectory(prefix="gpu-check-mps-") as tmp:
+        entry.update(
+            mpscheck.run_mps(
+                control=control,
+                probe=probe,
+                gpu_uuid=gpu.uuid,
+                memory_bytes=gpu.memory_bytes,
+                share=share,
+                library_dir=driverroot.library_view(files, Path(tmp) / "lib"),
+                work=Path(tmp),
+                timeout_s=options.cuda_timeout_s,
+            )
+        )
 
 
 __all__ = [

@@ -60,6 +60,24 @@ def gpu_spec(files: cdi.DriverFiles, *, minor: int, capabilities: frozenset[str]
     return encoder.spec(CLAIM_UID, [device], capabilities)
 
 
+def library_view(files: cdi.DriverFiles, directory: Path) -> Path:
+    """``directory`` (created) made to hold what a container's library directory holds from
+    the spec: a link to each driver library found and the links the hook makes, so a process on
+    the host loads the driver from the driver root alone (``LD_LIBRARY_PATH``), nothing else
+    of the root's library directories."""
+    directory.mkdir(parents=True)
+    for mount in files.mounts:
+        container = Path(mount.container_path)
+        if str(container.parent) == cdi.CONTAINER_LIB_DIR:
+            (directory / container.name).symlink_to(mount.host_path)
+    for links in files.links_by_capability.values():
+        for link in links:
+            target = directory / Path(link.link).name
+            if not target.is_symlink():
+                target.symlink_to(link.target)
+    return directory
+
+
 def host_paths(spec: Mapping[str, Any]) -> list[str]:
     """Every host path ``spec`` names: mounts, device nodes and hooks, of the spec and its
     devices, in order, without repeats."""
@@ -157,6 +175,7 @@ __all__ = [
     "driver_roots",
     "gpu_spec",
     "host_paths",
+    "library_view",
     "scan",
     "scripts_mounted",
 ]

@@ -72,7 +72,9 @@ def simulated_machine(spec: str, base: Path) -> Iterator[Machine]:
         if shutil.which("cc") is not None:
             built = base / "elf"
             built.mkdir()
-            libraries = build_libraries(built, gpus=gpus)
+            libraries = build_libraries(
+                built, gpus=gpus, memory_mib=[g.spec.hardware.memory_mib for g in node.gpus]
+            )
         driver = make_fake_driver(
             base,
             gpu_minors=range(len(node.gpus)),
