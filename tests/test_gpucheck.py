@@ -148,6 +148,21 @@ def test_the_comparison_names_a_changed_field_and_ignores_node_state() -> None:
     assert "health.ecc_errors.volatile_corrected.error" in paths
 
 
+def test_a_reading_the_recording_check_did_not_have_is_no_difference_but_a_refused_one_is() -> None:
+    older = {"telemetry": {"reading": {"memory_used_bytes": 5}}}
+    newer = {"telemetry": {"reading": {"memory_used_bytes": 7, "memory_reserved_bytes": 9}}}
+    assert compare.differences(older, newer) == []
+    refused = {"telemetry": {"reading": {"memory_used_bytes": 5, "memory_reserved_bytes": None}}}
+    assert compare.differences(refused, newer) == [
+        compare.Difference("telemetry.reading.memory_reserved_bytes", None, compare.PRESENT)
+    ]
+    # outside the readings a field one side lacks is a difference, as ever
+    assert [d.path for d in compare.differences({"health": {"y": 1}}, {"health": {"x": 1}})] == [
+        "health.x",
+        "health.y",
+    ]
+
+
 def test_the_twin_spec_follows_the_mig_mode_and_layout() -> None:
     off = {"mig_enabled": False, "mig_pending": False, "mig_instances": [], "numa_node": None}
     assert twin_spec("h100-80gb", off) == "h100-80gb:1:numa=none"
