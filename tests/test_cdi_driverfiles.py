@@ -12,10 +12,9 @@ from dra_driver.cdi.driverfiles import (
     CONTAINER_LIB_DIR,
     DEFAULT_CAPABILITIES,
     DriverFiles,
-    file_kind,
     find_driver_files,
-    find_driver_tool,
 )
+from dra_driver.cdi.driverpaths import file_kind, find_driver_tool
 from dra_driver.sim.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
 from dra_driver.sim.profiles import DRIVER_VERSION
 

@@ -118,8 +118,11 @@ def test_the_verdict_holds_what_was_reached_to_what_was_allowed(
     memory: bool | None,
     threads: bool | None,
 ) -> None:
-    client = {"values": {k: v for k, v in
-                         (("allocated", allocated), ("kernel_ms", client_ms)) if v is not None}}
+    client = {
+        "values": {
+            k: v for k, v in (("allocated", allocated), ("kernel_ms", client_ms)) if v is not None
+        }
+    }
     alone = {"values": {"allocated": 140 << 30, "kernel_ms": alone_ms}}  # fmt: skip
     found = mpscheck.verdict(SHARE, client, alone)
     assert found["enforced"] == {"memory": memory, "threads": threads}
@@ -136,4 +139,6 @@ def test_a_share_is_read_as_memory_and_percent_and_a_bad_one_refused(
     with pytest.raises(SystemExit) as exited:
         gpu_dra_main(["gpu-check", "--simulate", "h100:1", "--mps", "20Gi,0"])
     assert exited.value.code == 2
-    assert "--mps 20Gi,0: an MPS share's thread percentage must be 1..100" in capsys.readouterr().err
+    assert (
+        "--mps 20Gi,0: an MPS share's thread percentage must be 1..100" in capsys.readouterr().err
+    )

@@ -103,8 +103,16 @@ def differences(real: Mapping[str, Any], simulated: Mapping[str, Any]) -> list[D
         Difference(path=path, real=left.get(path), simulated=right.get(path))
         for path in sorted(left.keys() | right.keys())
         if left.get(path) != right.get(path)
-        and (path in left and path in right or not path.startswith(NEWER_READINGS))
+        and ((path in left and path in right) or not path.startswith(NEWER_READINGS))
     ]
 
 
-__all__ = ["NEWER_READINGS", "NODE_STATE", "PRESENT", "Difference", "comparable", "differences", "flatten"]
+__all__ = [
+    "NEWER_READINGS",
+    "NODE_STATE",
+    "PRESENT",
+    "Difference",
+    "comparable",
+    "differences",
+    "flatten",
+]

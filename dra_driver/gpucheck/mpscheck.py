@@ -88,7 +88,10 @@ def limits(share: Share, *, gpu_uuid: str, memory_bytes: int) -> mps.Limits:
 
 def client_env(share: Share, *, gpu_uuid: str) -> tuple[str, ...]:
     """The limits in the environment a share's CDI device gives its containers."""
-    consumed = {shares.MEMORY: f"{share.memory_mib}Mi", shares.COMPUTE: str(share.thread_percentage)}
+    consumed = {
+        shares.MEMORY: f"{share.memory_mib}Mi",
+        shares.COMPUTE: str(share.thread_percentage),
+    }
     return shares.share_env(device_uuid=gpu_uuid, consumed=consumed)
 
 
@@ -304,8 +307,10 @@ def run_mps(
     commands = entry.get("commands", [])
     entry["ok"] = bool(
         entry.get("daemon", {}).get("ready")
-        and all(c["rc"] == 0 and not c["reply"].startswith(("Invalid", "Unrecognized"))
-                for c in commands)  # fmt: skip
+        and all(
+            c["rc"] == 0 and not c["reply"].startswith(("Invalid", "Unrecognized"))
+            for c in commands
+        )
         and entry["enforced"]["memory"]
         and entry["quit"] == "quit"
     )

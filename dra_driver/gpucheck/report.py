@@ -103,8 +103,10 @@ def _mps_lines(entry: Mapping[str, Any]) -> list[str]:
     alone = reached["without_mps"]
     lines = [
         f"  mps daemon: {entry.get('daemon', {})}; quit: {entry['quit']}",
-        *(f"  mps command {c['command']!r}: rc {c['rc']} {c['reply']}".rstrip()
-          for c in entry.get("commands", [])),  # fmt: skip
+        *(
+            f"  mps command {c['command']!r}: rc {c['rc']} {c['reply']}".rstrip()
+            for c in entry.get("commands", [])
+        ),
         f"  mps memory: allowed {size(allowed['memory_bytes'])}, client saw free "
         f"{size(reached['memory_free_seen_bytes'])} and allocated "
         f"{size(reached['allocated_bytes'])} (without MPS: {size(alone['allocated_bytes'])}); "

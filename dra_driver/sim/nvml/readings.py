@@ -1,10 +1,11 @@
 """Telemetry readings of the simulated library: load, memory, temperature, power, clocks, ECC.
 
 The telemetry side of the simulated library (library.py collects the table): utilisation,
-memory (v1 and v2: ``memory``), temperature (GPU, and HBM memory through ``nvmlDeviceGetFieldValues``), power, its
-limit and the energy it adds up to, SM and memory clocks, encoder and decoder use (0: the
-simulated work uses neither), PCIe replays (0), the clock event reasons (idle, thermal slowdown at
-the slowdown threshold), ECC counts, and the lookup by UUID telemetry uses. They move over time
+memory (for the v1 and v2 calls: ``memory``), temperature (GPU, and HBM memory through
+``nvmlDeviceGetFieldValues``), power, its limit and the energy it adds up to, SM and memory
+clocks, encoder and decoder use (0: the simulated work uses neither), PCIe replays (0), the clock
+event reasons (idle, thermal slowdown at the slowdown threshold), ECC counts, and the lookup by
+UUID telemetry uses. They move over time
 as a deterministic function of the device's UUID and the library's ``clock``
 (``simulated_load``), higher while the library's ``workload`` says a device runs work (the agent
 points it at the devices prepared claims hold). MIG device handles answer NOT_SUPPORTED for all
@@ -34,7 +35,6 @@ from dra_driver.sim.nvml.abi import (
 )
 from dra_driver.sim.nvml.health import SLOWDOWN_C
 from dra_driver.sim.nvml.node import SimulatedGpu, SimulatedMig, digest
-
 from dra_driver.sim.profiles import MEMORY_RESERVED_MIB
 
 if TYPE_CHECKING:
