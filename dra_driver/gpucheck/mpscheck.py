@@ -111,17 +111,25 @@ def parse_probe(lines: Sequence[str]) -> dict[str, Any]:
 class ControlDaemon:
     """One ``nvidia-cuda-mps-control -f`` of the check's own, a child process."""
 
-    def __init__(self, control: Path, *, gpu_uuid: str, work: Path) -> None:
+    def __init__(
+        self, control: Path, *, gpu_uuid: str, work: Path, library_dir: Path | None = None
+    ) -> None:
         self.control = control
         self.pipe_dir, self.log_dir = work / "pipe", work / "log"
         self.pipe_dir.mkdir(parents=True)
         self.log_dir.mkdir()
+        # the control daemon starts nvidia-cuda-mps-server, which lies beside it, and the
+        # server loads the driver's libcuda: both from the driver root the check found
+        path = os.environ.get("PATH", "")
         self.env = {
             **os.environ,
+            "PATH": f"{control.parent}:{path}" if path else str(control.parent),
             "CUDA_VISIBLE_DEVICES": gpu_uuid,
             mps.PIPE_ENV: str(self.pipe_dir),
             mps.LOG_ENV: str(self.log_dir),
         }
+        if library_dir is not None:
+            self.env["LD_LIBRARY_PATH"] = str(library_dir)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -271,7 +279,7 @@ def run_mps(
     """The whole ``mps`` section (module docstring) in ``work``, an empty directory the caller
     removes. ``ok``: the daemon answered and took every command, the limited client ran and
     its memory limit held, and the daemon is gone. Never leaves the daemon running."""
-    daemon = ControlDaemon(control, gpu_uuid=gpu_uuid, work=work)
+    daemon = ControlDaemon(control, gpu_uuid=gpu_uuid, work=work, library_dir=library_dir)
     wanted = limits(share, gpu_uuid=gpu_uuid, memory_bytes=memory_bytes)
     entry: dict[str, Any] = {
         "control": str(control),
