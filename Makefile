@@ -32,9 +32,11 @@ demo: $(STAMP) $(HOOK)
 	$(BIN)/python -m dra_driver.sim.demo
 
 ## make gpu-check: the read-only check of this machine's GPUs and driver (docs/gpu-check.md);
-## SIMULATE=h100:1 runs it on simulated GPUs, OUT=dir keeps the report there
+## SIMULATE=h100:1 runs it on simulated GPUs, OUT=dir keeps the report there, MPS=20Gi,25 (or
+## MPS=default) adds the check that MPS enforces a share's limits
 gpu-check: $(STAMP) $(HOOK)
-	bash hack/gpu-check.sh $(if $(SIMULATE),--simulate $(SIMULATE)) $(if $(OUT),--out $(OUT))
+	bash hack/gpu-check.sh $(if $(SIMULATE),--simulate $(SIMULATE)) $(if $(OUT),--out $(OUT)) \
+		$(if $(MPS),$(if $(filter default,$(MPS)),--mps,--mps $(MPS)))
 
 ## make test: the full test suite (opt-in tiers skip with a reason when their tools are missing)
 test: $(STAMP) $(HOOK) helm

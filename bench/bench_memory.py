@@ -7,13 +7,18 @@ import part imports the modules step by step and reads VmRSS after each; the run
 starts the real agent code (``run_agent``, 8 simulated H100 with 2 in MIG mode, against the
 local API server, run in this process so its modules do not count, through a Configuration
 built as the in-cluster loader builds it) under
-tracemalloc and groups the live allocations by the package that made them. For information:
-the targets are the agent RSS rows of bench_publish and bench_prepare.
+tracemalloc and groups the live allocations by the package that made them (the simulated NVML
+apart: a real node runs NVIDIA's library instead); a third part runs the same agent without
+tracemalloc, with metrics and telemetry off and then on, and reads its RSS by mapping from
+``/proc/self/smaps`` (libraries by file, the malloc heap, anonymous memory: Python's arenas,
+thread stacks). For information: the targets are the agent RSS rows of bench_publish and
+bench_prepare.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -81,6 +86,8 @@ def measure():
         name = stat.traceback[0].filename
         if "site-packages/" in name:
             key = name.split("site-packages/")[1].split("/")[0].removesuffix(".py")
+        elif "/dra_driver/sim/" in name:
+            key = "dra_driver.sim (simulated NVML: a real node runs libnvidia-ml instead)"
         elif "/dra_driver/" in name:
             key = "dra_driver"
         elif name.startswith("<frozen"):
@@ -99,6 +106,79 @@ print(json.dumps(result))
 """
 
 
+# The running agent without tracemalloc, read from /proc/self/smaps once its slices are out
+# (and, with metrics on, after 3 telemetry samples of 1 s): RSS by what is mapped.
+_MAPPED = """
+import json, os, shutil, sys, threading, time, tempfile
+from collections import Counter
+from pathlib import Path
+from dra_driver import kube
+from kubernetes.client.configuration import Configuration
+from dra_driver.node.agent import run_agent
+from dra_driver.node.config import Config
+tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
+url, metrics_port, simulate = sys.argv[1], int(sys.argv[2]), sys.argv[3] or None
+kube.KubeClient.from_config = classmethod(
+    lambda cls, **kw: cls(Configuration(host=url, api_key={"BearerToken": "Bearer t"}))
+)
+def published():
+    client = kube.KubeClient(Configuration(host=url))
+    try:
+        return client.list_slices(driver_name="gpu.nvidia.com", node_name="node1").items
+    finally:
+        client.close()
+config = Config(node_name="node1", simulate=simulate,
+                kubelet_plugins_directory_path=tmp / "plugins",
+                kubelet_registrar_directory_path=tmp / "registry", cdi_root=tmp / "cdi",
+                metrics_port=metrics_port, telemetry_interval_s=1.0, healthcheck_port=0,
+                log_level="error")
+stop = threading.Event()
+result = Counter()
+def measure():
+    while not published():
+        time.sleep(0.05)
+    time.sleep(3.5 if metrics_port else 0.5)
+    path = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            words = line.split()
+            if "-" in words[0] and len(words) >= 5:
+                path = words[5] if len(words) > 5 else "[anonymous]"
+            elif words[0] == "Rss:":
+                name = os.path.basename(path) if path.startswith("/") else path
+                result[name] += int(words[1]) * 1024
+    stop.set()
+threading.Thread(target=measure, daemon=True).start()
+try:
+    run_agent(config, stop=stop)
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+print(json.dumps(result))
+"""
+
+
+def _mapped_rows(off: dict[str, int], on: dict[str, int]) -> list[Row]:
+    """RSS by mapping, metrics off and on: the largest, the rest together, the total."""
+    names = sorted(on.keys() | off.keys(), key=lambda n: -max(on.get(n, 0), off.get(n, 0)))
+    top = names[:9]
+    rows = [
+        Row(f"{name}: off / on / +", on.get(name, 0) / 2**20, "MiB", "",
+            floor=f"{off.get(name, 0) / 2**20:.1f} / {on.get(name, 0) / 2**20:.1f} / "
+                  f"{(on.get(name, 0) - off.get(name, 0)) / 2**20:+.1f}")
+        for name in top
+    ]  # fmt: skip
+    rest_off = sum(v for n, v in off.items() if n not in top)
+    rest_on = sum(v for n, v in on.items() if n not in top)
+    rows.append(Row("every other mapping (off / on / +)", rest_on / 2**20, "MiB", "",
+                    floor=f"{rest_off / 2**20:.1f} / {rest_on / 2**20:.1f} / "
+                          f"{(rest_on - rest_off) / 2**20:+.1f}"))  # fmt: skip
+    total_off, total_on = sum(off.values()), sum(on.values())
+    rows.append(Row("RSS (off / on / +)", total_on / 2**20, "MiB", "",
+                    floor=f"{total_off / 2**20:.1f} / {total_on / 2**20:.1f} / "
+                          f"{(total_on - total_off) / 2**20:+.1f}"))  # fmt: skip
+    return rows
+
+
 def _run(script: str, *args: str) -> object:
     done = subprocess.run(
         [sys.executable, "-c", script, *args], capture_output=True, text=True, check=False
@@ -108,7 +188,16 @@ def _run(script: str, *args: str) -> object:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+SIMULATED = "h100:6,h100:2:mig=1g.10gb*7"
+
+
 def main() -> int:
+    """``--nvml``: the third part on this machine's NVML (a lent GPU) instead of simulated
+    GPUs, where its smaps name libnvidia-ml and the driver's own mappings; ``--short``: only
+    the third part."""
+    simulate = "" if "--nvml" in sys.argv[1:] else SIMULATED
+    if "--short" in sys.argv[1:]:
+        return _mapped_part(simulate)
     steps = _run(_IMPORTS, json.dumps(STEPS))
     assert isinstance(steps, list)
     rows = []
@@ -135,7 +224,32 @@ def main() -> int:
     ok &= print_table(
         "agent's live Python allocations by package (8 simulated H100, 2 in MIG mode)", live
     )
+    print()
+    return 0 if ok and _mapped_part(simulate) == 0 else 1
+
+
+def _mapped_part(simulate: str) -> int:
+    api = FakeKubeApi().start()
+    api.add_node("node1")
+    try:
+        off = _run(_MAPPED, api.url, "0", simulate)
+        on = _run(_MAPPED, api.url, str(_free_port()), simulate)
+    finally:
+        api.stop()
+    assert isinstance(off, dict) and isinstance(on, dict)
+    gpus = "8 simulated H100, 2 in MIG mode" if simulate else "this machine's NVML"
+    ok = print_table(
+        "running agent's RSS by mapping (smaps), metrics and telemetry off / on (1 s samples, "
+        f"DCGM series; {gpus})",
+        _mapped_rows(off, on),
+    )
     return 0 if ok else 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from dra_driver.cdi.driverfiles import (
     DriverFiles,
     find_driver_files,
 )
+from dra_driver.cdi.driverpaths import file_kind, find_driver_tool
 from dra_driver.sim.fakedriver import LIB_DIR, OLD_VERSION, make_fake_driver
 from dra_driver.sim.profiles import DRIVER_VERSION
 
@@ -239,3 +240,55 @@ def test_graphics_brings_its_icd_files_and_the_modeset_node_only_when_asked(
     assert "/dev/nvidia-modeset" not in [n["path"] for n in plain["deviceNodes"]]
     assert "hooks" not in graphics  # no hook configured here: the soname link is a mount
     assert f"{LIB}/libGLX_nvidia.so.0" in paths(graphics)
+
+
+def wrapped_driver(tmp: Path, *, real_tool: bool = True) -> Path:
+    """A root as on a node whose driver lives under /usr/local/nvidia (a real H200's): the
+    libraries there, linked from the system's library directory, and /usr/bin/nvidia-smi a
+    shell script wrapping the driver's own program beside them."""
+    root = tmp / "root"
+    home = root / "usr/local/nvidia"
+    (home / "lib64").mkdir(parents=True)
+    (root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (root / "usr/bin").mkdir(parents=True)
+    for lib in ("libnvidia-ml", "libcuda"):
+        real = home / "lib64" / f"{lib}.so.{DRIVER_VERSION}"
+        real.write_bytes(b"\x7fELF stand-in")
+        (root / "usr/lib/x86_64-linux-gnu" / f"{lib}.so.1").symlink_to(
+            f"/usr/local/nvidia/lib64/{real.name}"
+        )
+    wrapper = root / "usr/bin/nvidia-smi"
+    wrapper.write_text('#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
+    if real_tool:
+        (home / "bin").mkdir()
+        (home / "bin/nvidia-smi").write_bytes(b"\x7fELF stand-in")
+    return root
+
+
+def test_a_wrapper_script_on_the_path_gives_way_to_the_drivers_own_program(
+    tmp_path: Path,
+) -> None:
+    root = wrapped_driver(tmp_path)
+    files = find_driver_files(driver_root=root, driver_version=DRIVER_VERSION, proc_root=tmp_path)
+    mounts = {m.container_path: m.host_path for m in files.mounts}
+    assert mounts["/usr/bin/nvidia-smi"] == str(root / "usr/local/nvidia/bin/nvidia-smi")
+    assert find_driver_tool(root, "nvidia-smi") == root / "usr/local/nvidia/bin/nvidia-smi"
+    assert file_kind(root / "usr/bin/nvidia-smi") == "script"
+    assert file_kind(Path(mounts["/usr/bin/nvidia-smi"])) == "ELF"
+    assert file_kind(root / "nothing") == "missing"
+
+
+def test_a_wrapper_script_is_kept_when_the_driver_has_no_program_beside_its_libraries(
+    tmp_path: Path,
+) -> None:
+    root = wrapped_driver(tmp_path, real_tool=False)
+    files = find_driver_files(driver_root=root, driver_version=DRIVER_VERSION, proc_root=tmp_path)
+    mounts = {m.container_path: m.host_path for m in files.mounts}
+    assert mounts["/usr/bin/nvidia-smi"] == str(root / "usr/bin/nvidia-smi")
+    assert find_driver_tool(root, "nvidia-smi") == root / "usr/bin/nvidia-smi"
+
+
+def test_a_program_on_the_path_that_is_no_script_is_used_as_it_is(tmp_path: Path) -> None:
+    root = wrapped_driver(tmp_path)
+    (root / "usr/bin/nvidia-smi").write_bytes(b"\x7fELF another build")
+    assert find_driver_tool(root, "nvidia-smi") == root / "usr/bin/nvidia-smi"

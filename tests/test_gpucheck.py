@@ -46,14 +46,14 @@ def test_the_check_of_a_simulated_h100_passes_every_section_with_no_difference(
     assert not [s for s in body["sections"].values() if "error" in s], body["sections"]
     (gpu,) = body["gpus"]
     assert gpu["product_name"] == "NVIDIA H100 80GB HBM3"
-    assert gpu["twin"] == {"spec": "h100-80gb:1", "differences": []}
+    assert gpu["twin"] == {"spec": "h100-80gb:1:numa=0", "differences": []}
     assert [d["name"] for d in gpu["facts"]["devices"]["static"]] == ["gpu-0"]
     (resource_slice,) = body["sections"]["discovery"]["resource_slices"]
     assert [d["name"] for d in resource_slice["spec"]["devices"]] == ["gpu-0"]
     scans = body["sections"]["driver_files"]
     (scan,) = [v for v in scans.values() if isinstance(v, dict)]
     assert all(not s["missing_host_paths"] for s in scan["specs"].values())
-    assert "simulated twin h100-80gb:1: 0 difference(s)" in printed
+    assert "simulated twin h100-80gb:1:numa=0: 0 difference(s)" in printed
     assert f"report: {out / report.REPORT_FILE}" in printed
     assert (out / report.SUMMARY_FILE).read_text() in printed
 
@@ -118,7 +118,7 @@ def test_the_asker_refuses_a_setter_before_calling_it() -> None:
 def test_a_gpu_in_mig_mode_is_compared_with_a_twin_of_the_same_layout(tmp_path: Path) -> None:
     body, _ = run(tmp_path, "a100-40gb:1:mig=3g.20gb+1g.5gb")
     (gpu,) = body["gpus"]
-    assert gpu["twin"]["spec"] == "a100-40gb:1:mig=3g.20gb+1g.5gb"
+    assert gpu["twin"]["spec"] == "a100-40gb:1:mig=3g.20gb+1g.5gb:numa=0"
     assert gpu["twin"]["differences"] == []
     profiles = gpu["facts"]["mig"]["profiles"]
     answered = {p["info"]["value"]["id"] for p in profiles.values() if "value" in p["info"]}
@@ -148,16 +148,34 @@ def test_the_comparison_names_a_changed_field_and_ignores_node_state() -> None:
     assert "health.ecc_errors.volatile_corrected.error" in paths
 
 
+def test_a_reading_the_recording_check_did_not_have_is_no_difference_but_a_refused_one_is() -> None:
+    older = {"telemetry": {"reading": {"memory_used_bytes": 5}}}
+    newer = {"telemetry": {"reading": {"memory_used_bytes": 7, "memory_reserved_bytes": 9}}}
+    assert compare.differences(older, newer) == []
+    refused = {"telemetry": {"reading": {"memory_used_bytes": 5, "memory_reserved_bytes": None}}}
+    assert compare.differences(refused, newer) == [
+        compare.Difference("telemetry.reading.memory_reserved_bytes", None, compare.PRESENT)
+    ]
+    # outside the readings a field one side lacks is a difference, as ever
+    assert [d.path for d in compare.differences({"health": {"y": 1}}, {"health": {"x": 1}})] == [
+        "health.x",
+        "health.y",
+    ]
+
+
 def test_the_twin_spec_follows_the_mig_mode_and_layout() -> None:
-    off = {"mig_enabled": False, "mig_pending": False, "mig_instances": []}
-    assert twin_spec("h100-80gb", off) == "h100-80gb:1"
-    assert twin_spec("h100-80gb", {**off, "mig_pending": True}) == "h100-80gb:1:mig-pending"
+    off = {"mig_enabled": False, "mig_pending": False, "mig_instances": [], "numa_node": None}
+    assert twin_spec("h100-80gb", off) == "h100-80gb:1:numa=none"
+    assert twin_spec("h100-80gb", {**off, "numa_node": 1}) == "h100-80gb:1:numa=1"
+    assert twin_spec("h100-80gb", {**off, "mig_pending": True}) == (
+        "h100-80gb:1:mig-pending:numa=none"
+    )
     instances = [
         {"profile": {"name": "1g.10gb"}, "placement": {"start": 6}},
         {"profile": {"name": "3g.40gb"}, "placement": {"start": 0}},
     ]
     on = {**off, "mig_enabled": True, "mig_instances": instances}
-    assert twin_spec("h100-80gb", on) == "h100-80gb:1:mig=3g.40gb+1g.10gb"
+    assert twin_spec("h100-80gb", on) == "h100-80gb:1:mig=3g.40gb+1g.10gb:numa=none"
 
 
 def test_without_root_the_cuda_load_is_skipped_saying_why(
@@ -232,3 +250,31 @@ def test_a_gpu_that_does_not_answer_is_reported_and_the_other_sections_still_run
     assert body["gpus"][0]["twin"]["differences"] == []
     assert "error" not in body["sections"]["driver_files"]
     assert "error" not in body["sections"]["cuda_load"]
+
+
+@pytest.mark.skipif(not CAN_LOAD, reason=runtime.unavailable() or "needs cc for the stand-ins")
+def test_a_wrapper_script_as_nvidia_smi_is_named_and_does_not_fail_the_cuda_load(
+    tmp_path: Path,
+) -> None:
+    # as on a real H200 node: /usr/bin/nvidia-smi a shell script, no ELF program beside the libs
+    (tmp_path / "work").mkdir()
+    with simulated_machine("h100:1", tmp_path / "machine") as machine:
+        smi = machine.driver_roots[0] / "usr/bin/nvidia-smi"
+        smi.unlink()
+        smi.write_text('#!/bin/sh\nexec /opt/nvidia/nvidia-smi "$@"\n')
+        body = run_check(machine, twins=SimulatedTwins(), options=Options(), work=tmp_path / "work")
+    (files,) = (v for k, v in body["sections"]["driver_files"].items() if k != "seconds")
+    assert files["host_paths"][str(smi)] == "script (#!/bin/sh)"
+    assert str(smi) in files["scripts"]
+    libcuda = next(p for p in files["host_paths"] if p.endswith(".so.570.124.06"))
+    assert files["host_paths"][libcuda] == "ELF"
+    assert files["host_paths"][files["hook"]] == "ELF"
+    assert files["host_paths"][str(machine.driver_roots[0] / "dev/nvidiactl")] in (
+        "character device",  # as root
+        "file",  # a fake driver's node without root
+    )
+    load = body["sections"]["cuda_load"]
+    assert load["ok"], load
+    (note,) = load["steps"]["nvidia-smi"]["output"]
+    assert note.startswith(f"not run: the spec mounts {smi}, a script (#!/bin/sh), as nvidia-smi")
+    assert "mounts a script as a program: script (#!/bin/sh)" in report.summary(body)

@@ -2,8 +2,10 @@
 under tests/data/real/ (docs/gpu-check.md "Committing a real run") holds the simulated profile of
 its product to every field the hardware answered, through the same comparison the check runs.
 
-No real report exists yet (no GPU has been lent); a report made from a simulated run in a temp
-dir shows the comparison passes on it and fails on any changed field."""
+The first is an H200's (driver 580.159.04, MIG off, no NUMA): its twin runs on that node's driver
+and CUDA versions and NUMA node, so only UUIDs, PCI addresses, counts and readings are compared
+by presence. A report made from a simulated run in a temp dir shows the comparison also passes
+on a GPU in MIG mode, and fails on any changed field."""
 
 from __future__ import annotations
 
@@ -92,3 +94,21 @@ def test_an_answer_the_hardware_refused_is_a_difference_too(simulated_report: Pa
     changed["facts"]["health"]["remapped_rows"] = {"error": "NOT_SUPPORTED", "rc": 3}
     paths = {d["path"] for d in mismatches(changed)}
     assert "health.remapped_rows.error" in paths
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "devices.static.0.attributes.driverVersion.version",
+        "devices.static.0.attributes.cudaDriverVersion.version",
+    ],
+)
+def test_the_nodes_driver_version_is_compared_by_value_not_hidden(path: str) -> None:
+    (gpu,) = recorded_gpus(REAL / "nvidia-h200.json")
+    changed = copy.deepcopy(gpu)
+    node: Any = changed["facts"]
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[leaf] = "570.124.6"
+    assert [d["path"] for d in mismatches(changed)] == [path]

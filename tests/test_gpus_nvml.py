@@ -320,6 +320,8 @@ def test_addressing_mode_is_reported_on_coherent_platforms(option: str, mode: st
         (9, 1, 20096, 81559, "1g.20gb"),
         (2, 3, 71168, 143771, "3g.71gb"),  # 70.5 rounds half away from zero, as Go does
         (4, 7, 143104, 143771, "7g.141gb"),
+        (9, 1, 33280, 143771, "1g.35gb"),  # what a real H200 answered (tests/data/real)
+        (4, 7, 143360, 143771, "7g.141gb"),
         (0xD, 1, 23680, 97871, "1g.24gb-me"),
         (0xF, 1, 23680, 97871, "1g.24gb+me.all"),
         (0xA, 1, 23680, 97871, "1g.24gb+gfx"),

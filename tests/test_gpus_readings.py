@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from dra_driver.gpus import nvml
@@ -135,3 +136,45 @@ def test_nvml_stays_initialised_across_discovery_passes_until_closed() -> None:
         reader.close()
         assert node.library._initialised == 0
         reader.close()  # twice is fine
+
+
+def test_memory_is_read_as_nvidia_smi_reads_it_with_the_reservation_apart(
+    reader: NvmlReader,
+) -> None:
+    with simulated_nvml("h200:1,a100-80gb:1:mig=3g.40gb", node_name=NODE) as node:
+        targets = targets_of(node)
+        node.library.workload = lambda uuid: uuid == targets[0].uuid  # the H200 works
+        node.library.clock = lambda: 1000.0  # the readings stand still
+        readings = reader.read(targets)
+        pynvml.nvmlInit()
+        try:
+            v1 = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(targets[0].uuid))
+        finally:
+            pynvml.nvmlShutdown()
+    h200 = readings[targets[0].uuid]
+    assert h200.memory_reserved_bytes == 614 << 20  # what the real H200 reserved
+    assert h200.memory_used_bytes is not None and h200.memory_used_bytes > 1 << 30
+    # the v1 call counts the reservation as used; v2 (nvidia-smi's) does not
+    assert v1.used == h200.memory_used_bytes + h200.memory_reserved_bytes
+    assert v1.free == h200.memory_free_bytes
+    for target in targets:  # the whole H200, the A100 in MIG mode and its MIG device
+        r = readings[target.uuid]
+        assert r.memory_free_bytes is not None and r.memory_used_bytes is not None
+        assert r.memory_reserved_bytes is not None and r.memory_total_bytes is not None
+        assert (
+            r.memory_free_bytes + r.memory_used_bytes + r.memory_reserved_bytes
+            == r.memory_total_bytes
+        ), target.name
+
+
+def test_a_driver_without_the_v2_memory_call_is_read_with_v1_and_no_reservation(
+    reader: NvmlReader,
+) -> None:
+    with simulated_nvml("h100:1", node_name=NODE) as node:
+        targets = targets_of(node)
+        del node.library._functions["nvmlDeviceGetMemoryInfo_v2"]  # as before R510
+        (reading,) = reader.read(targets).values()
+    assert reading.memory_reserved_bytes is None
+    assert reading.memory_used_bytes is not None and reading.memory_free_bytes is not None
+    assert reading.memory_used_bytes + reading.memory_free_bytes == reading.memory_total_bytes
+    assert reading.memory_used_bytes >= 614 << 20  # v1: the reservation counted as used

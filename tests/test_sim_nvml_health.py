@@ -107,8 +107,10 @@ def test_a_gpu_without_event_support_refuses_registration(node: SimulatedNode) -
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceRegisterEvents(handle(3), XID, event_set)
     assert pynvml.nvmlDeviceGetSupportedEventTypes(handle(0)) & (XID | DBE) == XID | DBE
-    with pytest.raises(pynvml.NVMLError_NotSupported):  # a type the GPU does not have
-        pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeGpuRecoveryAction, event_set)
+    assert pynvml.nvmlDeviceGetSupportedEventTypes(handle(0)) == 0xFF9F  # as a real H200's
+    pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeGpuRecoveryAction, event_set)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # a bit outside nvmlEventTypeAll
+        pynvml.nvmlDeviceRegisterEvents(handle(0), 0x20, event_set)
 
 
 def test_a_double_bit_ecc_error_counts_and_leaves_rows_or_pages_pending(

@@ -215,11 +215,22 @@ def test_with_mig_mode_off_instance_management_is_not_supported() -> None:
         for call in (
             lambda: pynvml.nvmlDeviceCreateGpuInstance(handle, ID["1g.5gb"]),
             lambda: create_gi(handle, "1g.5gb", 0),
-            lambda: pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, ID["1g.5gb"]),
             lambda: gpu_instances(handle, "1g.5gb"),
         ):
             with pytest.raises(pynvml.NVMLError_NotSupported):
                 call()
+
+
+def test_with_mig_mode_off_the_remaining_capacity_is_every_profiles_full_count() -> None:
+    # as a real H200 with MIG off answered (tests/data/real/nvidia-h200.json)
+    with gpu0("a100-40gb:1") as (_, handle):
+        counts = remaining(handle)
+    assert counts == {p.name: p.instance_count for p in A100.gpu_instance_profiles}
+
+
+def test_a_gpu_without_mig_has_no_remaining_capacity() -> None:
+    with gpu0("l4:1") as (_, handle), pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, ID["1g.5gb"])
 
 
 def test_remaining_capacity_counts_what_still_fits() -> None:

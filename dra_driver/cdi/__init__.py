@@ -2,7 +2,8 @@
 
 Sits at the end of the node flow, in three steps:
 
-- ``driverfiles``: what of the NVIDIA driver install a container needs, scanned once at start;
+- ``driverfiles``: what of the NVIDIA driver install a container needs, scanned once at start
+  (``driverpaths``: where a driver root's files and programs are, links followed in the root);
 - ``devnodes``: the device nodes a spec names, made where missing (as nvidia-modprobe does);
 - ``spec``: what one claim's spec says (its devices' nodes, names and the shared edits), as bytes;
 - ``specdir``: the spec directory: atomic writes, removal, listing, spares.
@@ -24,10 +25,9 @@ from dra_driver.cdi.driverfiles import (
     Link,
     Mount,
     find_driver_files,
-    find_driver_library,
-    find_driver_tool,
     read_mig_cap_minors,
 )
+from dra_driver.cdi.driverpaths import file_kind, find_driver_library, find_driver_tool
 from dra_driver.cdi.spec import (
     CDI_CLASS,
     ClaimDevice,
@@ -60,6 +60,7 @@ __all__ = [
     "device_names_in_spec",
     "ensure_claim_nodes",
     "ensure_device_nodes",
+    "file_kind",
     "find_driver_files",
     "find_driver_library",
     "find_driver_tool",

@@ -17,7 +17,6 @@ error.
 from __future__ import annotations
 
 import os
-import platform
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.cdi import devnodes
+from dra_driver.cdi.driverpaths import (
+    MAX_SYMLINK_HOPS,
+    find_tool,
+    library_dirs,
+    resolve_in_root,
+)
 from dra_driver.errors import CdiError
 
 # The driver's files grouped the way the NVIDIA container runtime groups them, by the driver
@@ -136,14 +141,6 @@ CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-to
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 NO_SECOND_INJECTION_ENV = "NVIDIA_VISIBLE_DEVICES=void"
 HOOK_STAGE = "createContainer"
-
-_BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin")
-_LIB_DIRS_BY_ARCH = {
-    "x86_64": ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu", "usr/lib64", "lib64"),
-    "aarch64": ("usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib64", "lib64"),
-}
-_COMMON_LIB_DIRS = ("usr/lib", "lib")
-_MAX_SYMLINK_HOPS = 16
 
 # /proc/driver/nvidia-caps/mig-minors lists "gpu<minor>/gi<id>/access <N>" and
 # "gpu<minor>/gi<id>/ci<id>/access <N>"; /dev/nvidia-caps/nvidia-cap<N> is the node to grant.
@@ -285,7 +282,7 @@ class DriverFiles:
 def _link_source(link: Link, links: Mapping[str, Link], files: Mapping[str, Mount]) -> Mount | None:
     """The mounted file a link leads to, following links to links (libcuda.so -> .so.1 -> ...)."""
     target = link.target
-    for _ in range(_MAX_SYMLINK_HOPS):
+    for _ in range(MAX_SYMLINK_HOPS):
         if target in files:
             return files[target]
         nxt = links.get(f"{CONTAINER_LIB_DIR}/{target}")
@@ -333,13 +330,16 @@ def find_driver_files(
 
     mounts: dict[str, dict[str, Mount]] = {}
     links: dict[str, dict[str, Link]] = {}
-    for directory in _library_dirs(driver_root):
+    homes: list[Path] = []  # where the driver's libraries really are (links followed)
+    for directory in library_dirs(driver_root):
         for capability, libs in LIBRARIES_BY_CAPABILITY.items():
             for lib in libs:
                 found = _library_files(driver_root, directory, lib, driver_version)
                 if found is None:
                     continue
                 real, lib_links = found
+                if real.parent not in homes:
+                    homes.append(real.parent)
                 group = mounts.setdefault(capability, {})
                 container_path = f"{CONTAINER_LIB_DIR}/{real.name}"
                 if container_path in group:
@@ -349,14 +349,12 @@ def find_driver_files(
                     links.setdefault(capability, {}).setdefault(link.link, link)
     for capability, names in BINARIES_BY_CAPABILITY.items():
         for name in names:
-            for rel in _BIN_DIRS:
-                tool = _resolve_in_root(driver_root, driver_root / rel / name)
-                if tool is not None and tool.is_file():
-                    container_path = f"/usr/bin/{name}"
-                    mounts.setdefault(capability, {})[container_path] = Mount(
-                        host(tool), container_path
-                    )
-                    break
+            tool = find_tool(driver_root, name, homes)
+            if tool is not None:
+                container_path = f"/usr/bin/{name}"
+                mounts.setdefault(capability, {})[container_path] = Mount(
+                    host(tool), container_path
+                )
     for capability, rels in FILES_BY_CAPABILITY.items():
         for rel in rels:
             for real, container_path in _matching_files(driver_root, rel, driver_version):
@@ -364,11 +362,11 @@ def find_driver_files(
                     container_path, Mount(host(real), container_path)
                 )
     for rel in _BASE_SOCKETS:
-        sock = _resolve_in_root(driver_root, driver_root / rel)
+        sock = resolve_in_root(driver_root, driver_root / rel)
         if sock is not None and sock.is_socket():
             mounts.setdefault(BASE, {})["/" + rel] = Mount(host(sock), "/" + rel)
     if driver_version:
-        firmware = _resolve_in_root(driver_root, driver_root / _FIRMWARE_DIR / driver_version)
+        firmware = resolve_in_root(driver_root, driver_root / _FIRMWARE_DIR / driver_version)
         if firmware is not None and firmware.is_dir():
             for name in sorted(os.listdir(firmware)):
                 if name.startswith("gsp") and name.endswith(".bin"):
@@ -437,42 +435,6 @@ def read_mig_cap_minors(path: Path) -> dict[str, int]:
     return minors
 
 
-def find_driver_tool(driver_root: Path, name: str) -> Path | None:
-    """Where this process finds the driver's program ``name`` (``nvidia-smi``) under
-    ``driver_root`` (its own view: ``CONTAINER_DRIVER_ROOT``), links followed inside the root;
-    None when the install has none."""
-    for rel in _BIN_DIRS:
-        tool = _resolve_in_root(driver_root, driver_root / rel / name)
-        if tool is not None and tool.is_file():
-            return tool
-    return None
-
-
-def find_driver_library(driver_root: Path, soname: str) -> Path | None:
-    """The file ``soname`` (``libnvidia-ml.so.1``) names in the first library directory under
-    ``driver_root`` that has it, links followed inside the root; None when none has it."""
-    for directory in _library_dirs(driver_root):
-        real = _resolve_in_root(driver_root, directory / soname)
-        if real is not None and real.is_file():
-            return real
-    return None
-
-
-def _library_dirs(driver_root: Path) -> list[Path]:
-    rels = _LIB_DIRS_BY_ARCH.get(platform.machine(), ()) + _COMMON_LIB_DIRS
-    seen: set[Path] = set()
-    dirs: list[Path] = []
-    for rel in rels:
-        directory = driver_root / rel
-        real = _resolve_in_root(driver_root, directory)
-        # merged-/usr systems make /lib a link to /usr/lib: scan each directory once
-        if real is None or not real.is_dir() or real in seen:
-            continue
-        seen.add(real)
-        dirs.append(directory)
-    return dirs
-
-
 def _library_files(
     driver_root: Path, directory: Path, lib: str, driver_version: str | None
 ) -> tuple[Path, list[Link]] | None:
@@ -484,7 +446,7 @@ def _library_files(
     for name in sorted(os.listdir(directory)):
         if not pattern.match(name):
             continue
-        resolved = _resolve_in_root(driver_root, directory / name)
+        resolved = resolve_in_root(driver_root, directory / name)
         if resolved is None or not resolved.is_file():
             continue
         version = resolved.name.removeprefix(f"{lib}.so.")
@@ -516,64 +478,7 @@ def _matching_files(
     for name in (rel, f"{rel}.{driver_version}" if rel.endswith(".so") else None):
         if name is None or (name != rel and driver_version is None):
             continue
-        real = _resolve_in_root(driver_root, driver_root / name)
+        real = resolve_in_root(driver_root, driver_root / name)
         if real is not None and real.is_file():
             return [(real, "/" + name)]
     return []
-
-
-def _resolve_in_root(driver_root: Path, path: Path) -> Path | None:
-    """Follow symlinks of ``path`` as if ``driver_root`` were ``/``; None if it leaves the root.
-
-    Absolute link targets in a driver container's tree are relative to that tree, not to our
-    root, so ``Path.resolve`` would look in the wrong place.
-    """
-    current = path
-    for _ in range(_MAX_SYMLINK_HOPS):
-        parent = _resolve_dir_in_root(driver_root, current.parent)
-        if parent is None:
-            return None
-        current = parent / current.name
-        if not current.is_symlink():
-            return current if current.exists() else None
-        target = os.readlink(current)
-        if target.startswith("/"):
-            current = driver_root / target.lstrip("/")
-        else:
-            current = current.parent / target
-    return None
-
-
-def _resolve_dir_in_root(driver_root: Path, directory: Path) -> Path | None:
-    try:
-        rel = directory.relative_to(driver_root)
-    except ValueError:
-        normal = Path(os.path.normpath(directory))
-        try:
-            rel = normal.relative_to(driver_root)
-        except ValueError:
-            return None
-    current = driver_root
-    for part in rel.parts:
-        if part == "..":
-            if current == driver_root:
-                return None
-            current = current.parent
-            continue
-        current = current / part
-        hops = 0
-        while current.is_symlink():
-            hops += 1
-            if hops > _MAX_SYMLINK_HOPS:
-                return None
-            target = os.readlink(current)
-            current = (
-                driver_root / target.lstrip("/")
-                if target.startswith("/")
-                else Path(os.path.normpath(current.parent / target))
-            )
-            try:
-                current.relative_to(driver_root)
-            except ValueError:
-                return None
-    return current

@@ -12,6 +12,8 @@ reports what they found. In order:
                   capability set, and whether every host path it names exists
     runtime.py    a minimal container runtime: the spec applied to a root without driver files
                   in a private mount namespace, a probe that loads CUDA and NVML, nvidia-smi -L
+    mpscheck.py   with --mps: an MPS daemon of the check's own given a share's limits, the
+                  probe as its client (memory steps, a PTX kernel), the daemon always quit
     check.py      runs every part and builds the report
     report.py     the report's JSON and summary files
     command.py    the command line; the CLI passes in the simulated GPUs (sim/checkmachine.py)

@@ -9,9 +9,11 @@ questions asked of the simulated profile of the same product, which the CLI inst
 pynvml (:class:`Twins`; only the CLI and node/ may import sim/).
 
 Strictly read-only: no NVML setter is ever called (nvmlquery.Asker refuses them; a test records
-every NVML call a simulated run makes), no nvidia-smi option that sets anything is run, no MPS
-daemon is started. The one process it starts that touches the driver is the probe in a private
-mount namespace (runtime.py). Sections that fail are reported; the others still run.
+every NVML call a simulated run makes), no nvidia-smi option that sets anything is run. The one
+process it starts that touches the driver is the probe in a private mount namespace
+(runtime.py); only with ``--mps`` (Options.mps) does it start an MPS control daemon of its own,
+send it a share's limits, run the probe as its client (allocating device memory, running a
+kernel) and quit it (mpscheck.py). Sections that fail are reported; the others still run.
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ from typing import Any, Protocol
 
 import pynvml
 
-from dra_driver import __version__
+from dra_driver import __version__, cdi
 from dra_driver.devices.pool import node_devices
 from dra_driver.errors import DraError
-from dra_driver.gpucheck import compare, driverroot, nvmlquery, runtime
+from dra_driver.gpucheck import compare, driverroot, mpscheck, nvmlquery, runtime
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.readings import NvmlReader
 from dra_driver.gpus.telemetryvalues import TelemetryTarget
 from dra_driver.publish.slices import build_slices, device_json, to_api_objects
+from dra_driver.sharing import mps
 
 REPORT_VERSION = 1
 NODE_NAME = "gpu-check"  # the pool name of the ResourceSlices shown (nothing is published)
@@ -46,11 +49,14 @@ NODE_NAME = "gpu-check"  # the pool name of the ResourceSlices shown (nothing is
 
 class Twins(Protocol):
     """The simulated GPUs, given by the CLI: the product key of a product name, and simulated
-    GPUs installed below pynvml for a ``--simulate`` spec (yielding their sysfs root)."""
+    GPUs installed below pynvml for a ``--simulate`` spec (yielding their sysfs root), on a
+    simulated driver of the given versions (None: the simulated driver's own)."""
 
     def product_key(self, product_name: str) -> str | None: ...
 
-    def installed(self, spec: str) -> AbstractContextManager[Path]: ...
+    def installed(
+        self, spec: str, *, driver_version: str | None, cuda_driver_version: int | None
+    ) -> AbstractContextManager[Path]: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class Options:
     driver_name: str = "gpu.nvidia.com"
     probe: Path | None = None  # a prebuilt probe (probe.c); None: built with cc
     cuda_timeout_s: float = 60
+    mps: bool = False  # the mps section (mpscheck.py): starts an MPS daemon of its own
+    mps_share: mpscheck.Share | None = None  # None: mpscheck.default_share of the GPU
 
 
 @contextmanager
@@ -141,8 +149,9 @@ def _facts_of_node(
 
 def twin_spec(key: str, discovery: Mapping[str, Any]) -> str:
     """The ``--simulate`` spec of the twin of the GPU discovery reported (``GpuInfo`` as
-    JSON): its product, MIG mode and MIG devices (by placement). Addressing mode, NUMA and
-    event support are left to the profile: they are what the comparison checks."""
+    JSON): its product, MIG mode and MIG devices (by placement), and the NUMA node the GPU
+    sits on (the node's, not the product's). Addressing mode and event support are left to the
+    profile: they are what the comparison checks."""
     spec = f"{key}:1"
     if discovery["mig_enabled"]:
         instances = sorted(discovery["mig_instances"], key=lambda m: m["placement"]["start"])
@@ -150,20 +159,28 @@ def twin_spec(key: str, discovery: Mapping[str, Any]) -> str:
         spec += f":mig={layout}" if layout else ":mig"
     elif discovery["mig_pending"]:
         spec += ":mig-pending"
-    return spec
+    numa = discovery["numa_node"]
+    return spec + f":numa={'none' if numa is None else int(numa)}"
 
 
 def compare_with_twin(
     facts: Mapping[str, Any], *, twins: Twins, driver_name: str
 ) -> dict[str, Any]:
     """The twin's spec and every difference between one GPU's ``facts`` (as gpu_facts gives
-    them, or read back from a report) and its twin's answers to the same questions."""
+    them, or read back from a report) and its twin's answers to the same questions. The twin
+    runs on the node's driver and CUDA versions (the node's, not the product's), so every
+    version the agent derives from them is compared by value."""
     product = facts["discovery"]["product_name"]
     key = twins.product_key(product)
     if key is None:
         return {"spec": None, "error": f"no simulated profile for {product!r}"}
     spec = twin_spec(key, facts["discovery"])
-    with twins.installed(spec) as sysfs_root:
+    discovery = facts["discovery"]
+    with twins.installed(
+        spec,
+        driver_version=discovery.get("driver_version"),
+        cuda_driver_version=discovery.get("cuda_driver_version"),
+    ) as sysfs_root:
         _, twin = _facts_of_node(
             driver_root=Path("/"),
             sysfs_root=sysfs_root,
@@ -247,6 +264,9 @@ def run_check(machine: Machine, *, twins: Twins, options: Options, work: Path) -
         )
         if first is None:
             entry.setdefault("note", "NVML found no GPU; the spec names gpu-0")
+    if options.mps:
+        with _section(report, "mps") as entry:
+            _mps(entry, roots=roots, machine=machine, options=options, gpu=first, work=work)
     report["wall_s"] = round(time.monotonic() - started, 3)
     return report
 
@@ -266,12 +286,10 @@ def _cuda_load(
     if why is not None:
         entry["skipped"] = why
         return
-    probe = options.probe
+    probe = _probe(options, work)
     if probe is None:
-        if shutil.which("cc") is None:
-            entry["skipped"] = "no C compiler for the probe and no --probe given"
-            return
-        probe = runtime.build_probe(work)
+        entry["skipped"] = "no C compiler for the probe and no --probe given"
+        return
     files = driverroot.scan(
         roots[0],
         driver_version=gpu.driver_version if gpu else None,
@@ -282,8 +300,65 @@ def _cuda_load(
     )
     container = Path(tempfile.mkdtemp(prefix="container-", dir=work))
     entry["driver_root"] = str(roots[0])
+    note = None
+    smi = driverroot.scripts_mounted(spec).get("/usr/bin/nvidia-smi")
+    if smi is not None:
+        note = (
+            f"the spec mounts {smi}, a {driverroot.describe(Path(smi))}, as nvidia-smi: the "
+            "minimal root has no interpreter for it (a container with one runs it)"
+        )
     entry.update(runtime.load_cuda(spec, probe=probe, work=container,
-                                   timeout_s=options.cuda_timeout_s))  # fmt: skip
+                                   timeout_s=options.cuda_timeout_s,
+                                   nvidia_smi_note=note))  # fmt: skip
+
+
+def _probe(options: Options, work: Path) -> Path | None:
+    """The probe: given, built before in ``work``, built now, or None without a compiler."""
+    if options.probe is not None:
+        return options.probe
+    built = work / "gpu-check-probe"
+    if built.exists():
+        return built
+    return runtime.build_probe(work) if shutil.which("cc") is not None else None
+
+
+def _mps(
+    entry: dict[str, Any],
+    *,
+    roots: list[Path],
+    machine: Machine,
+    options: Options,
+    gpu: GpuInfo | None,
+    work: Path,
+) -> None:
+    if gpu is None or not roots:
+        entry["skipped"] = "no GPU" if gpu is None else "no driver root holds libnvidia-ml.so.1"
+        return
+    control = cdi.find_driver_tool(roots[0], mps.CONTROL)
+    if control is None:
+        entry["skipped"] = f"the driver root {roots[0]} has no {mps.CONTROL}"
+        return
+    probe = _probe(options, work)
+    if probe is None:
+        entry["skipped"] = "no C compiler for the probe and no --probe given"
+        return
+    files = driverroot.scan(roots[0], driver_version=gpu.driver_version,
+                            proc_root=machine.proc_root)  # fmt: skip
+    share = options.mps_share or mpscheck.default_share(gpu.memory_bytes)
+    # the daemon's socket path must fit a Unix socket address: a short directory of its own
+    with tempfile.TemporaryDirectory(prefix="gpu-check-mps-") as tmp:
+        entry.update(
+            mpscheck.run_mps(
+                control=control,
+                probe=probe,
+                gpu_uuid=gpu.uuid,
+                memory_bytes=gpu.memory_bytes,
+                share=share,
+                library_dir=driverroot.library_view(files, Path(tmp) / "lib"),
+                work=Path(tmp),
+                timeout_s=options.cuda_timeout_s,
+            )
+        )
 
 
 __all__ = [

@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
+from dra_driver.gpucheck import mpscheck
 from dra_driver.gpucheck import report as reports
 from dra_driver.gpucheck.check import Machine, Options, Twins, run_check
+from dra_driver.quantity import QuantityError
 
 SimulatedMachine = Callable[[str, Path], AbstractContextManager[Machine]]
 
@@ -41,15 +43,37 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate", help="simulated GPUs instead of NVML, e.g. h100:1")
     p.add_argument("--probe", type=Path, help="a prebuilt probe (default: built with cc)")
     p.add_argument("--driver-name", default="gpu.nvidia.com")
+    p.add_argument(
+        "--mps",
+        nargs="?",
+        const="",
+        metavar="MEMORY[,PERCENT]",
+        help="also check that MPS enforces a share's limits on the first GPU: start an MPS "
+        "control daemon of the check's own, give it the share's limits as the agent does, run "
+        "a client that allocates and runs a kernel, quit the daemon (default share: a quarter "
+        "of the GPU's memory in GiB and 25%% of its threads, e.g. --mps 20Gi,25)",
+    )
     return p
 
 
 def main(argv: Sequence[str], *, twins: Twins, simulate: SimulatedMachine) -> int:
     """Run the check; print the summary and where the report is. Exit status 0 when every
     section ran (skipped ones included), 1 when one failed, 2 for bad flags."""
-    args = parser().parse_args(list(argv))
+    p = parser()
+    args = p.parse_args(list(argv))
+    share = None
+    if args.mps:
+        try:
+            share = mpscheck.parse_share(args.mps)
+        except (ValueError, QuantityError) as exc:
+            p.error(f"--mps {args.mps}: {exc}")
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    options = Options(driver_name=args.driver_name, probe=args.probe)
+    options = Options(
+        driver_name=args.driver_name,
+        probe=args.probe,
+        mps=args.mps is not None,
+        mps_share=share,
+    )
     with tempfile.TemporaryDirectory(prefix="gpu-check-work-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         if args.simulate:

@@ -2,14 +2,17 @@
 each, and the CDI spec it would write for one GPU with each set of driver capabilities.
 
 Place in the flow: the CDI end (cdi/driverfiles.py scans, cdi/spec.py encodes) run exactly as
-the kubelet plugin runs them at start, on this machine's real install. Read-only: it only lists
-and stats files. Every host path a spec names (mounts, device nodes, the hook) must exist; one
-that does not is a spec a runtime would refuse.
+the kubelet plugin runs them at start, on this machine's real install, and what each host path
+is (a driver whose ``nvidia-smi`` on the PATH is a wrapper script shows it here). Read-only: it
+only lists, stats and reads the first bytes of files. Every host path a spec names (mounts,
+device nodes, the hook) must exist; one that does not is a spec a runtime would refuse.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,24 @@ def gpu_spec(files: cdi.DriverFiles, *, minor: int, capabilities: frozenset[str]
     return encoder.spec(CLAIM_UID, [device], capabilities)
 
 
+def library_view(files: cdi.DriverFiles, directory: Path) -> Path:
+    """``directory`` (created) made to hold what a container's library directory holds from
+    the spec: a link to each driver library found and the links the hook makes, so a process on
+    the host loads the driver from the driver root alone (``LD_LIBRARY_PATH``), nothing else
+    of the root's library directories."""
+    directory.mkdir(parents=True)
+    for mount in files.mounts:
+        container = Path(mount.container_path)
+        if str(container.parent) == cdi.CONTAINER_LIB_DIR:
+            (directory / container.name).symlink_to(mount.host_path)
+    for links in files.links_by_capability.values():
+        for link in links:
+            target = directory / Path(link.link).name
+            if not target.is_symlink():
+                target.symlink_to(link.target)
+    return directory
+
+
 def host_paths(spec: Mapping[str, Any]) -> list[str]:
     """Every host path ``spec`` names: mounts, device nodes and hooks, of the spec and its
     devices, in order, without repeats."""
@@ -70,19 +91,63 @@ def host_paths(spec: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+def describe(path: Path) -> str:
+    """What the host path is: ``link -> <target> (<what that is>)``, ``character device``,
+    ``directory``, ``socket``, ``ELF``, ``script (#!<interpreter>)``, ``file`` or ``missing``."""
+    if path.is_symlink():
+        return f"link -> {os.readlink(path)} ({describe(path.resolve())})"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISCHR(mode):
+        return "character device"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    kind = cdi.file_kind(path)
+    if kind == "script":
+        with path.open("rb") as f:
+            first = f.readline(200).decode(errors="replace").strip()
+        return f"script ({first})"
+    return kind
+
+
+def scripts_mounted(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The programs ``spec`` mounts (under ``/usr/bin``) whose host file is a script, container
+    path -> host path: a container runs one only with its interpreter (a minimal image has no
+    ``/bin/sh``)."""
+    edits = [spec.get("containerEdits", {})]
+    edits += [d.get("containerEdits", {}) for d in spec.get("devices", [])]
+    return {
+        m["containerPath"]: m["hostPath"]
+        for edit in edits
+        for m in edit.get("mounts", [])
+        if m["containerPath"].startswith("/usr/bin/")
+        and cdi.file_kind(Path(m["hostPath"])) == "script"
+    }
+
+
 def driver_files_section(
     roots: Iterable[Path], *, driver_version: str | None, minor: int, proc_root: Path
 ) -> dict[str, Any]:
-    """Per driver root: what the scan found by capability, and per capability set the spec
-    for ``gpu-<minor>`` with the host paths it names that do not exist."""
+    """Per driver root: what the scan found by capability; what each host path the specs
+    name is (:func:`describe`: ELF, script, link, ...) and which mounted programs are scripts;
+    and per capability set the spec for ``gpu-<minor>`` with the host paths it names that do
+    not exist."""
     section: dict[str, Any] = {}
     for root in roots:
         files = scan(root, driver_version=driver_version, proc_root=proc_root)
         specs = {}
+        kinds: dict[str, str] = {}
         for capabilities in CAPABILITY_SETS:
             spec = gpu_spec(files, minor=minor, capabilities=capabilities)
-            missing = [p for p in host_paths(spec) if not Path(p).exists()]
+            paths = host_paths(spec)
+            missing = [p for p in paths if not Path(p).exists()]
             specs[",".join(sorted(capabilities))] = {"spec": spec, "missing_host_paths": missing}
+            kinds.update((p, describe(Path(p))) for p in paths if p not in kinds)
+        everything = gpu_spec(files, minor=minor, capabilities=CAPABILITY_SETS[-1])
         section[str(root)] = {
             "dev_root": str(files.dev_root),
             "hook": files.hook_path,
@@ -95,6 +160,8 @@ def driver_files_section(
             },
             "device_nodes": dict(files.nodes_by_capability),
             "mig_cap_minors": len(files.mig_cap_minors),
+            "host_paths": kinds,
+            "scripts": sorted(scripts_mounted(everything).values()),
             "specs": specs,
         }
     return section
@@ -103,9 +170,12 @@ def driver_files_section(
 __all__ = [
     "CANDIDATE_ROOTS",
     "CAPABILITY_SETS",
+    "describe",
     "driver_files_section",
     "driver_roots",
     "gpu_spec",
     "host_paths",
+    "library_view",
     "scan",
+    "scripts_mounted",
 ]

@@ -69,6 +69,8 @@ def summary(report: Mapping[str, Any]) -> str:
     for root, scan in sections.get("driver_files", {}).items():
         if not isinstance(scan, dict):
             continue
+        for script in scan.get("scripts", []):
+            lines.append(f"  {root}: mounts a script as a program: {scan['host_paths'][script]}")
         for capabilities, spec in scan["specs"].items():
             missing = spec["missing_host_paths"]
             state = "every host path exists" if not missing else f"missing: {', '.join(missing)}"
@@ -77,6 +79,7 @@ def summary(report: Mapping[str, Any]) -> str:
     for step, result in load.get("steps", {}).items():
         lines.append(f"  cuda load {step}: rc {result['rc']}")
         lines += [f"    {line}" for line in result["output"][-12:]]
+    lines += _mps_lines(sections.get("mps", {}))
     if report["gpus"] and not report.get("simulated"):
         name = product_file_name(report["gpus"][0]["product_name"])
         lines.append(f"as test data: tests/data/real/{name} (docs/gpu-check.md)")
@@ -86,6 +89,33 @@ def summary(report: Mapping[str, Any]) -> str:
             "slowest NVML calls: " + ", ".join(f"{c['name']} {c['ms']} ms" for c in slowest)
         )
     return "\n".join(lines) + "\n"
+
+
+def _mps_lines(entry: Mapping[str, Any]) -> list[str]:
+    if "allowed" not in entry:
+        return []
+    allowed, reached = entry["allowed"], entry["reached"]
+    gib = 1 << 30
+
+    def size(n: int | None) -> str:
+        return "-" if n is None else f"{n / gib:.2f} GiB"
+
+    alone = reached["without_mps"]
+    lines = [
+        f"  mps daemon: {entry.get('daemon', {})}; quit: {entry['quit']}",
+        *(
+            f"  mps command {c['command']!r}: rc {c['rc']} {c['reply']}".rstrip()
+            for c in entry.get("commands", [])
+        ),
+        f"  mps memory: allowed {size(allowed['memory_bytes'])}, client saw free "
+        f"{size(reached['memory_free_seen_bytes'])} and allocated "
+        f"{size(reached['allocated_bytes'])} (without MPS: {size(alone['allocated_bytes'])}); "
+        f"enforced: {entry['enforced']['memory']}",
+        f"  mps threads: allowed {allowed['thread_percentage']} %, SMs seen "
+        f"{reached['context_sms']} of {reached['multiprocessors']}, kernel {reached['kernel_ms']}"
+        f" ms (without MPS: {alone['kernel_ms']} ms); enforced: {entry['enforced']['threads']}",
+    ]
+    return lines
 
 
 def write(report: Mapping[str, Any], out: Path) -> tuple[Path, Path]:

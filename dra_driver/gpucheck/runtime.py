@@ -98,10 +98,13 @@ def container_script(
     bundle: Path,
     probe: Path,
     system: Sequence[tuple[str, str]],
+    nvidia_smi_note: str | None = None,
 ) -> str:
     """The shell script that builds the container at ``root`` from ``spec`` and runs the probe
     and ``nvidia-smi -L`` in it, printing ``@@gpu-check <step>`` before each step's output and
-    ``@@gpu-check rc <n>`` after it. Pure: the spec's paths are quoted, nothing is run."""
+    ``@@gpu-check rc <n>`` after it. With ``nvidia_smi_note`` (why it cannot run there, e.g. a
+    script the minimal root has no interpreter for) that step prints the note instead and
+    counts as run. Pure: the spec's paths are quoted, nothing is run."""
     edits = [spec.get("containerEdits", {})]
     edits += [d.get("containerEdits", {}) for d in spec.get("devices", [])]
     r = _q(str(root))
@@ -167,7 +170,9 @@ def container_script(
         "step probe",
         f"{run} {PROBE_IN_ROOT} 2>&1; done_ $?",
         "step nvidia-smi",
-        f"{run} /usr/bin/nvidia-smi -L 2>&1; done_ $?",
+        f"echo {_q('not run: ' + nvidia_smi_note)}; done_ 0"
+        if nvidia_smi_note
+        else f"{run} /usr/bin/nvidia-smi -L 2>&1; done_ $?",
     ]
     return "\n".join(lines) + "\n"
 
@@ -200,11 +205,16 @@ def unavailable() -> str | None:
 
 
 def load_cuda(
-    spec: Mapping[str, Any], *, probe: Path, work: Path, timeout_s: float = 60
+    spec: Mapping[str, Any],
+    *,
+    probe: Path,
+    work: Path,
+    timeout_s: float = 60,
+    nvidia_smi_note: str | None = None,
 ) -> dict[str, Any]:
     """Run the container of ``spec`` (see the module docstring) in ``work``, an empty directory
     (the caller removes it); returns the steps' output, the script's text, and ``ok``: every
-    step exited 0."""
+    step exited 0. ``nvidia_smi_note``: see :func:`container_script`."""
     root, bundle = work / "root", work / "bundle"
     root.mkdir()
     bundle.mkdir()
@@ -212,7 +222,12 @@ def load_cuda(
         json.dumps({"ociVersion": "1.0.2", "root": {"path": str(root)}})
     )
     script = container_script(
-        spec, root=root, bundle=bundle, probe=probe, system=system_libraries()
+        spec,
+        root=root,
+        bundle=bundle,
+        probe=probe,
+        system=system_libraries(),
+        nvidia_smi_note=nvidia_smi_note,
     )
     (work / "container.sh").write_text(script)
     done = subprocess.run(

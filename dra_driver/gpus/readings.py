@@ -41,11 +41,23 @@ def _utilization(handle: Any) -> dict[str, Any]:
 
 
 def _memory(handle: Any) -> dict[str, Any]:
-    info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    """``nvmlDeviceGetMemoryInfo_v2``, as nvidia-smi and dcgm-exporter read it: used without the
+    driver's reserved memory, which v1 counts as used (on an H200 614 MiB). A driver without the
+    v2 call (before R510) gets v1, and no reserved reading."""
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    except pynvml.NVMLError_FunctionNotFound:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return {
+            "memory_used_bytes": int(info.used),
+            "memory_total_bytes": int(info.total),
+            "memory_free_bytes": int(info.free),
+        }
     return {
         "memory_used_bytes": int(info.used),
         "memory_total_bytes": int(info.total),
         "memory_free_bytes": int(info.free),
+        "memory_reserved_bytes": int(info.reserved),
     }
 
 
@@ -130,7 +142,7 @@ class Query:
 
 QUERIES = (
     Query("nvmlDeviceGetUtilizationRates", _utilization),
-    Query("nvmlDeviceGetMemoryInfo", _memory, mig=True),
+    Query("nvmlDeviceGetMemoryInfo_v2", _memory, mig=True),
     Query("nvmlDeviceGetTemperature", _temperature),
     Query("nvmlDeviceGetPowerUsage", _power_usage),
     Query("nvmlDeviceGetEnforcedPowerLimit", _power_limit),

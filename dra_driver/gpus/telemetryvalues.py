@@ -57,3 +57,4 @@ class Reading:
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
     clock_event_reasons: int | None = None  # NVML's bitmask (nvmlClocksEventReason*)
+    memory_reserved_bytes: int | None = None  # the driver's; not in used (NVML memory info v2)

@@ -40,12 +40,23 @@ class SimulatedTwins:
                 return key
         return None
 
-    def installed(self, spec: str) -> AbstractContextManager[Path]:
-        return self._installed(spec)
+    def installed(
+        self, spec: str, *, driver_version: str | None, cuda_driver_version: int | None
+    ) -> AbstractContextManager[Path]:
+        return self._installed(
+            spec, driver_version=driver_version, cuda_driver_version=cuda_driver_version
+        )
 
     @contextmanager
-    def _installed(self, spec: str) -> Iterator[Path]:
-        with simulated_nvml(spec, node_name=TWIN_NODE) as node:
+    def _installed(
+        self, spec: str, *, driver_version: str | None, cuda_driver_version: int | None
+    ) -> Iterator[Path]:
+        with simulated_nvml(
+            spec,
+            node_name=TWIN_NODE,
+            driver_version=driver_version,
+            cuda_driver_version=cuda_driver_version,
+        ) as node:
             self.libraries.append(node.library)
             yield node.sysfs_root
 
@@ -61,7 +72,9 @@ def simulated_machine(spec: str, base: Path) -> Iterator[Machine]:
         if shutil.which("cc") is not None:
             built = base / "elf"
             built.mkdir()
-            libraries = build_libraries(built, gpus=gpus)
+            libraries = build_libraries(
+                built, gpus=gpus, memory_mib=[g.spec.hardware.memory_mib for g in node.gpus]
+            )
         driver = make_fake_driver(
             base,
             gpu_minors=range(len(node.gpus)),

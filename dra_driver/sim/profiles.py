@@ -15,13 +15,17 @@ Sources (read 2026-05; no code copied):
   {0}:8 for 0) and ``-lgi`` outputs showing which GPU-instance ids NVML hands out per placement.
 * ``nvidia-smi mig -lgip`` outputs (memory in GiB with two decimals, SM/CE/DEC/ENC/JPEG/OFA):
   H100 80GB HBM3 SXM5 (several public write-ups, e.g. jbarrow.ai field notes on MIG, 132 SMs);
-  H200 141GB in github.com/NVIDIA/mig-parted issue 120; A100 80GB in public MIG tutorials
+  H200 141GB in github.com/NVIDIA/mig-parted issue 120 (its memory 256 MiB short for five
+  profiles: corrected from the real run below); A100 80GB in public MIG tutorials
   (driver 515; the 1g.20gb row, added in R525, from a second write-up); A100-SXM4-40GB figures
   from the MIG user guide table plus an ``nvidia-smi`` MIG device listing (2g.10gb = 9856 MiB,
   28 SMs, 2 CE, 1 DEC).
 * ``nvidia-smi`` / ``nvidia-smi -q`` outputs for total memory and names: A100-SXM4-40GB 40960 MiB,
   A100-SXM4-80GB 81920 MiB, H100 80GB HBM3 81559 MiB, H200 143771 MiB, L4 23034 MiB, Tesla T4
   15360 MiB (Product Brand "NVIDIA", architecture Turing).
+* A real ``gpu-dra gpu-check`` run on an NVIDIA H200 (driver 580.159.04, MIG off), committed as
+  tests/data/real/nvidia-h200.json: every H200 figure here is what that GPU answered, and
+  tests/test_gpucheck_real.py holds the profile to it.
 * go-nvml's mock GPUs (github.com/NVIDIA/go-nvml pkg/nvml/mock) for the PCI device ids and the
   brand/architecture constants used for datacenter parts.
 
@@ -216,11 +220,11 @@ H200_141GB = HardwareProfile(
         (
             (PROFILE_1_SLICE, 19, "1g.18gb", 1, 7, 16, 1, 1, 0, 1, 0, 16384),
             (PROFILE_1_SLICE_REV1, 20, "1g.18gb+me", 1, 1, 16, 1, 1, 0, 1, 1, 16384),
-            (PROFILE_1_SLICE_REV2, 15, "1g.35gb", 1, 4, 26, 1, 1, 0, 1, 0, 33024),
-            (PROFILE_2_SLICE, 14, "2g.35gb", 2, 3, 32, 2, 2, 0, 2, 0, 33024),
-            (PROFILE_3_SLICE, 9, "3g.71gb", 3, 2, 60, 3, 3, 0, 3, 0, 71168),
-            (PROFILE_4_SLICE, 5, "4g.71gb", 4, 1, 64, 4, 4, 0, 4, 0, 71168),
-            (PROFILE_7_SLICE, 0, "7g.141gb", 7, 1, 132, 8, 7, 0, 7, 1, 143104),
+            (PROFILE_1_SLICE_REV2, 15, "1g.35gb", 1, 4, 26, 1, 1, 0, 1, 0, 33280),
+            (PROFILE_2_SLICE, 14, "2g.35gb", 2, 3, 32, 2, 2, 0, 2, 0, 33280),
+            (PROFILE_3_SLICE, 9, "3g.71gb", 3, 2, 60, 3, 3, 0, 3, 0, 71424),
+            (PROFILE_4_SLICE, 5, "4g.71gb", 4, 1, 64, 4, 4, 0, 4, 0, 71424),
+            (PROFILE_7_SLICE, 0, "7g.141gb", 7, 1, 132, 8, 7, 0, 7, 1, 143360),
         )
     ),
 )
@@ -263,6 +267,11 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
 
 ALIASES: dict[str, str] = {"h100": "h100-80gb", "h200": "h200-141gb"}
 """Short spec names; A100 has none because its two memory sizes have different MIG profiles."""
+
+MEMORY_RESERVED_MIB = 614
+"""Device memory the driver reserves on a whole GPU (``nvmlMemory_v2_t.reserved``): what a real
+H200 showed (with 20 GB allocated, ``nvmlDeviceGetMemoryInfo`` counted 20699 MiB used, nvidia-smi
+on ``nvmlDeviceGetMemoryInfo_v2`` 20085 MiB). The other products are not measured and reuse it."""
 
 DRIVER_VERSION = "570.124.06"
 """What nvmlSystemGetDriverVersion returns on simulated nodes (an R570 production driver)."""

@@ -89,6 +89,8 @@ FIELDS = (
            lambda r: _mib(r.memory_free_bytes)),
     _Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
            lambda r: _mib(r.memory_used_bytes)),
+    _Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
+           lambda r: _mib(r.memory_reserved_bytes)),
     _Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
            "Number of remapped rows for uncorrectable errors",
            lambda r: _number(r.remapped_rows_uncorrected)),

@@ -43,7 +43,19 @@ _GAUGES = (
     _Gauge(
         "gpu_dra_gpu_memory_used_bytes",
         "memory_used_bytes",
-        "Device memory in use (NVML memory info; a MIG device reports its own share).",
+        "Device memory in use, without the driver's reserved memory, as nvidia-smi shows it "
+        "(NVML memory info v2; a MIG device reports its own share).",
+    ),
+    _Gauge(
+        "gpu_dra_gpu_memory_free_bytes",
+        "memory_free_bytes",
+        "Device memory free (NVML memory info v2; a MIG device reports its own share).",
+    ),
+    _Gauge(
+        "gpu_dra_gpu_memory_reserved_bytes",
+        "memory_reserved_bytes",
+        "Device memory the driver reserves, neither used nor free (NVML memory info v2); "
+        "free + used + reserved = total.",
     ),
     _Gauge(
         "gpu_dra_gpu_memory_total_bytes",

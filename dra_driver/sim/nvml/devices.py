@@ -37,6 +37,11 @@ from dra_driver.sim.nvml.spec import TOTAL_COMPUTE_SLICES
 if TYPE_CHECKING:
     from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
 
+DRIVER_GPU_INSTANCE_PROFILE_COUNT = 0x11
+"""The GPU-instance profile indices the simulated driver knows (R580's nvml.h: 0 to 0x10). A
+real H200 on 580.159.04 answers INVALID_ARGUMENT for index 0x11, which pynvml 13 already names
+(``NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX``), and NOT_SUPPORTED for known ones it lacks."""
+
 _COMPUTE_MODES: dict[str, int] = {
     "DEFAULT": pynvml.NVML_COMPUTEMODE_DEFAULT,
     "EXCLUSIVE_THREAD": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
@@ -59,6 +64,7 @@ class DeviceQueries:
             "nvmlDeviceGetArchitecture": self._architecture,
             "nvmlDeviceGetCudaComputeCapability": self._compute_capability,
             "nvmlDeviceGetMemoryInfo": self._memory_info,
+            "nvmlDeviceGetMemoryInfo_v2": self._memory_info_v2,
             "nvmlDeviceGetPciInfo_v3": self._pci_info,
             "nvmlDeviceGetMinorNumber": self._minor,
             "nvmlDeviceGetAddressingMode": self._addressing_mode,
@@ -109,14 +115,28 @@ class DeviceQueries:
         return rc
 
     def _memory_info(self, handle: Any, ref: Any) -> int:
+        """nvmlDeviceGetMemoryInfo (v1): the driver's reserved memory counted as used."""
         gpu, mig, rc = self._library.device(handle)
         if gpu is None or rc != SUCCESS:
             return rc
-        mib = mig.profile.memory_mib if mig else gpu.spec.hardware.memory_mib
+        info = self._library.readings.memory(gpu, mig)
         memory = pointee(ref)
-        memory.total = mib * 1024 * 1024
-        memory.used = self._library.readings.memory_used_bytes(gpu, mig, total_bytes=memory.total)
-        memory.free = memory.total - memory.used
+        memory.total = info.total
+        memory.used = info.used + info.reserved
+        memory.free = info.free
+        return SUCCESS
+
+    def _memory_info_v2(self, handle: Any, ref: Any) -> int:
+        """nvmlDeviceGetMemoryInfo_v2: reserved apart, used without it (what nvidia-smi shows)."""
+        gpu, mig, rc = self._library.device(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        memory = pointee(ref)
+        if memory.version != pynvml.nvmlMemory_v2:
+            return VERSION_MISMATCH
+        info = self._library.readings.memory(gpu, mig)
+        memory.total, memory.reserved = info.total, info.reserved
+        memory.used, memory.free = info.used, info.free
         return SUCCESS
 
     def _pci_info(self, handle: Any, ref: Any) -> int:
@@ -184,7 +204,7 @@ class DeviceQueries:
         info = pointee(ref)
         if info.version != pynvml.nvmlGpuInstanceProfileInfo_v2:
             return VERSION_MISMATCH
-        if as_int(index) >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+        if as_int(index) >= DRIVER_GPU_INSTANCE_PROFILE_COUNT:
             return INVALID_ARGUMENT
         # nvml.h: NOT_SUPPORTED "if device doesn't support MIG or profile isn't supported".
         # Answered in MIG mode or not: NVIDIA's driver reads every MIG-capable GPU's profiles
@@ -205,6 +225,7 @@ class DeviceQueries:
         info.ofaCount = profile.ofa_engines
         info.memorySizeMB = profile.memory_mib
         info.name = f"MIG {profile.name}".encode()
+        info.version = 0  # the real library hands the whole structure back, version zeroed
         return SUCCESS
 
     def _gi_placements(self, handle: Any, profile_id: Any, placements: Any, count: Any) -> int:

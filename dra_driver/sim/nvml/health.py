@@ -44,14 +44,11 @@ if TYPE_CHECKING:
     from dra_driver.sim.faults import SimulatedFault
     from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
 
-SUPPORTED_EVENT_TYPES = (
-    pynvml.nvmlEventTypeSingleBitEccError
-    | pynvml.nvmlEventTypeDoubleBitEccError
-    | pynvml.nvmlEventTypePState
-    | pynvml.nvmlEventTypeXidCriticalError
-    | pynvml.nvmlEventTypeClock
-)
-"""What ``nvmlDeviceGetSupportedEventTypes`` answers for a simulated GPU with events."""
+SUPPORTED_EVENT_TYPES = 0xFF9F
+"""What ``nvmlDeviceGetSupportedEventTypes`` answers for a simulated GPU with events: what a
+real H200 on driver 580.159.04 answered (every type of nvml.h's ``nvmlEventTypeAll``: ECC
+errors and storms, P-state, XIDs, clocks, power source, DRAM retirement, poison errors, GPU
+unavailable and recovery actions), and each of them registered there on its own."""
 SLOWDOWN_C = 87  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN of every simulated GPU
 SHUTDOWN_C = 92
 IDLE_C = 38
@@ -244,6 +241,8 @@ class SimulatedHealth:
             "nvmlDeviceRegisterEvents": self._register,
             "nvmlEventSetWait_v2": self._wait,
             "nvmlDeviceGetRetiredPagesPendingStatus": self._retired_pages_pending,
+            "nvmlDeviceGetRetiredPages": self._retired_pages,
+            "nvmlDeviceGetEccMode": self._ecc_mode,
             "nvmlDeviceGetRemappedRows": self._remapped_rows,
             "nvmlDeviceGetTemperatureV": self._temperature_v,
             "nvmlDeviceGetTemperatureThreshold": self._threshold,
@@ -325,6 +324,29 @@ class SimulatedHealth:
         if gpu.spec.hardware.architecture >= pynvml.NVML_DEVICE_ARCH_AMPERE:
             return NOT_SUPPORTED  # row remapping replaced page retirement
         pointee(ref).value = int(self._state[gpu.index].retired_pages_pending)
+        return SUCCESS
+
+    def _retired_pages(self, handle: Any, cause: Any, count: Any, addresses: Any) -> int:
+        """No page is ever retired on a simulated GPU; Ampere and newer remap rows instead and
+        answer NOT_SUPPORTED (as a real H200 did)."""
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        if gpu.spec.hardware.architecture >= pynvml.NVML_DEVICE_ARCH_AMPERE:
+            return NOT_SUPPORTED
+        if as_int(cause) >= pynvml.NVML_PAGE_RETIREMENT_CAUSE_COUNT:
+            return INVALID_ARGUMENT
+        pointee(count).value = 0
+        return SUCCESS
+
+    def _ecc_mode(self, handle: Any, current: Any, pending: Any) -> int:
+        """ECC enabled, now and after the next reset, as every simulated product ships (a real
+        H200 answered enabled/enabled)."""
+        gpu, rc = self._full_gpu(handle)
+        if gpu is None or rc != SUCCESS:
+            return rc
+        pointee(current).value = pynvml.NVML_FEATURE_ENABLED
+        pointee(pending).value = pynvml.NVML_FEATURE_ENABLED
         return SUCCESS
 
     def _remapped_rows(self, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -43,6 +44,8 @@ def simulated_nvml(
     inbox: Path | None = None,
     state_path: Path | None = None,
     compute_modes: Path | None = None,
+    driver_version: str | None = None,
+    cuda_driver_version: int | None = None,
 ) -> Iterator[SimulatedNode]:
     """Install simulated GPUs as pynvml's NVML library for the duration of the block.
 
@@ -56,12 +59,23 @@ def simulated_nvml(
     other processes append faults to (sim/faults.py); lines already in it are skipped.
     ``state_path``: the file the node keeps its MIG instances in (see SimulatedMigInstances),
     read here when it exists, so a second block on the same file sees the instances the first
-    created; None keeps them in memory, starting from the spec's layout. ``compute_modes``: see
+    created; None keeps them in memory, starting from the spec's layout. ``compute_modes``,
+    ``driver_version``, ``cuda_driver_version`` (None: the simulated driver's): see
     SimulatedNvmlLibrary.
     """
     gpus = build_node(parse_spec(spec), node_name=node_name)
+    versions: dict[str, Any] = {}
+    if driver_version is not None:
+        versions["driver_version"] = driver_version
+    if cuda_driver_version is not None:
+        versions["cuda_driver_version"] = cuda_driver_version
     library = SimulatedNvmlLibrary(
-        gpus, node_name=node_name, inbox=inbox, state_path=state_path, compute_modes=compute_modes
+        gpus,
+        node_name=node_name,
+        inbox=inbox,
+        state_path=state_path,
+        compute_modes=compute_modes,
+        **versions,
     )
     with tempfile.TemporaryDirectory(prefix="gpu-dra-sysfs-") as tmp:
         sysfs_root = write_sysfs(Path(tmp), gpus)

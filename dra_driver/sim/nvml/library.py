@@ -54,7 +54,10 @@ class SimulatedNvmlLibrary:
     (:class:`SimulatedMigInstances`), kept in ``state_path`` when one is given.
     ``compute_modes``: the JSON file (GPU uuid -> mode name) the simulated driver root's stand-in
     nvidia-smi keeps each GPU's compute mode in (sim/fakedriver.py); ``nvmlDeviceGetComputeMode``
-    reads it (a GPU it does not name is in DEFAULT).
+    reads it (a GPU it does not name is in DEFAULT). ``driver_version`` and
+    ``cuda_driver_version``: what ``nvmlSystemGetDriverVersion`` and
+    ``nvmlSystemGetCudaDriverVersion`` answer (the simulated R570 driver by default; gpu-check's
+    twin takes the real node's).
     """
 
     def __init__(
@@ -65,8 +68,12 @@ class SimulatedNvmlLibrary:
         inbox: Path | None = None,
         state_path: Path | None = None,
         compute_modes: Path | None = None,
+        driver_version: str = DRIVER_VERSION,
+        cuda_driver_version: int = CUDA_DRIVER_VERSION,
     ) -> None:
         self.gpus = gpus
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
         self.compute_modes = compute_modes
         self.handles = Handles()
         self.handles.add(gpus)
@@ -135,10 +142,10 @@ class SimulatedNvmlLibrary:
         return SUCCESS
 
     def _driver_version(self, buffer: Any, length: Any) -> int:
-        return write_string(buffer, length, DRIVER_VERSION)
+        return write_string(buffer, length, self.driver_version)
 
     def _cuda_driver_version(self, ref: Any) -> int:
-        pointee(ref).value = CUDA_DRIVER_VERSION
+        pointee(ref).value = self.cuda_driver_version
         return SUCCESS
 
     def _count(self, ref: Any) -> int:

@@ -428,9 +428,16 @@ class SimulatedMigInstances:
         return SUCCESS
 
     def _nvml_gi_remaining(self, handle: Any, profile_id: Any, ref: Any) -> int:
-        gpu, profile, rc = self._gpu_and_profile(handle, profile_id)
-        if gpu is None or profile is None:
+        # Answered with MIG mode off too (as a real H200 did: every profile's full count), on
+        # the instances that exist (none then).
+        gpu, rc = self._library.full_gpu(handle)
+        if gpu is None or rc != SUCCESS:
             return rc
+        if not gpu.spec.hardware.mig_capable:
+            return NOT_SUPPORTED
+        profile = profile_by_id(gpu, as_int(profile_id))
+        if profile is None:
+            return INVALID_ARGUMENT
         existing = self.view.instances[gpu.index]
         used = frozenset().union(*(i.memory_slices for i in existing))
         compute_left = TOTAL_COMPUTE_SLICES - sum(i.profile.slice_count for i in existing)

@@ -1,10 +1,11 @@
 """Telemetry readings of the simulated library: load, memory, temperature, power, clocks, ECC.
 
 The telemetry side of the simulated library (library.py collects the table): utilisation,
-memory used, temperature (GPU, and HBM memory through ``nvmlDeviceGetFieldValues``), power, its
-limit and the energy it adds up to, SM and memory clocks, encoder and decoder use (0: the
-simulated work uses neither), PCIe replays (0), the clock event reasons (idle, thermal slowdown at
-the slowdown threshold), ECC counts, and the lookup by UUID telemetry uses. They move over time
+memory (for the v1 and v2 calls: ``memory``), temperature (GPU, and HBM memory through
+``nvmlDeviceGetFieldValues``), power, its limit and the energy it adds up to, SM and memory
+clocks, encoder and decoder use (0: the simulated work uses neither), PCIe replays (0), the clock
+event reasons (idle, thermal slowdown at the slowdown threshold), ECC counts, and the lookup by
+UUID telemetry uses. They move over time
 as a deterministic function of the device's UUID and the library's ``clock``
 (``simulated_load``), higher while the library's ``workload`` says a device runs work (the agent
 points it at the devices prepared claims hold). MIG device handles answer NOT_SUPPORTED for all
@@ -34,9 +35,23 @@ from dra_driver.sim.nvml.abi import (
 )
 from dra_driver.sim.nvml.health import SLOWDOWN_C
 from dra_driver.sim.nvml.node import SimulatedGpu, SimulatedMig, digest
+from dra_driver.sim.profiles import MEMORY_RESERVED_MIB
 
 if TYPE_CHECKING:
     from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """A device's memory in bytes, as ``nvmlMemory_v2_t`` has it (used without reserved)."""
+
+    total: int
+    reserved: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        return self.total - self.reserved - self.used
 
 
 @dataclass(frozen=True)
@@ -123,21 +138,26 @@ class SimulatedReadings:
         )
         return simulated_load(gpu.uuid, now_s=self._library.clock(), busy=busy)
 
-    def memory_used_bytes(
-        self, gpu: SimulatedGpu, mig: SimulatedMig | None, *, total_bytes: int
-    ) -> int:
-        """Memory in use on the GPU or MIG device (of ``total_bytes``), in whole MiB; a GPU in
-        MIG mode uses what its MIG devices use, plus the driver's share."""
-        if mig is None and self._library.mig.enabled(gpu):
-            used = sum(
-                self.memory_used_bytes(gpu, m, total_bytes=m.profile.memory_mib << 20)
-                for m in self._library.mig.devices(gpu)
-            )
-            return min(total_bytes, used + (total_bytes >> 9))  # + the driver's own share
+    def memory(self, gpu: SimulatedGpu, mig: SimulatedMig | None) -> MemoryInfo:
+        """The memory of the GPU or MIG device as ``nvmlDeviceGetMemoryInfo_v2`` reports it:
+        ``used`` excludes what the driver reserves (``reserved``, a whole GPU's only), and
+        free + used + reserved = total. The v1 call counts the reservation as used."""
+        if mig is not None:
+            total = mig.profile.memory_mib << 20
+            return MemoryInfo(total=total, reserved=0, used=self._used(gpu, mig, total))
+        total = gpu.spec.hardware.memory_mib << 20
+        reserved = MEMORY_RESERVED_MIB << 20
+        if self._library.mig.enabled(gpu):  # what its MIG devices use
+            used = sum(self.memory(gpu, m).used for m in self._library.mig.devices(gpu))
+        else:
+            used = self._used(gpu, None, total - reserved)
+        return MemoryInfo(total=total, reserved=reserved, used=min(used, total - reserved))
+
+    def _used(self, gpu: SimulatedGpu, mig: SimulatedMig | None, room: int) -> int:
         # Memory follows the slow part of the load (allocations outlive kernel bursts).
         load = self._load(gpu, mig)
-        fraction = 0.004 + 0.85 * load * load
-        return int(total_bytes * min(fraction, 0.97)) & ~0xFFFFF  # whole MiB, as NVML reports
+        fraction = 0.002 + 0.85 * load * load
+        return int(room * min(fraction, 0.97)) & ~0xFFFFF  # whole MiB, as NVML reports
 
     def _telemetry_device(
         self, handle: Any
