@@ -261,6 +261,8 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
                     # as envtest: no controller-manager creates the default ServiceAccounts
                     "--disable-admission-plugins=ServiceAccount",
                     "--allow-privileged=true",
+                    # the `kubernetes` Service's endpoint may not be loopback: not reconciled
+                    "--endpoint-reconciler-type=none",
                     *_dra_flags(minor),
                 ],
                 stdout=out,
