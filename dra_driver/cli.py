@@ -25,6 +25,7 @@ from dra_driver.health.decisions import (
     parse_xids,
 )
 from dra_driver.node.config import Config
+from dra_driver.node.nvidiaenv import read_nvidia_environment
 from dra_driver.paths import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
@@ -374,6 +375,8 @@ def build_config(
 ) -> Config:
     """Parse ``argv`` with ``environ`` as fallback into a validated Config (raises ConfigError)."""
     args = _agent_parser(prog).parse_args(list(argv))
+    nvidia = read_nvidia_environment(environ)
+    environ = nvidia.environ
     values: dict[str, Any] = {}
     for flag in FLAGS:
         raw = getattr(args, flag.field)
@@ -398,6 +401,11 @@ def build_config(
             parse_spec(values["simulate"])
         except SimulationSpecError as exc:
             raise ConfigError("--simulate (SIMULATE)", str(exc)) from exc
+    if nvidia.additional_ignored_xids:
+        # NVIDIA's variable adds to the list in force, as it adds to its built-in one.
+        values["health_ignored_xids"] = (
+            values.get("health_ignored_xids", DEFAULT_IGNORED_XIDS) | nvidia.additional_ignored_xids
+        )
     return Config(**values)
 
 
