@@ -222,6 +222,15 @@ FLAGS: tuple[Flag, ...] = (
         True,
     ),
     Flag(
+        "--dcgm-host-label",
+        "DCGM_HOST_LABEL",
+        "dcgm_host_label",
+        "name of the node label on the DCGM-compatible series: Hostname (dcgm-exporter up to "
+        "3.x) or hostname (its later releases)",
+        str,
+        "Hostname",
+    ),
+    Flag(
         "--mps-image",
         "MPS_IMAGE",
         "mps_image",

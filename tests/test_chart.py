@@ -23,6 +23,7 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.errors import DraError
+from dra_driver.node import nvidiaenv
 from dra_driver.scheduling import cel
 from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV
 
@@ -407,6 +408,8 @@ def test_agent_gets_node_namespace_and_pod_uid_from_the_downward_api() -> None:
 
 # Set by the downward API for the code's own use (namespace of the agent), not a flag.
 NON_FLAG_ENV = {"POD_NAMESPACE", *AGENT_INTERPRETER_ENV}  # the latter: read by the interpreter
+# NVIDIA's names, read by dra_driver/node/nvidiaenv.py (tests/test_chart_nvidia.py)
+NON_FLAG_ENV |= {"FEATURE_GATES", *nvidiaenv.ADDITIONAL_XIDS_VARIABLES, *nvidiaenv.ALIASES}
 
 
 def test_every_variable_the_chart_sets_is_read_by_the_agent() -> None:

@@ -430,6 +430,7 @@ def _start_telemetry(
         holders=plugin.device_holders,
         heartbeat=Heartbeat("telemetry", stall_s=TELEMETRY_STALL_S) if reader else None,
         dcgm=config.dcgm_metrics,
+        dcgm_host_label=config.dcgm_host_label,
         driver_name=config.driver_name,
         get_pod=get_pod,
     )
