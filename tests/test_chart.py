@@ -1063,6 +1063,7 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint == {
         "port": "metrics", "path": "/metrics", "interval": "30s", "honorLabels": True,
+        "relabelings": AGENT_POD_RELABELINGS,
     }  # fmt: skip
     ports = {p["name"] for p in agent_container(objects)["ports"]}
     assert "metrics" in ports
@@ -1071,6 +1072,15 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
 
     wanted = dict(label.split("=") for label in DEFAULT_AGENT_SELECTOR.split(","))
     assert wanted.items() <= pod_labels.items()
+
+
+# The agent's own pod and namespace under agent_*, so that an idle GPU's DCGM series (honorLabels)
+# names no pod: tests/test_prometheus_tier.py scrapes through them.
+AGENT_POD_RELABELINGS = [
+    {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "agent_pod"},
+    {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "agent_namespace"},
+    {"action": "labeldrop", "regex": "pod|namespace|container"},
+]
 
 
 def test_pod_monitor_needs_the_metrics_port() -> None:
@@ -1112,11 +1122,13 @@ def test_service_monitor_scrapes_the_agent_pods_through_a_headless_service() -> 
         "interval": "30s",
         "scrapeTimeout": "10s",
         "honorLabels": True,  # the DCGM series' pod/namespace are the claim's pod's
-    }  # no relabelings: the metrics carry their own node label
+        "relabelings": AGENT_POD_RELABELINGS,
+    }  # the metrics carry their own node label
     assert "PodMonitor" not in {o["kind"] for o in objects}
     without = render(*COMBINATIONS["service monitor"], "--set", "metrics.dcgm=false")
     (endpoint,) = one(without, "ServiceMonitor")["spec"]["endpoints"]
     assert "honorLabels" not in endpoint
+    assert "relabelings" not in endpoint
 
 
 def test_service_port_follows_the_metrics_port() -> None:
