@@ -222,6 +222,15 @@ FLAGS: tuple[Flag, ...] = (
         True,
     ),
     Flag(
+        "--claim-status",
+        "CLAIM_STATUS",
+        "claim_status",
+        "true: after a prepare, write the claim's status.devices entries of its devices (which "
+        "GPU: UUID, index, product, MIG profile; KEP-4817), removed at unprepare; false: none",
+        _bool,
+        True,
+    ),
+    Flag(
         "--dcgm-host-label",
         "DCGM_HOST_LABEL",
         "dcgm_host_label",

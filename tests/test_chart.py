@@ -919,6 +919,7 @@ def test_cluster_role_grants_only_the_calls_the_agent_needs() -> None:
         for verb in ("list", "watch", "create", "update", "delete")
     } | {
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),  # status.devices (KEP-4817)
         ("", "nodes", "get"),
         ("", "events", "create"),
         ("", "pods", "get"),  # the containers of a claim's pods (DCGM-compatible telemetry)

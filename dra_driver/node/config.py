@@ -87,6 +87,8 @@ class Config:
     dcgm_metrics: bool = True
     # The node's label name on the DCGM series: dcgm-exporter's Hostname, hostname from 4.x.
     dcgm_host_label: str = "Hostname"
+    # After a prepare, write the claim's status.devices entries (KEP-4817, claimstatus/).
+    claim_status: bool = True
     # GPU health (health/decisions.py, health/monitor.py)
     health_ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     health_fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS
