@@ -108,6 +108,8 @@ def test_apply_writes_our_entries_and_keeps_another_drivers(
         ([entry("gpu-0"), entry("gpu-0")], "Duplicate value"),
         ([entry("gpu-0", conditions=[{**READY, "status": "Maybe"}])], "Unsupported value"),
         ([entry("gpu-0", conditions=[{**READY, "reason": ""}])], "reason: Required value"),
+        ([entry("gpu-0", shareID="0f6b8d5e-3c1a-4f0e-9d7b-2a4c6e8f0a1b")], "shareID"),
+        ([entry("gpu-0", conditions=[{**READY, "type": f"T{i}"} for i in range(9)])], "Too many"),
     ],
 )
 def test_the_server_refuses_entries_the_real_one_refuses(
@@ -212,12 +214,12 @@ def test_the_reporter_retries_then_counts_a_failure_and_keeps_the_latest_wish() 
     )  # fmt: skip
     reporter.start()
     try:
-        reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0")])
+        reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
         assert reporter.idle(5)
         assert flaky.calls == [("a", 1), ("a", 1)] and results == ["ok"]
         down = FlakyClient(failures=10)
         reporter._client = down
-        reporter.prepared(namespace="ns", name="b", uid="u2", devices=[(NODE, "gpu-0")])
+        reporter.prepared(namespace="ns", name="b", uid="u2", devices=[(NODE, "gpu-0", None)])
         assert reporter.idle(5)
         assert down.calls == [("b", 1), ("b", 1)] and results == ["ok", "failed"]
     finally:
@@ -298,3 +300,38 @@ def wait_for(check: Any, timeout_s: float = 15.0) -> Any:
             return found
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+# -- gpu-dra status --kubeconfig shows it ------------------------------------------------------
+
+
+class Cluster:
+    """The three lists `gpu-dra status` reads (kube.ClusterClient's), as plain data."""
+
+    def __init__(self, claim: dict[str, Any]) -> None:
+        self.claim = claim
+
+    def list_all_slices(self) -> list[dict[str, Any]]:
+        device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
+        spec = {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE}, "devices": [device]}
+        return [{"metadata": {"name": "s"}, "spec": spec}]
+
+    def list_resource_claims(self) -> list[dict[str, Any]]:
+        return [self.claim]
+
+    def list_pods(self, *, label_selector: str, namespace: str = "") -> list[dict[str, Any]]:
+        return []
+
+
+def test_gpu_dra_status_shows_the_claims_device_status() -> None:
+    from dra_driver.telemetry.status import cluster_report  # noqa: PLC0415
+
+    claim = allocated_claim(name="c", node=NODE)
+    written = entry("gpu-0", data={"uuid": "GPU-abc", "index": 0})
+    claim["status"]["devices"] = [written, entry("eth0", driver="nic.example.com")]
+    (row,) = cluster_report(Cluster(claim), read=lambda url: "").to_json()["devices"]
+    (holder,) = row["claims"]
+    assert holder["deviceStatus"] == {"conditions": [READY], "data": written["data"]}
+    del claim["status"]["devices"]
+    (row,) = cluster_report(Cluster(claim), read=lambda url: "").to_json()["devices"]
+    assert "deviceStatus" not in row["claims"][0]

@@ -10,7 +10,7 @@ device not yet seen by a discovery has no ``uuid`` yet; the entry says what is k
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ class StatusDevice:
 
     pool: str
     device: str
+    share_id: str | None = None  # a consumable share's ID (DRAConsumableCapacity)
 
 
 def device_data(inventory: Inventory, device: str) -> dict[str, Any]:
@@ -97,6 +98,8 @@ def status_entries(
             "device": d.device,
             "conditions": [condition],
         }
+        if d.share_id:
+            entry["shareID"] = d.share_id
         data = device_data(inventory, d.device)
         if data:
             entry["data"] = data
@@ -104,6 +107,3 @@ def status_entries(
     return entries
 
 
-def entry_keys(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
-    """(driver, pool, device) of each entry: how the API server keys the list."""
-    return [(e["driver"], e["pool"], e["device"]) for e in entries]

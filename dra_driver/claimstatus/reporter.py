@@ -86,11 +86,16 @@ class ClaimStatusReporter:
     # -- the servicer's side --------------------------------------------------------------------
 
     def prepared(
-        self, *, namespace: str, name: str, uid: str, devices: Sequence[tuple[str, str]]
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[tuple[str, str, str | None]],
     ) -> None:
-        """The claim is prepared with ``devices`` ((pool, device), this driver's): write their
-        entries."""
-        wanted = tuple(StatusDevice(pool, device) for pool, device in devices)
+        """The claim is prepared with ``devices`` ((pool, device, share ID), this driver's):
+        write their entries."""
+        wanted = tuple(StatusDevice(pool, device, share) for pool, device, share in devices)
         self._queue(_Wish(namespace, name, uid, wanted))
 
     def unprepared(self, *, namespace: str, name: str, uid: str) -> None:

@@ -39,9 +39,14 @@ class ClaimObserver(Protocol):
     """Told of each claim prepared or unprepared, after the answer is built; never blocks."""
 
     def prepared(
-        self, *, namespace: str, name: str, uid: str, devices: Sequence[tuple[str, str]]
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[tuple[str, str, str | None]],
     ) -> None:
-        """``devices``: (pool, device) of each device the claim was prepared with."""
+        """``devices``: (pool, device, share ID) of each device the claim was prepared with."""
 
     def unprepared(self, *, namespace: str, name: str, uid: str) -> None: ...
 
@@ -87,7 +92,7 @@ class _Servicer:
                     namespace=ref.namespace,
                     name=ref.name,
                     uid=uid,
-                    devices=[(d.pool, d.device) for d in outcome.devices],
+                    devices=[(d.pool, d.device, d.share_id) for d in outcome.devices],
                 )
             for d in outcome.devices:
                 device = entry.devices.add(

@@ -4,8 +4,8 @@ by a driver with server-side apply (``PATCH .../resourceclaims/<name>/status``,
 
 As the real API server does (KEP-4817, DRAResourceClaimDeviceStatus, on by default from 1.32 and
 GA in 1.37; pkg/apis/resource/validation): each entry names ``driver``, ``pool`` and ``device`` of
-a device in the claim's allocation, at most once; ``data`` is a JSON object (a raw extension);
-``conditions`` are metav1.Conditions (type, status True/False/Unknown, reason, lastTransitionTime).
+a device in the claim's allocation, at most once; ``data`` is a JSON object (a raw extension,
+at most 10 KiB); ``conditions`` are metav1.Conditions (type, status True/False/Unknown, reason, lastTransitionTime).
 With the feature off the server drops ``status.devices`` silently. Server-side apply owns list
 entries per field manager: an apply replaces the entries its manager owns (keyed by driver, pool
 and device) and keeps the others'; an entry another manager owns is a conflict unless
@@ -20,11 +20,12 @@ from typing import Any
 
 from dra_driver.sim.localapi.resources import ApiError, JsonDict
 
-DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+DeviceKey = tuple[str, str, str, str]  # (driver, pool, device, shareID or "")
 
 APPLY_PATCH = "application/apply-patch+yaml"
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 _CONDITION_STATUS = ("True", "False", "Unknown")
+MAX_CONDITIONS = 8
 MAX_DATA_BYTES = 10 * 1024  # resource.AllocatedDeviceStatusDataMaxLength (KEP-4817)
 
 
@@ -37,7 +38,12 @@ def _invalid(name: str, problems: list[str]) -> ApiError:
 
 
 def _key(entry: Mapping[str, Any]) -> DeviceKey:
-    return (str(entry.get("driver", "")), str(entry.get("pool", "")), str(entry.get("device", "")))
+    return (
+        str(entry.get("driver", "")),
+        str(entry.get("pool", "")),
+        str(entry.get("device", "")),
+        str(entry.get("shareID") or ""),
+    )
 
 
 def validate_devices(stored: Mapping[str, Any], devices: Any) -> list[JsonDict]:
@@ -59,13 +65,15 @@ def validate_devices(stored: Mapping[str, Any], devices: Any) -> list[JsonDict]:
             if not entry.get(field):
                 problems.append(f"{path}.{field}: Required value")
         key = _key(entry)
+        named = key[:3]
         if key in seen:
             problems.append(f"{path}: Duplicate value: {key}")
         seen.add(key)
-        if all(key) and key not in allocated:
+        if all(named) and key not in allocated:
+            share = f", shareID: {key[3]}" if key[3] else ""
             problems.append(
-                f"{path}: Invalid value: {{driver: {key[0]}, pool: {key[1]}, device: {key[2]}}}: "
-                "must be an allocated device in the claim"
+                f"{path}: Invalid value: {{driver: {key[0]}, pool: {key[1]}, device: {key[2]}"
+                f"{share}}}: must be an allocated device in the claim"
             )
         if "data" in entry:
             data = entry["data"]
@@ -85,6 +93,8 @@ def _condition_problems(path: str, conditions: Any) -> list[str]:
     if not isinstance(conditions, list):
         return [f"{path}: Invalid value: must be a list"]
     problems: list[str] = []
+    if len(conditions) > MAX_CONDITIONS:
+        problems.append(f"{path}: Too many: {len(conditions)}: must have at most {MAX_CONDITIONS}")
     types: set[str] = set()
     for i, condition in enumerate(conditions):
         at = f"{path}[{i}]"
