@@ -455,8 +455,11 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         "gpu-check": "read-only check of this machine's GPUs and driver (docs/gpu-check.md)",
         "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
     }
+    if args and args[0] in ("--version", "version"):
+        print(f"gpu-dra {__version__}")
+        return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
-        print("usage: gpu-dra COMMAND [ARGS]\n\ncommands:", file=sys.stderr)
+        print("usage: gpu-dra [--version] COMMAND [ARGS]\n\ncommands:", file=sys.stderr)
         for name, text in commands.items():
             print(f"  {name:<15} {text}", file=sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2

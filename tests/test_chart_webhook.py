@@ -22,8 +22,16 @@ import pytest
 
 from dra_driver.sim.localapi import free_port
 from dra_driver.webhook.server import parser
-from tests.test_chart import HELM, KUBERNETES_VERSIONS, NAMESPACE, RELEASE, of_kind, one, render
-from tests.test_chart import render_error
+from tests.test_chart import (
+    HELM,
+    KUBERNETES_VERSIONS,
+    NAMESPACE,
+    RELEASE,
+    of_kind,
+    one,
+    render,
+    render_error,
+)
 from tests.test_webhook import admission, claim, gpu_config
 
 pytestmark = [

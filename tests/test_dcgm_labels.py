@@ -87,5 +87,5 @@ def test_the_host_label_flag_reaches_the_config_and_refuses_a_bad_name() -> None
         "hostname"
     )
     assert build_config(["--node-name", "n"], {}).dcgm_host_label == "Hostname"
-    with pytest.raises(ConfigError, match="DCGM_HOST_LABEL.*not a Prometheus label name"):
+    with pytest.raises(ConfigError, match=r"DCGM_HOST_LABEL.*not a Prometheus label name"):
         build_config(["--node-name", "n"], {"DCGM_HOST_LABEL": "host-name"})

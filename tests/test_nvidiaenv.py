@@ -1,4 +1,5 @@
-"""NVIDIA's kubelet-plugin variables, read through the agent's real configuration (cli.build_config)."""
+"""NVIDIA's kubelet-plugin variables, read through the agent's real configuration
+(cli.build_config)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_additional_xids_are_added_to_our_own_list_when_both_are_set() -> None:
 
 
 def test_a_bad_additional_xid_names_nvidias_variable() -> None:
-    with pytest.raises(ConfigError, match="ADDITIONAL_XIDS_TO_IGNORE.*'x'"):
+    with pytest.raises(ConfigError, match=r"ADDITIONAL_XIDS_TO_IGNORE.*'x'"):
         config(ADDITIONAL_XIDS_TO_IGNORE="13,x")
 
 
@@ -81,7 +82,7 @@ def test_nvidias_cdi_hook_path_replaces_the_builtin_hook() -> None:
     )
     got = config(NVIDIA_CDI_HOOK_PATH="/usr/bin/nvidia-cdi-hook", CDI_HOOK="builtin")
     assert got.cdi_hook == "/usr/bin/nvidia-cdi-hook"
-    with pytest.raises(ConfigError, match="NVIDIA_CDI_HOOK_PATH.*contradicts CDI_HOOK='none'"):
+    with pytest.raises(ConfigError, match=r"NVIDIA_CDI_HOOK_PATH.*contradicts CDI_HOOK='none'"):
         config(NVIDIA_CDI_HOOK_PATH="/usr/bin/nvidia-cdi-hook", CDI_HOOK="none")
 
 

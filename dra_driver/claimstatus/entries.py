@@ -105,5 +105,3 @@ def status_entries(
             entry["data"] = data
         entries.append(entry)
     return entries
-
-

@@ -153,7 +153,7 @@ class ClaimStatusReporter:
     def _next_due(self) -> _Wish | None:
         now_s = time.monotonic()
         for uid, wish in self._pending.items():
-            if wish.not_before_s <= now_s or self._stopping and wish.attempt == 0:
+            if wish.not_before_s <= now_s or (self._stopping and wish.attempt == 0):
                 return self._pending.pop(uid)
         return None
 

@@ -17,7 +17,6 @@ from dra_driver.kube.connection import ApiConnection
 from dra_driver.kube.conversion import claim_to_v1
 from dra_driver.resourceapi import GROUP, JsonDict
 
-
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is YAML)
 
 

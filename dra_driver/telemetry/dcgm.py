@@ -262,10 +262,10 @@ def describe() -> list[Metric]:
 __all__ = [
     "DCGM_METRIC_NAMES",
     "FIELDS",
+    "HOST_LABEL",
     "dcgm_pci_bus_id",
     "dcgm_series",
     "describe",
-    "HOST_LABEL",
     "identity_labels",
     "pod_labels",
     "render_dcgm",

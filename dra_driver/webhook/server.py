@@ -86,7 +86,10 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that fails the handshake or goes away is logged, not a traceback.
-        log.info("connection failed", extra={"peer": str(client_address), "error": str(sys.exc_info()[1])})
+        log.info(
+            "connection failed",
+            extra={"peer": str(client_address), "error": str(sys.exc_info()[1])},
+        )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -184,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
                      default=env.get("TLS_PRIVATE_KEY_FILE"),
                      help="its private key, PEM [TLS_PRIVATE_KEY_FILE]")  # fmt: skip
     out.add_argument("--driver-name", default=env.get("DRIVER_NAME", DEFAULT_DRIVER_NAME),
-                     help="the DRA driver whose opaque configs are checked [DRIVER_NAME]")  # fmt: skip
+                     help="the DRA driver whose configs are checked [DRIVER_NAME]")  # fmt: skip
     out.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return out
 

@@ -5,7 +5,8 @@ by a driver with server-side apply (``PATCH .../resourceclaims/<name>/status``,
 As the real API server does (KEP-4817, DRAResourceClaimDeviceStatus, on by default from 1.32 and
 GA in 1.37; pkg/apis/resource/validation): each entry names ``driver``, ``pool`` and ``device`` of
 a device in the claim's allocation, at most once; ``data`` is a JSON object (a raw extension,
-at most 10 KiB); ``conditions`` are metav1.Conditions (type, status True/False/Unknown, reason, lastTransitionTime).
+at most 10 KiB); ``conditions`` are metav1.Conditions (type, status True/False/Unknown,
+reason, lastTransitionTime), at most 8.
 With the feature off the server drops ``status.devices`` silently. Server-side apply owns list
 entries per field manager: an apply replaces the entries its manager owns (keyed by driver, pool
 and device) and keeps the others'; an entry another manager owns is a conflict unless
@@ -141,7 +142,7 @@ def apply_status(
         raise ApiError(
             409,
             "Conflict",
-            f"Operation cannot be fulfilled on resourceclaims.resource.k8s.io \"{name}\": "
+            f'Operation cannot be fulfilled on resourceclaims.resource.k8s.io "{name}": '
             f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: "
             f"{stored['metadata']['uid']}",
         )
@@ -150,9 +151,7 @@ def apply_status(
     if not enabled:
         return out  # the field is dropped: the claim is unchanged
     applied = validate_devices(stored, (body.get("status") or {}).get("devices") or [])
-    conflicts = [
-        k for k in map(_key, applied) if owners.get(k, manager) != manager and not force
-    ]
+    conflicts = [k for k in map(_key, applied) if owners.get(k, manager) != manager and not force]
     if conflicts:
         raise ApiError(
             409,

@@ -233,7 +233,9 @@ class Handler(BaseHTTPRequestHandler):
                     )
                 if not query.get("fieldManager"):
                     raise ApiError(
-                        422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: "
+                        422,
+                        "Invalid",
+                        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: '
                         "Required value: is required for apply patch",
                     )
                 new = claimstatus.apply_status(
