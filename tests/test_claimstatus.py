@@ -226,6 +226,35 @@ def test_the_reporter_retries_then_counts_a_failure_and_keeps_the_latest_wish() 
         reporter.stop()
 
 
+def test_writes_wait_for_a_pause_in_the_kubelets_calls_but_not_forever() -> None:
+    inventory = simulated_inventory("h100:1", node_name=NODE)
+    client = FlakyClient(failures=0)
+    reporter = ClaimStatusReporter(
+        client=client, driver_name=DRIVER, inventory=lambda: inventory,
+        quiet_s=0.3, max_delay_s=1.0,
+    )  # fmt: skip
+    reporter.start()
+    try:
+        started = time.monotonic()
+        reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
+        while time.monotonic() - started < 0.6:  # a burst: a call every 0.1 s
+            assert client.calls == []
+            reporter.unprepared(namespace="ns", name="x", uid=f"x{time.monotonic()}")
+            time.sleep(0.1)
+        assert reporter.idle(2)  # written once the burst paused
+        assert ("a", 1) in client.calls
+        client.calls.clear()
+        started = time.monotonic()
+        reporter.prepared(namespace="ns", name="b", uid="u2", devices=[(NODE, "gpu-0", None)])
+        while ("b", 1) not in client.calls:  # a burst that does not end: written at max_delay_s
+            reporter.unprepared(namespace="ns", name="y", uid=f"y{time.monotonic()}")
+            time.sleep(0.05)
+            assert time.monotonic() - started < 3
+        assert time.monotonic() - started >= 0.9
+    finally:
+        reporter.stop()
+
+
 # -- the agent, as deployed ------------------------------------------------------------------
 
 

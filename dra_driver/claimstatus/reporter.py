@@ -4,7 +4,9 @@ The DRA servicer tells the reporter, after it has built its answer to the kubele
 were prepared (their devices) and which unprepared; that only queues the wish and returns, so a
 slow or failing API server never delays or fails a prepare. One thread applies the wishes with
 server-side apply (kube/resourceclaims.py), the latest wish of a claim replacing any not yet
-written (a prepare and its unprepare in quick succession write only the removal). A failed write
+written (a prepare and its unprepare in quick succession write only the removal). Writes wait
+for a pause in the kubelet's calls (``quiet_s`` without a new prepare or unprepare, at most
+``max_delay_s``), so that a burst of prepares does not share the CPU with them. A failed write
 is retried after each of ``retry_delays_s``, then logged as a warning and counted
 (``gpu_dra_claim_status_writes_total{result="failed"}``); a claim that is gone needs nothing.
 """
@@ -15,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -26,6 +28,8 @@ from dra_driver.gpus.info import Inventory
 log = logging.getLogger(__name__)
 
 DEFAULT_RETRY_DELAYS_S = (0.5, 2.0, 8.0)
+DEFAULT_QUIET_S = 0.05
+DEFAULT_MAX_DELAY_S = 1.0
 
 
 class StatusClient(Protocol):
@@ -50,6 +54,7 @@ class _Wish:
     devices: tuple[StatusDevice, ...]  # () removes this driver's entries
     attempt: int = 0
     not_before_s: float = 0.0
+    queued_s: float = 0.0
 
 
 def _now() -> str:
@@ -71,12 +76,17 @@ class ClaimStatusReporter:
         inventory: Callable[[], Inventory],
         count: Callable[[str], None] = lambda result: None,
         retry_delays_s: Sequence[float] = DEFAULT_RETRY_DELAYS_S,
+        quiet_s: float = DEFAULT_QUIET_S,
+        max_delay_s: float = DEFAULT_MAX_DELAY_S,
     ) -> None:
         self._client = client
         self._driver = driver_name
         self._inventory = inventory
         self._count = count
         self._delays = tuple(retry_delays_s)
+        self._quiet_s = quiet_s
+        self._max_delay_s = max_delay_s
+        self._last_call_s = 0.0
         self._pending: dict[str, _Wish] = {}
         self._cond = threading.Condition()
         self._stopping = False
@@ -103,8 +113,12 @@ class ClaimStatusReporter:
         self._queue(_Wish(namespace, name, uid, ()))
 
     def _queue(self, wish: _Wish) -> None:
+        now_s = time.monotonic()
         with self._cond:
-            self._pending[wish.uid] = wish
+            self._last_call_s = now_s
+            old = self._pending.get(wish.uid)
+            queued_s = old.queued_s if old is not None else now_s
+            self._pending[wish.uid] = replace(wish, queued_s=queued_s)
             self._cond.notify()
 
     # -- the writer -----------------------------------------------------------------------------
@@ -152,16 +166,24 @@ class ClaimStatusReporter:
 
     def _next_due(self) -> _Wish | None:
         now_s = time.monotonic()
+        quiet = now_s - self._last_call_s >= self._quiet_s
         for uid, wish in self._pending.items():
-            if wish.not_before_s <= now_s or (self._stopping and wish.attempt == 0):
+            if self._stopping and wish.attempt == 0:
+                return self._pending.pop(uid)
+            late = now_s - wish.queued_s >= self._max_delay_s
+            if wish.not_before_s <= now_s and (quiet or late):
                 return self._pending.pop(uid)
         return None
 
     def _wait_s(self) -> float:
         if not self._pending:
             return 1.0
-        soonest = min(w.not_before_s for w in self._pending.values())
-        return max(0.01, soonest - time.monotonic())
+        pause_s = self._last_call_s + self._quiet_s
+        due = [
+            max(w.not_before_s, min(pause_s, w.queued_s + self._max_delay_s))
+            for w in self._pending.values()
+        ]
+        return max(0.005, min(due) - time.monotonic())
 
     def _write(self, wish: _Wish) -> None:
         try:
@@ -196,6 +218,7 @@ class ClaimStatusReporter:
                 wish.devices,
                 attempt=wish.attempt + 1,
                 not_before_s=time.monotonic() + self._delays[wish.attempt],
+                queued_s=wish.queued_s,
             )
             with self._cond:
                 self._pending.setdefault(wish.uid, retry)  # a newer wish wins

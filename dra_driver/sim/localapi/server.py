@@ -57,7 +57,7 @@ class FakeKubeApi:
         self.validate = validate
         self.device_status = device_status
         # field manager of each status.devices entry per claim (server-side apply, claimstatus.py)
-        self._status_owners: dict[tuple[str, str, str], dict[tuple[str, str, str], str]] = {}
+        self._status_owners: dict[tuple[str, str, str], dict[tuple[str, str, str, str], str]] = {}
         self.requests: list[Request] = []
         self.kubeconfig_path: Path | None = None  # set by write_kubeconfig
         self._port = port
