@@ -225,8 +225,7 @@ FLAGS: tuple[Flag, ...] = (
         "--claim-status",
         "CLAIM_STATUS",
         "claim_status",
-        "true: after a prepare, write the claim's status.devices entries of its devices (which "
-        "GPU: UUID, index, product, MIG profile; KEP-4817), removed at unprepare; false: none",
+        "true: write each prepared claim's status.devices (which GPU; KEP-4817); false: none",
         _bool,
         True,
     ),
@@ -234,8 +233,7 @@ FLAGS: tuple[Flag, ...] = (
         "--dcgm-host-label",
         "DCGM_HOST_LABEL",
         "dcgm_host_label",
-        "name of the node label on the DCGM-compatible series: Hostname (dcgm-exporter up to "
-        "3.x) or hostname (its later releases)",
+        "the node's label on the DCGM-compatible series: Hostname, or hostname (newer exporters)",
         str,
         "Hostname",
     ),

@@ -85,7 +85,7 @@ class Config:
     telemetry_interval_s: float = 10.0
     # Also expose the samples under dcgm-exporter's names and labels (telemetry/dcgm.py).
     dcgm_metrics: bool = True
-    # The node's label name on the DCGM series: dcgm-exporter's Hostname, hostname from 4.x.
+    # The node's label on the DCGM series: dcgm-exporter's Hostname (its next release: hostname).
     dcgm_host_label: str = "Hostname"
     # After a prepare, write the claim's status.devices entries (KEP-4817, claimstatus/).
     claim_status: bool = True

@@ -106,7 +106,7 @@ DCGM_METRIC_NAMES = (*(f.name for f in FIELDS), XID_ERRORS.name)
 
 
 HOST_LABEL = "Hostname"
-"""dcgm-exporter's name of the node label up to its 3.x releases (``--dcgm-host-label``)."""
+"""dcgm-exporter's name of the node label (``--dcgm-host-label``; its next release: hostname)."""
 
 # err_msg of DCGM_FI_DEV_XID_ERRORS, as NVIDIA's XID catalog names each XID (docs.nvidia.com
 # "XID Errors"); dcgm-exporter labels its XID series with the same descriptions.
@@ -154,7 +154,7 @@ def identity_labels(
     target: TelemetryTarget, *, node: str, driver_version: str, host_label: str = HOST_LABEL
 ) -> dict[str, str]:
     """A device's labels as dcgm-exporter writes them (no pod labels); the node name under
-    ``host_label`` (dcgm-exporter's ``Hostname``, ``hostname`` from its 4.x releases on)."""
+    ``host_label`` (dcgm-exporter's ``Hostname``; its next release names it ``hostname``)."""
     labels = {
         "gpu": str(target.gpu_index),
         "UUID": target.gpu_uuid or target.uuid,
