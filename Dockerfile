@@ -15,6 +15,9 @@
 ARG BASE_IMAGE=docker.io/library/python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
 
 FROM ${BASE_IMAGE} AS build
+# Every layer of this stage carries the label: hack/build-image.sh removes the untagged ones a
+# rebuild leaves behind (and the final stage's, by its title label), nothing else.
+LABEL gpu-dra.stage="build"
 # A PyPI mirror, where PyPI is out of reach (hack/build-image.sh passes PIP_INDEX_URL on); this
 # stage only, so it stays out of the image.
 ARG PIP_INDEX_URL
@@ -44,8 +47,16 @@ RUN gcc -static -O2 -Wall -o dra_driver/cdi/hook/gpu-dra-cdi-hook dra_driver/cdi
     && python3 -m pip wheel --wheel-dir /wheels --no-index --find-links /wheels --no-deps \
        -c constraints.txt . \
     && cd /wheels && sha256sum *.whl > /wheels.sha256
+# The SBOM tool (cyclonedx-bom, pinned in constraints.txt) in a virtualenv of its own: the final
+# stage runs it from a bind mount over the agent's installed environment, so the SBOM lists what
+# the image has, and the tool itself stays out of the image.
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && python3 -m venv /sbom-tool \
+    && /sbom-tool/bin/python3 -m pip install -c constraints.txt cyclonedx-bom
 
 FROM ${BASE_IMAGE}
+ARG VERSION=""
 LABEL org.opencontainers.image.title="gpu-dra" \
       org.opencontainers.image.description="Kubernetes DRA driver for NVIDIA GPUs (node agent)" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -69,6 +80,14 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
        -c /tmp/constraints.txt gpu-dra \
     && python3 -OO -m compileall -q -j 0 /opt/gpu-dra/lib \
        "$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"
+# The software bill of materials of the installed environment (CycloneDX JSON, reproducible: no
+# timestamp or serial number), every Python package with its version, licence and PyPI package
+# URL: /opt/gpu-dra/sbom.cdx.json (docs/install.md "The image").
+RUN --mount=type=bind,from=build,source=/sbom-tool,target=/sbom-tool \
+    /sbom-tool/bin/python3 -m cyclonedx_py environment --output-reproducible --of JSON \
+       -o /opt/gpu-dra/sbom.cdx.json /opt/gpu-dra/bin/python3
+LABEL org.opencontainers.image.version="${VERSION}" \
+      gpu-dra.sbom="/opt/gpu-dra/sbom.cdx.json"
 # After the install: `python3` above is the base's, from now on it is the venv's.
 ENV PATH=/opt/gpu-dra/bin:$PATH
 # The chart runs the agent with PYTHONOPTIMIZE=2 (no docstrings: less memory); the line above

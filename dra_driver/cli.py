@@ -25,6 +25,7 @@ from dra_driver.health.decisions import (
     parse_xids,
 )
 from dra_driver.node.config import Config
+from dra_driver.node.nvidiaenv import read_nvidia_environment
 from dra_driver.paths import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
@@ -221,6 +222,22 @@ FLAGS: tuple[Flag, ...] = (
         True,
     ),
     Flag(
+        "--claim-status",
+        "CLAIM_STATUS",
+        "claim_status",
+        "true: write each prepared claim's status.devices (which GPU; KEP-4817); false: none",
+        _bool,
+        True,
+    ),
+    Flag(
+        "--dcgm-host-label",
+        "DCGM_HOST_LABEL",
+        "dcgm_host_label",
+        "the node's label on the DCGM-compatible series: Hostname, or hostname (newer exporters)",
+        str,
+        "Hostname",
+    ),
+    Flag(
         "--mps-image",
         "MPS_IMAGE",
         "mps_image",
@@ -374,6 +391,8 @@ def build_config(
 ) -> Config:
     """Parse ``argv`` with ``environ`` as fallback into a validated Config (raises ConfigError)."""
     args = _agent_parser(prog).parse_args(list(argv))
+    nvidia = read_nvidia_environment(environ)
+    environ = nvidia.environ
     values: dict[str, Any] = {}
     for flag in FLAGS:
         raw = getattr(args, flag.field)
@@ -398,6 +417,11 @@ def build_config(
             parse_spec(values["simulate"])
         except SimulationSpecError as exc:
             raise ConfigError("--simulate (SIMULATE)", str(exc)) from exc
+    if nvidia.additional_ignored_xids:
+        # NVIDIA's variable adds to the list in force, as it adds to its built-in one.
+        values["health_ignored_xids"] = (
+            values.get("health_ignored_xids", DEFAULT_IGNORED_XIDS) | nvidia.additional_ignored_xids
+        )
     return Config(**values)
 
 
@@ -429,8 +453,11 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         "gpu-check": "read-only check of this machine's GPUs and driver (docs/gpu-check.md)",
         "kubelet-plugin": "run the node agent (same as gpu-dra-kubelet-plugin)",
     }
+    if args and args[0] in ("--version", "version"):
+        print(f"gpu-dra {__version__}")
+        return 0
     if not args or args[0] in ("-h", "--help") or args[0] not in commands:
-        print("usage: gpu-dra COMMAND [ARGS]\n\ncommands:", file=sys.stderr)
+        print("usage: gpu-dra [--version] COMMAND [ARGS]\n\ncommands:", file=sys.stderr)
         for name, text in commands.items():
             print(f"  {name:<15} {text}", file=sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2

@@ -382,7 +382,16 @@ class DriverMetrics:
                 ("node", "driver"),
             )
         )
+        self.claim_status_writes = Counter(
+            "gpu_dra_claim_status_writes_total",
+            "Writes of prepared claims' status.devices entries (KEP-4817) and their removal at "
+            "unprepare, by result: ok, or failed after the retries (the prepare is not affected).",
+            ("node", "driver", "result"),
+            registry=to,
+        )
         self.requests_inflight.labels(node_name, driver_name)
+        for result in ("ok", "failed"):
+            self.claim_status_writes.labels(node_name, driver_name, result)
         for error_type in error_types:
             self.prepare_errors.labels(node_name, driver_name, error_type)
             self.unprepare_errors.labels(node_name, driver_name, error_type)

@@ -7,8 +7,9 @@
 #
 #   hack/build-local-base.sh [TAG]     TAG defaults to localhost/gpu-dra-base:bookworm
 #
-# Does nothing when TAG already exists (FORCE=1 rebuilds). The Dockerfile's steps after FROM run
-# unchanged on this base: both are bookworm with apt, `python3` on PATH and pip for it.
+# Does nothing when TAG exists and is younger than MAX_AGE_DAYS (default 7; 0 never rebuilds for
+# age); FORCE=1 rebuilds it whatever its age. The Dockerfile's steps after FROM run unchanged on
+# this base: both are bookworm with apt, `python3` on PATH and pip for it.
 set -euo pipefail
 
 tag="${1:-localhost/gpu-dra-base:bookworm}"
@@ -25,9 +26,26 @@ if [ "$engine" = buildah ]; then
 else
   inspect=("$engine" image inspect)
 fi
+max_age_days="${MAX_AGE_DAYS:-7}"
+created() {  # the image's creation time in seconds since the epoch, or nothing
+  local out
+  # podman's and buildah's Created is a time value; docker's an RFC 3339 string.
+  if out="$("${inspect[@]}" --format '{{.Created.Unix}}' "$tag" 2>/dev/null)" \
+      && [[ "$out" =~ ^[0-9]+$ ]]; then
+    echo "$out"
+  elif out="$("${inspect[@]}" --format '{{.Created}}' "$tag" 2>/dev/null)"; then
+    date -d "$out" +%s 2>/dev/null || true
+  fi
+}
 if [ "${FORCE:-0}" != 1 ] && "${inspect[@]}" "$tag" >/dev/null 2>&1; then
-  echo "build-local-base: $tag exists (FORCE=1 rebuilds it)"
-  exit 0
+  born="$(created)"
+  age_days=$(( ( $(date +%s) - ${born:-0} ) / 86400 ))
+  if [ "$max_age_days" = 0 ] || { [ -n "$born" ] && [ "$age_days" -lt "$max_age_days" ]; }; then
+    echo "build-local-base: $tag exists, ${age_days} days old (FORCE=1 rebuilds it)"
+    exit 0
+  fi
+  echo "build-local-base: $tag is ${age_days} days old (MAX_AGE_DAYS=$max_age_days): rebuilding" \
+    "it with the mirror's current packages"
 fi
 if ! command -v mmdebstrap >/dev/null 2>&1; then
   echo "build-local-base: mmdebstrap is not installed (apt-get install mmdebstrap)" >&2

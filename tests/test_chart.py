@@ -23,6 +23,7 @@ import yaml
 
 from dra_driver import cli
 from dra_driver.errors import DraError
+from dra_driver.node import nvidiaenv
 from dra_driver.scheduling import cel
 from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV
 
@@ -407,6 +408,8 @@ def test_agent_gets_node_namespace_and_pod_uid_from_the_downward_api() -> None:
 
 # Set by the downward API for the code's own use (namespace of the agent), not a flag.
 NON_FLAG_ENV = {"POD_NAMESPACE", *AGENT_INTERPRETER_ENV}  # the latter: read by the interpreter
+# NVIDIA's names, read by dra_driver/node/nvidiaenv.py (tests/test_chart_nvidia.py)
+NON_FLAG_ENV |= {"FEATURE_GATES", *nvidiaenv.ADDITIONAL_XIDS_VARIABLES, *nvidiaenv.ALIASES}
 
 
 def test_every_variable_the_chart_sets_is_read_by_the_agent() -> None:
@@ -916,6 +919,7 @@ def test_cluster_role_grants_only_the_calls_the_agent_needs() -> None:
         for verb in ("list", "watch", "create", "update", "delete")
     } | {
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),  # status.devices (KEP-4817)
         ("", "nodes", "get"),
         ("", "events", "create"),
         ("", "pods", "get"),  # the containers of a claim's pods (DCGM-compatible telemetry)
@@ -1060,6 +1064,7 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint == {
         "port": "metrics", "path": "/metrics", "interval": "30s", "honorLabels": True,
+        "relabelings": AGENT_POD_RELABELINGS,
     }  # fmt: skip
     ports = {p["name"] for p in agent_container(objects)["ports"]}
     assert "metrics" in ports
@@ -1068,6 +1073,15 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
 
     wanted = dict(label.split("=") for label in DEFAULT_AGENT_SELECTOR.split(","))
     assert wanted.items() <= pod_labels.items()
+
+
+# The agent's own pod and namespace under agent_*, so that an idle GPU's DCGM series (honorLabels)
+# names no pod: tests/test_prometheus_tier.py scrapes through them.
+AGENT_POD_RELABELINGS = [
+    {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "agent_pod"},
+    {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "agent_namespace"},
+    {"action": "labeldrop", "regex": "pod|namespace|container"},
+]
 
 
 def test_pod_monitor_needs_the_metrics_port() -> None:
@@ -1109,11 +1123,13 @@ def test_service_monitor_scrapes_the_agent_pods_through_a_headless_service() -> 
         "interval": "30s",
         "scrapeTimeout": "10s",
         "honorLabels": True,  # the DCGM series' pod/namespace are the claim's pod's
-    }  # no relabelings: the metrics carry their own node label
+        "relabelings": AGENT_POD_RELABELINGS,
+    }  # the metrics carry their own node label
     assert "PodMonitor" not in {o["kind"] for o in objects}
     without = render(*COMBINATIONS["service monitor"], "--set", "metrics.dcgm=false")
     (endpoint,) = one(without, "ServiceMonitor")["spec"]["endpoints"]
     assert "honorLabels" not in endpoint
+    assert "relabelings" not in endpoint
 
 
 def test_service_port_follows_the_metrics_port() -> None:

@@ -304,3 +304,11 @@ def test_gpu_dra_devices_shows_the_devices_shareable_as_consumable_shares_says(
     assert "allowMultipleAllocations" not in obj["spec"]["devices"][0]
     assert gpu_dra_main(["devices", "--simulate", "h100:1", "--consumable-shares", "x"]) == 2
     assert "--consumable-shares (CONSUMABLE_SHARES): 'x'" in capsys.readouterr().err
+
+
+def test_gpu_dra_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_driver import __version__  # noqa: PLC0415
+    from dra_driver.cli import gpu_dra_main  # noqa: PLC0415
+
+    assert gpu_dra_main(["--version"]) == 0
+    assert capsys.readouterr().out == f"gpu-dra {__version__}\n"

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dra_driver import __version__
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.sim.fakedriver import read_nvidia_smi_calls, read_time_slices, simulated_inventory
@@ -75,6 +76,39 @@ def test_the_image_runs_gpu_dra_explain_as_its_non_root_default_user(image: PodI
     assert (uid, gid) == ("65532", "65532")
     assert usage.startswith("usage: gpu-dra explain")
     assert "--simulate SPEC" in usage
+
+
+def test_the_image_tells_its_version_and_lists_its_packages_in_an_sbom(image: PodImage) -> None:
+    names = 'print(",".join(sorted(d.name for d in m.distributions())))'
+    script = (
+        "gpu-dra --version; gpu-dra-webhook --version; "
+        f"python3 -c 'import importlib.metadata as m; {names}'; cat /opt/gpu-dra/sbom.cdx.json"
+    )
+    run = subprocess.run(
+        ["podman", "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "sh",
+         image.tag, "-c", script],
+        env=podman_env(image.conf), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    version, webhook_version, installed, sbom_text = run.stdout.split("\n", 3)
+    assert version == f"gpu-dra {__version__}"
+    assert webhook_version == f"gpu-dra-webhook {__version__}"
+    sbom = json.loads(sbom_text)
+    assert sbom["bomFormat"] == "CycloneDX"
+
+    def norm(name: str) -> str:
+        return name.lower().replace("_", "-").replace(".", "-")
+
+    listed = {norm(c["name"]) for c in sbom["components"]}
+    # the agent's environment (python3 is the venv's in the image), the SBOM tool not in it
+    assert listed - {"gpu-dra"} == {norm(n) for n in installed.split(",")} - {"gpu-dra"}
+    assert {"grpcio", "kubernetes", "pydantic"} <= listed
+    assert "cyclonedx-bom" not in listed
+    inspected = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{index .Labels \"gpu-dra.sbom\"}}", image.tag],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert inspected.stdout.strip() == "/opt/gpu-dra/sbom.cdx.json"
 
 
 def agent_pid(node: Node, image: PodImage, name: str) -> int:

@@ -227,6 +227,7 @@ def test_bad_driver_capabilities_are_a_claim_error_naming_the_value(
         gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e9}}),
         mig(sharing={"strategy": "MPS"}),
         gpu(sharing={"strategy": "TimeSlicing"}),
+        mig(sharing={"strategy": "TimeSlicing"}),  # no effect, accepted as NVIDIA's driver does
         gpu(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": True}}),
         mig(sharing={"strategy": "MPS", "mpsConfig": {"multiUser": False}}),
         gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1}}),
@@ -250,11 +251,6 @@ _ZERO_PERCENTAGE = (
 @pytest.mark.parametrize(
     ("parameters", "why"),
     [
-        (
-            mig(sharing={"strategy": "TimeSlicing"}),
-            "sharing (strategy TimeSlicing) has no effect on a MIG device; remove `sharing` (a "
-            "MIG device is isolated from the others on its GPU)",
-        ),
         (
             gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
             _ZERO_PERCENTAGE,

@@ -273,6 +273,10 @@ def test_every_request_the_client_makes_is_listed_in_api_permissions(
     kubeapi.add_claim(claim())
     kube.get_node("node1")
     kube.get_resource_claim(namespace="ns1", name="claim-a")
+    uid = kubeapi.objects("resourceclaims")[0]["metadata"]["uid"]
+    kube.apply_resource_claim_status(  # the claim's status.devices (claimstatus/)
+        namespace="ns1", name="claim-a", uid=uid, devices=[], field_manager=DRIVER
+    )
     assert kube.get_pod("ns1", "pod-0") is None  # telemetry: the containers of a claim's pods
     kube.create_event(node_name="node1", node_uid=node["metadata"]["uid"], reason="R", message="m")
     stored = kube.create_slice(slice_body())

@@ -166,6 +166,7 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
     DriverMetrics(registry, driver_name=DRIVER, node_name="node1", error_types=ERROR_TYPES)
     text = registry.render()
     assert exposition.types(text) == {
+        "gpu_dra_claim_status_writes_total": "counter",
         "gpu_dra_prepared_devices_missing": "gauge",
         "gpu_dra_published_devices": "gauge",
         "nvidia_dra_node_prepare_errors_total": "counter",
@@ -195,6 +196,9 @@ def test_the_driver_metrics_have_the_names_labels_and_buckets_dashboards_use() -
     for kind in ERROR_TYPES:
         errors = "nvidia_dra_node_prepare_errors_total"
         assert exposition.value(series, errors, **AT, error_type=kind) == 0
+    for result in ("ok", "failed"):  # claim status writes (claimstatus/reporter.py)
+        writes = "gpu_dra_claim_status_writes_total"
+        assert exposition.value(series, writes, **AT, result=result) == 0
 
 
 @pytest.mark.parametrize(

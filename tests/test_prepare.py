@@ -252,10 +252,6 @@ NO_DAEMONS = (
     "sharing (strategy MPS) is not available: this agent was started without --mps-image "
     "(MPS_IMAGE), so it cannot run MPS control daemons"
 )
-NO_EFFECT = (
-    "sharing (strategy TimeSlicing) has no effect on a MIG device; remove `sharing` (a MIG "
-    "device is isolated from the others on its GPU)"
-)
 
 
 @pytest.mark.parametrize(
@@ -263,11 +259,6 @@ NO_EFFECT = (
     [
         ("gpu-0", {"apiVersion": API, "kind": "GpuConfig", "sharing": MPS}, NO_DAEMONS),
         (MIG_3G, {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": MPS}, NO_DAEMONS),
-        (
-            MIG_3G,
-            {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
-            f"the config of request gpus (device {MIG_3G}): {NO_EFFECT}",
-        ),
     ],
 )
 def test_a_sharing_config_is_refused_with_the_field_named_and_other_claims_still_prepare(
@@ -291,6 +282,16 @@ def test_a_sharing_config_is_refused_with_the_field_named_and_other_claims_still
     assert shared["metadata"]["uid"] not in env.checkpoint.snapshot()
     again = env.store.add(allocated_claim(name="exclusive", devices=[device]))
     assert [d.device for d in env.preparer.prepare(env.ref(again))] == [device]
+
+
+def test_time_slicing_of_a_mig_device_is_accepted_with_no_effect_as_nvidias_driver_does(
+    env: Env,
+) -> None:
+    config = {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}
+    claim = env.store.add(allocated_claim(name="c", devices=[MIG_3G], configs=[opaque(config)]))
+    (device,) = env.preparer.prepare(env.ref(claim))
+    assert device.device == MIG_3G
+    assert device.config["sharing"] == {"strategy": "TimeSlicing"}
 
 
 def test_a_sharing_config_that_a_later_config_replaces_is_not_refused(env: Env) -> None:

@@ -45,6 +45,11 @@ def test_the_rules_have_the_alerts_the_chart_promises() -> None:
         "GpuDraThermalSlowdown",
         "GpuDraDeviceTainted",
         "GpuDraAgentNotReady",
+        "GpuDraAgentAbsent",
+        "GpuDraTelemetryStale",
+        "GpuDraPrepareErrors",
+        "GpuDraUnprepareErrors",
+        "GpuDraXidBurst",
     ]
     for alert in alerts():
         assert alert["labels"]["severity"] in ("critical", "warning"), alert["alert"]

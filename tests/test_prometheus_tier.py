@@ -155,7 +155,28 @@ def prometheus_config(tmp: Path, *, metrics_port: int) -> Path:
                 rule["for"] = "1s"
     (tmp / "rules.yaml").write_text(yaml.safe_dump(rules))
     endpoint = pod_monitor_endpoint()
-    target_labels = {**AGENT_POD, "container": "kubelet-plugin", "endpoint": endpoint["port"]}
+    # What the operator's generated scrape config gives the target before the PodMonitor's own
+    # relabelings: the pod's meta labels and its namespace, pod, container and endpoint.
+    target_labels = {
+        **AGENT_POD,
+        "container": "kubelet-plugin",
+        "endpoint": endpoint["port"],
+        "__meta_kubernetes_pod_name": AGENT_POD["pod"],
+        "__meta_kubernetes_namespace": AGENT_POD["namespace"],
+    }
+    relabel_configs = [
+        {
+            key: value
+            for key, value in {
+                "source_labels": rule.get("sourceLabels"),
+                "target_label": rule.get("targetLabel"),
+                "action": rule.get("action"),
+                "regex": rule.get("regex"),
+            }.items()
+            if value is not None
+        }
+        for rule in endpoint.get("relabelings", [])
+    ]
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(tmp / "rules.yaml")],
@@ -164,6 +185,7 @@ def prometheus_config(tmp: Path, *, metrics_port: int) -> Path:
                 "job_name": "gpu-dra",
                 "honor_labels": bool(endpoint.get("honorLabels", False)),
                 "metrics_path": endpoint.get("path", "/metrics"),
+                "relabel_configs": relabel_configs,
                 "static_configs": [
                     {"targets": [f"127.0.0.1:{metrics_port}"], "labels": target_labels}
                 ],
@@ -427,7 +449,15 @@ def test_dcgm_dashboard_12239_queries_return_data_with_the_pod_of_the_claim(tier
         (s["metric"].get("pod"), s["metric"].get("namespace"), s["metric"].get("container"))
         for s in used
     ] == [(POD, POD_NAMESPACE, CONTAINER)]
-    # A GPU no claim holds names no pod of a claim (with honorLabels, the agent's own target
-    # label fills in, as it does for dcgm-exporter's idle GPUs).
+    # A GPU no claim holds names no pod: the PodMonitor moves the agent's own pod to
+    # agent_pod, so `sum by (namespace)` does not count idle GPUs under the agent's namespace.
     idle = tier.query(f'DCGM_FI_DEV_FB_USED{{Hostname="{NODE}", gpu="1"}}')
-    assert idle and all(s["metric"].get("pod") in (None, AGENT_POD["pod"]) for s in idle)
+    assert idle
+    for series in idle:
+        assert "pod" not in series["metric"] and "namespace" not in series["metric"]
+        assert series["metric"]["agent_pod"] == AGENT_POD["pod"]
+    by_namespace = tier.query(f'sum by (namespace) (DCGM_FI_DEV_FB_USED{{Hostname="{NODE}"}})')
+    assert AGENT_POD["namespace"] not in {s["metric"].get("namespace") for s in by_namespace}
+    # dcgm-exporter's err_code and err_msg on the XID series (gpu-0 never had one: 0, No Error)
+    xid = tier.query(f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{NODE}", gpu="0"}}')
+    assert [(s["metric"]["err_code"], s["metric"]["err_msg"]) for s in xid] == [("0", "No Error")]

@@ -286,6 +286,7 @@ class ApiConnection:
         name: str = "",
         stream: bool = False,
         timeout: tuple[float, float] | None = None,
+        content_type: str = "application/json",
     ) -> Any:
         """One HTTP request through the official client's transport; JSON in, JSON (or a
         stream) out."""
@@ -297,7 +298,7 @@ class ApiConnection:
             response = self._rest.request(  # type: ignore[no-untyped-call]
                 method,
                 url,
-                headers=self._get_headers(_SEND_JSON),
+                headers={**self._get_headers(_SEND_JSON), "Content-Type": content_type},
                 body=dict(body) if body is not None else None,
                 _request_timeout=timeout or self._timeout,
             )

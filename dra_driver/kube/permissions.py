@@ -17,6 +17,7 @@ API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
         ("create", "", "events"),
         ("get", "", "pods"),
         ("get", GROUP, "resourceclaims"),
+        ("patch", GROUP, "resourceclaims/status"),
         ("list", GROUP, "resourceslices"),
         ("watch", GROUP, "resourceslices"),
         ("create", GROUP, "resourceslices"),
@@ -26,8 +27,9 @@ API_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
 )
 """Every (verb, API group, resource) the node agent requests across the cluster; "" is the core
 group. The chart's ClusterRole grants exactly these (``get pods``: the containers of a claim's
-pods on the DCGM-compatible telemetry, kube/pods.py). Discovery (``GET /apis/resource.k8s.io``)
-is a non-resource URL every authenticated user may read."""
+pods on the DCGM-compatible telemetry, kube/pods.py; ``patch resourceclaims/status``: the
+prepared devices' ``status.devices`` entries, kube/resourceclaims.py). Discovery
+(``GET /apis/resource.k8s.io``) is a non-resource URL every authenticated user may read."""
 
 MPS_PERMISSIONS: frozenset[tuple[str, str, str]] = frozenset(
     {

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from dra_driver import devices
+from dra_driver.claimstatus.reporter import ClaimStatusReporter
 from dra_driver.errors import (
     CdiError,
     ConfigError,
@@ -265,6 +266,10 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             health=monitor.states,
         )
         monitor.subscribe(plugin.health_changed)
+        if config.claim_status:
+            reporter = _claim_status_reporter(config, kube, plugin, driver_metrics)
+            plugin.claim_observer = reporter
+            stack.callback(reporter.stop)  # after plugin.stop (callbacks run last-in first)
         with _stop_on_signals(stop):
             # Health first: a GPU already unhealthy is tainted in the first slices written.
             monitor.start()
@@ -430,6 +435,7 @@ def _start_telemetry(
         holders=plugin.device_holders,
         heartbeat=Heartbeat("telemetry", stall_s=TELEMETRY_STALL_S) if reader else None,
         dcgm=config.dcgm_metrics,
+        dcgm_host_label=config.dcgm_host_label,
         driver_name=config.driver_name,
         get_pod=get_pod,
     )
@@ -562,3 +568,23 @@ def _rediscover(
 
 
 __all__ = ["Discovery", "health_policy", "keep_unanswering_gpus", "run_agent"]
+
+
+def _claim_status_reporter(
+    config: Config,
+    kube: KubeClient,
+    plugin: KubeletPlugin,
+    driver_metrics: metrics.DriverMetrics | None,
+) -> ClaimStatusReporter:
+    """The started writer of prepared claims' status.devices (claimstatus/, --claim-status)."""
+
+    def count(result: str) -> None:
+        if driver_metrics is not None:
+            writes = driver_metrics.claim_status_writes
+            writes.labels(config.node_name, config.driver_name, result).inc()
+
+    reporter = ClaimStatusReporter(
+        client=kube, driver_name=config.driver_name, inventory=lambda: plugin.inventory, count=count
+    )
+    reporter.start()
+    return reporter

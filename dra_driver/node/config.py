@@ -85,6 +85,10 @@ class Config:
     telemetry_interval_s: float = 10.0
     # Also expose the samples under dcgm-exporter's names and labels (telemetry/dcgm.py).
     dcgm_metrics: bool = True
+    # The node's label on the DCGM series: dcgm-exporter's Hostname (its next release: hostname).
+    dcgm_host_label: str = "Hostname"
+    # After a prepare, write the claim's status.devices entries (KEP-4817, claimstatus/).
+    claim_status: bool = True
     # GPU health (health/decisions.py, health/monitor.py)
     health_ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     health_fatal_xids: frozenset[int] = DEFAULT_FATAL_XIDS
@@ -167,6 +171,13 @@ class Config:
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 "--log-level (LOG_LEVEL)", f"{self.log_level!r}: use debug, info, warning or error"
+            )
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.dcgm_host_label) or (
+            self.dcgm_host_label.startswith("__")
+        ):
+            raise ConfigError(
+                "--dcgm-host-label (DCGM_HOST_LABEL)",
+                f"{self.dcgm_host_label!r} is not a Prometheus label name (e.g. Hostname)",
             )
         if self.cpu_affinity not in CPU_AFFINITIES:
             raise ConfigError(

@@ -8,13 +8,16 @@ With metrics on, each call is counted once (``nvidia_dra_requests_total``), time
 whole handler and counted in flight meanwhile; each failed claim counts one error of its type.
 An empty request (the agent's own readiness probe; the kubelet never sends one) is not counted,
 so probes do not show up as kubelet traffic.
+
+A ``ClaimObserver`` (node/ gives claimstatus/'s reporter) hears of each claim prepared (with its
+devices) or unprepared once the answer is built: it must only take note and return at once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
@@ -32,6 +35,22 @@ def _refs(claims: Iterable[_Claim]) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
 
+class ClaimObserver(Protocol):
+    """Told of each claim prepared or unprepared, after the answer is built; never blocks."""
+
+    def prepared(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[tuple[str, str, str | None]],
+    ) -> None:
+        """``devices``: (pool, device, share ID) of each device the claim was prepared with."""
+
+    def unprepared(self, *, namespace: str, name: str, uid: str) -> None: ...
+
+
 class _Servicer:
     """Both versions in one body; a subclass names its message module and whether it has
     ``share_id`` (v1 only, spec B.3)."""
@@ -39,8 +58,14 @@ class _Servicer:
     _pb2: Any
     _share_ids: bool
 
-    def __init__(self, preparer: Preparer, metrics: DriverMetrics | None = None) -> None:
+    def __init__(
+        self,
+        preparer: Preparer,
+        metrics: DriverMetrics | None = None,
+        observer: ClaimObserver | None = None,
+    ) -> None:
         self._preparer = preparer
+        self._observer = observer
         self._prepare_metrics = metrics.prepare if metrics else None
         self._unprepare_metrics = metrics.unprepare if metrics else None
 
@@ -52,13 +77,23 @@ class _Servicer:
 
     def _prepare(self, request: Any, metrics: RequestMetrics | None) -> Any:
         response = self._pb2.NodePrepareResourcesResponse()
-        for uid, outcome in self._preparer.prepare_batch(_refs(request.claims)).items():
+        refs = _refs(request.claims)
+        by_uid = {r.uid: r for r in refs}
+        for uid, outcome in self._preparer.prepare_batch(refs).items():
             entry = response.claims[uid]
             if outcome.error:
                 entry.error = outcome.error
                 if metrics is not None:
                     metrics.failed(outcome.error_type)
                 continue
+            if self._observer is not None:
+                ref = by_uid[uid]
+                self._observer.prepared(
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    uid=uid,
+                    devices=[(d.pool, d.device, d.share_id) for d in outcome.devices],
+                )
             for d in outcome.devices:
                 device = entry.devices.add(
                     request_names=list(d.request_names),
@@ -72,10 +107,15 @@ class _Servicer:
 
     def _unprepare(self, request: Any, metrics: RequestMetrics | None) -> Any:
         response = self._pb2.NodeUnprepareResourcesResponse()
-        for uid, outcome in self._preparer.unprepare_batch(_refs(request.claims)).items():
+        refs = _refs(request.claims)
+        by_uid = {r.uid: r for r in refs}
+        for uid, outcome in self._preparer.unprepare_batch(refs).items():
             response.claims[uid].error = outcome.error
             if outcome.error and metrics is not None:
                 metrics.failed(outcome.error_type)
+            if not outcome.error and self._observer is not None:
+                ref = by_uid[uid]
+                self._observer.unprepared(namespace=ref.namespace, name=ref.name, uid=uid)
         return response
 
 

@@ -49,6 +49,7 @@ from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.heartbeat import Heartbeat
 from dra_driver.plugin import services, sockets
+from dra_driver.plugin.dra import ClaimObserver
 from dra_driver.plugin.events import EventReporter, node_event_reporter
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthFeed, HealthStates
 from dra_driver.plugin.registration import RegistrationServicer
@@ -100,8 +101,11 @@ class KubeletPlugin:
     ``report_event`` posts a Warning Event on the Node (used when the checkpoint was damaged).
     ``metrics``, when given, is updated by the DRA services. ``health`` gives each device's
     health to the health stream (without it every device is reported UNKNOWN). ``proc_root``
-    and ``boot_id_path`` exist so tests can point them at fake files.
+    and ``boot_id_path`` exist so tests can point them at fake files. ``claim_observer``, set
+    before ``start``, hears of each claim the DRA services prepared or unprepared.
     """
+
+    claim_observer: ClaimObserver | None = None
 
     def __init__(
         self,
@@ -489,7 +493,11 @@ class KubeletPlugin:
             interval_s=self._health_interval_s,
         )
         self._dra_server = services.serve_dra(
-            preparer=preparer, metrics=self.metrics, health=self._health, path=self.paths.dra
+            preparer=preparer,
+            metrics=self.metrics,
+            health=self._health,
+            path=self.paths.dra,
+            observer=self.claim_observer,
         )
         log.info("serving DRA", extra={"socket": str(self.paths.dra)})
 

@@ -9,9 +9,9 @@ never silently ignored, and a GpuConfig on a MIG device (or the reverse) is refu
 
 Decoding is complete, so a mistake anywhere in a config is reported precisely; carrying a config
 out is a separate question (``check_supported``): a config that asks for what the agent does not
-do (time slicing of a MIG device, where it has no effect) is refused for that claim, never
-accepted and ignored. Time slicing of a full GPU and MPS (full GPU or MIG device) are carried
-out by prepare/.
+do is refused for that claim, never accepted and ignored, except where NVIDIA's driver accepts
+it the same way: time slicing of a MIG device, which has no effect on one. Time slicing of a
+full GPU and MPS (full GPU or MIG device) are carried out by prepare/.
 
 ``driverCapabilities`` is an extension of ours (NVIDIA's driver does not know the field): the
 NVIDIA container runtime's ``NVIDIA_DRIVER_CAPABILITIES`` names, which select the driver
@@ -205,8 +205,8 @@ def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> 
     Time slicing of a full GPU (prepare/, timeslice.py) and MPS on a GPU or a MIG device
     (prepare/, mps.py, mpsdaemon.py: whether the agent can run daemons, whether the limits
     fit the devices and whether they can run a multi-user daemon is checked there) are carried
-    out. Refused: time slicing of a MIG device, which has no effect there, and
-    ``defaultActiveThreadPercentage: 0``.
+    out; time slicing of a MIG device is accepted with no effect, as NVIDIA's driver accepts it.
+    Refused: ``defaultActiveThreadPercentage: 0``.
     """
     sharing = config.sharing
     if sharing is None:
@@ -223,11 +223,8 @@ def check_supported(config: DeviceConfig, *, device_name: str, request: str) -> 
                 "for MPS's default (100)"
             )
         return
-    if isinstance(config, MigDeviceConfig):
-        raise ConfigNotSupported(
-            f"{where}: sharing (strategy TimeSlicing) has no effect on a MIG device; remove "
-            "`sharing` (a MIG device is isolated from the others on its GPU)"
-        )
+    # Time slicing of a MIG device: accepted with no effect, as NVIDIA's driver accepts it (a
+    # MIG device has no time slice of its own; the time-slice step acts on full GPUs only).
 
 
 def driver_capabilities(config: DeviceConfig) -> frozenset[str]:

@@ -107,6 +107,39 @@ DCGM_METRIC_NAMES = (*(f.name for f in FIELDS), XID_ERRORS.name)
 """Every DCGM metric name the agent can expose (as written in the exposition)."""
 
 
+HOST_LABEL = "Hostname"
+"""dcgm-exporter's name of the node label (``--dcgm-host-label``; its next release: hostname)."""
+
+# err_msg of DCGM_FI_DEV_XID_ERRORS, as NVIDIA's XID catalog names each XID (docs.nvidia.com
+# "XID Errors"); dcgm-exporter labels its XID series with the same descriptions.
+XID_MESSAGES: dict[int, str] = {
+    0: "No Error",
+    8: "GPU stopped processing",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    38: "Driver firmware error",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    69: "Graphics Engine class error",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+UNKNOWN_XID = "Unknown Error"
+
+
 def dcgm_pci_bus_id(bus_id: str) -> str:
     """NVML's form of a PCI address, as DCGM reports it: ``0000:1b:00.0`` becomes
     ``00000000:1B:00.0``."""
@@ -119,15 +152,18 @@ def dcgm_pci_bus_id(bus_id: str) -> str:
         return bus_id.upper()
 
 
-def identity_labels(target: TelemetryTarget, *, node: str, driver_version: str) -> dict[str, str]:
-    """A device's labels as dcgm-exporter writes them (no pod labels)."""
+def identity_labels(
+    target: TelemetryTarget, *, node: str, driver_version: str, host_label: str = HOST_LABEL
+) -> dict[str, str]:
+    """A device's labels as dcgm-exporter writes them (no pod labels); the node name under
+    ``host_label`` (dcgm-exporter's ``Hostname``; its next release names it ``hostname``)."""
     labels = {
         "gpu": str(target.gpu_index),
         "UUID": target.gpu_uuid or target.uuid,
         "pci_bus_id": dcgm_pci_bus_id(target.pci_bus_id),
         "device": f"nvidia{target.gpu_index}",
         "modelName": target.product_name,
-        "Hostname": node,
+        host_label: node,
         "node": node,
     }
     if target.type == "mig":
@@ -151,6 +187,10 @@ def pod_labels(
             "dra_driver_name": driver,
             "dra_pool_name": node,
         }
+        if target.type == "mig":
+            # dcgm-exporter's DRA labels of a MIG device (its kubernetes.go DRA mapper)
+            dra["dra_mig_profile"] = target.profile
+            dra["dra_mig_device_uuid"] = target.uuid
         for pod in holder.pods:
             use = inputs.pod_uses.get((holder.uid, pod))
             containers = use.containers if use is not None and use.containers else ("",)
@@ -162,13 +202,22 @@ def pod_labels(
     return out or [{}]
 
 
-def dcgm_series(inputs: Inputs, *, node: str, driver: str, driver_version: str) -> list[Metric]:
+def xid_labels(xid: int) -> dict[str, str]:
+    """dcgm-exporter's ``err_code`` and ``err_msg`` of an XID (0: none yet)."""
+    return {"err_code": str(xid), "err_msg": XID_MESSAGES.get(xid, UNKNOWN_XID)}
+
+
+def dcgm_series(
+    inputs: Inputs, *, node: str, driver: str, driver_version: str, host_label: str = HOST_LABEL
+) -> list[Metric]:
     """Every DCGM family of one exposition."""
     families = [_family(f) for f in (*FIELDS, XID_ERRORS)]
     xid_family = families[-1]
     readings = inputs.readings
     for target in inputs.targets:
-        identity = identity_labels(target, node=node, driver_version=driver_version)
+        identity = identity_labels(
+            target, node=node, driver_version=driver_version, host_label=host_label
+        )
         reading = readings.get(target.uuid)
         xid = inputs.last_xids.get(target.name, 0) if inputs.xids is not None else None
         if reading is None and xid is None:
@@ -188,7 +237,7 @@ def dcgm_series(inputs: Inputs, *, node: str, driver: str, driver_version: str) 
                     if value is not None:
                         _add(family, labels, value)
             if xid is not None and target.type == "gpu":
-                _add(xid_family, labels, float(xid))
+                _add(xid_family, {**labels, **xid_labels(xid)}, float(xid))
     return families
 
 
@@ -215,10 +264,12 @@ def describe() -> list[Metric]:
 __all__ = [
     "DCGM_METRIC_NAMES",
     "FIELDS",
+    "HOST_LABEL",
     "dcgm_pci_bus_id",
     "dcgm_series",
     "describe",
     "identity_labels",
     "pod_labels",
     "render_dcgm",
+    "xid_labels",
 ]

@@ -143,6 +143,7 @@ class Telemetry:
         heartbeat: Heartbeat | None = None,
         clock: Callable[[], float] = time.time,
         dcgm: bool = False,
+        dcgm_host_label: str = dcgm.HOST_LABEL,
         driver_name: str = "gpu.nvidia.com",
         get_pod: GetPod | None = None,
     ) -> None:
@@ -153,6 +154,7 @@ class Telemetry:
         self.interval_s = interval_s
         self.heartbeat = heartbeat
         self.dcgm = dcgm
+        self.dcgm_host_label = dcgm_host_label
         self._read = read if interval_s else None
         self._holders = holders
         self._pods = PodMapper(get_pod) if get_pod is not None else None
@@ -298,6 +300,7 @@ class Telemetry:
             node=self.node_name,
             driver=self.driver_name,
             driver_version=self._driver_version,
+            host_label=self.dcgm_host_label,
         )
 
     def _inputs(self) -> Inputs:

@@ -56,6 +56,9 @@ class Holder:
     namespace: str
     name: str
     pods: tuple[str, ...] = ()
+    # the driver's status.devices entry of this device in the claim (KEP-4817): its conditions
+    # and data (GPU/MIG UUID, index, product, profile); None when the claim has none
+    device_status: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,9 @@ class DeviceStatus:
         out["health"] = self.health or None
         out["taints"] = list(self.taints)
         out["claims"] = [
-            {"namespace": h.namespace, "name": h.name, "pods": list(h.pods)} for h in self.claims
+            {"namespace": h.namespace, "name": h.name, "pods": list(h.pods)}
+            | ({"deviceStatus": dict(h.device_status)} if h.device_status is not None else {})
+            for h in self.claims
         ]
         for key, value in (
             ("utilization", self.utilization_ratio),
@@ -338,11 +343,24 @@ def _claims_by_device(
             for c in status.get("reservedFor") or ()
             if c.get("resource") == "pods" and not c.get("apiGroup")
         )
-        holder = Holder(str(meta.get("namespace", "")), str(meta.get("name", "")), pods)
+        written = {
+            (str(e.get("pool", "")), str(e.get("device", ""))): e
+            for e in status.get("devices") or ()
+            if e.get("driver") == driver_name
+        }
         for result in allocation.get("results") or ():
             if result.get("driver") != driver_name:
                 continue
             key = (str(result.get("pool", "")), str(result.get("device", "")))
+            entry = written.get(key)
+            holder = Holder(
+                str(meta.get("namespace", "")),
+                str(meta.get("name", "")),
+                pods,
+                None
+                if entry is None
+                else {"conditions": entry.get("conditions") or [], "data": entry.get("data") or {}},
+            )
             if holder not in held.setdefault(key, []):
                 held[key].append(holder)
     return {key: tuple(hs) for key, hs in held.items()}

@@ -28,6 +28,9 @@ that one value renames the classes, their selectors, the sockets and the CDI ven
 app.kubernetes.io/name: {{ include "gpu-dra.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: kubelet-plugin
+{{- with .Values.selectorLabelsOverride }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "gpu-dra.labels" -}}
@@ -115,4 +118,23 @@ resource.k8s.io/v1 (as NVIDIA's chart does; empty: none).
 {{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+{{- end }}
+
+{{/*
+Scrape settings with the DCGM-compatible series on. Those series carry the pod, namespace and
+container of each claim's pods, as dcgm-exporter's do (honorLabels keeps them instead of renaming
+them exported_*). The agent's own pod, namespace and container are moved to agent_pod and
+agent_namespace and dropped as pod/namespace/container, so a GPU no claim holds names no pod: a
+`sum by (namespace)` counts it under no namespace rather than the agent's. Every series keeps its
+node label; two agents of one node during a rolling update differ by instance and agent_pod.
+*/}}
+{{- define "gpu-dra.podLabelRelabelings" -}}
+honorLabels: true
+relabelings:
+  - sourceLabels: [__meta_kubernetes_pod_name]
+    targetLabel: agent_pod
+  - sourceLabels: [__meta_kubernetes_namespace]
+    targetLabel: agent_namespace
+  - action: labeldrop
+    regex: pod|namespace|container
 {{- end }}

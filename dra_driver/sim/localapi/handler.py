@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from dra_driver.sim.localapi import claimstatus
 from dra_driver.sim.localapi.conversion import to_storage, to_version
 from dra_driver.sim.localapi.resources import (
     KINDS,
@@ -122,8 +123,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             route = route_of(url.path, api)
             verb = verb_of(method, route, query)
-            api.requests.append(Request(verb, route.resource, route.namespace, route.name))
-            fault = api._take_fault(verb, route.resource)
+            api.requests.append(Request(verb, route.logged, route.namespace, route.name))
+            fault = api._take_fault(verb, route.logged)
             if fault is not None:
                 reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone"}
                 raise ApiError(
@@ -132,7 +133,10 @@ class Handler(BaseHTTPRequestHandler):
             if verb == "watch":
                 self._watch(route, query)
                 return
-            status, out = self._serve(verb, route, query, body)
+            if route.subresource:
+                status, out = self._serve_status(verb, route, query, body)
+            else:
+                status, out = self._serve(verb, route, query, body)
             if verb != "get":
                 self._send(status, out)
                 return
@@ -204,6 +208,54 @@ class Handler(BaseHTTPRequestHandler):
             if verb == "delete":
                 return 200, self._delete(route, body)
         raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported by the fake API server")
+
+    def _serve_status(
+        self, verb: str, route: Route, query: Mapping[str, str], body: JsonDict | None
+    ) -> tuple[int, JsonDict]:
+        """GET, apply PATCH and PUT of a ResourceClaim's status subresource (claimstatus.py)."""
+        api = self.api
+        key = (route.resource, route.namespace, route.name)
+        with api._cond:
+            stored = api._state.objects.get(key)
+            if stored is None:
+                raise not_found(route)
+            if verb == "get":
+                return 200, to_version(route, stored, with_type=True)
+            owners = api._status_owners.setdefault(key, {})
+            if verb == "patch":
+                content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+                if content_type != claimstatus.APPLY_PATCH:
+                    raise ApiError(
+                        415,
+                        "UnsupportedMediaType",
+                        f"the local API server applies only {claimstatus.APPLY_PATCH} to "
+                        f"status, not {content_type!r}",
+                    )
+                if not query.get("fieldManager"):
+                    raise ApiError(
+                        422,
+                        "Invalid",
+                        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: '
+                        "Required value: is required for apply patch",
+                    )
+                new = claimstatus.apply_status(
+                    stored, to_storage(route, _require_body(body)),
+                    manager=query["fieldManager"], force=query.get("force") == "true",
+                    owners=owners, enabled=api.device_status,
+                )  # fmt: skip
+            elif verb == "update":
+                sent = to_storage(route, _require_body(body))
+                rv = (sent.get("metadata") or {}).get("resourceVersion")
+                if rv and rv != stored["metadata"]["resourceVersion"]:
+                    raise ApiError(409, "Conflict", "the object has been modified")
+                new = claimstatus.replace_status(stored, sent, enabled=api.device_status)
+                owners.clear()
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{verb} on resourceclaims/status")
+            if new != stored:
+                new["metadata"] = dict(stored["metadata"])
+                api._store(route.resource, key, new, "MODIFIED")
+            return 200, to_version(route, new, with_type=True)
 
     def _create(self, route: Route, body: JsonDict | None) -> JsonDict:
         api = self.api

@@ -40,6 +40,12 @@ class Route:
     version: str  # "v1" for core, else the resource.k8s.io version
     namespace: str
     name: str
+    subresource: str = ""  # "status" (ResourceClaims only: claimstatus.py)
+
+    @property
+    def logged(self) -> str:
+        """The resource as RBAC names it: ``resourceclaims/status`` for the subresource."""
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
 
 
 def api_version(route: Route) -> str:

@@ -76,6 +76,9 @@ def route_of(path: str, api: FakeKubeApi) -> Route:
     namespace = ""
     if len(rest) >= 2 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
+    subresource = ""
+    if len(rest) == 3 and rest[0] == "resourceclaims" and rest[2] == "status":
+        subresource, rest = "status", rest[:2]
     if not rest or rest[0] not in KINDS or len(rest) > 2:
         raise not_found
     resource = rest[0]
@@ -89,7 +92,7 @@ def route_of(path: str, api: FakeKubeApi) -> Route:
     # A namespaced resource may be listed across namespaces, but not read by name without one.
     if (namespace and not namespaced) or (namespaced and not namespace and len(rest) == 2):
         raise not_found
-    return Route(resource, version, namespace, rest[1] if len(rest) == 2 else "")
+    return Route(resource, version, namespace, rest[1] if len(rest) == 2 else "", subresource)
 
 
 def verb_of(method: str, route: Route, query: Mapping[str, str]) -> str:

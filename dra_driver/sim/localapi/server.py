@@ -34,6 +34,7 @@ class FakeKubeApi:
         tls_dir: Path | None = None,
         device_taint_rule_versions: Iterable[str] = (),
         get_latency_s: float = 0.0,
+        device_status: bool = True,
     ) -> None:
         """``tls_dir``: serve HTTPS with a fresh self-signed certificate written there
         (``ca.crt``; needed by clients that insist on TLS, like the in-cluster configuration).
@@ -44,7 +45,8 @@ class FakeKubeApi:
         a cluster): this server's own work on the request (headers, routing, encoding) counts
         toward it, and a sleep makes up the rest, so the latency is what was asked for, not
         that plus the work of a Python server. ``get_seconds`` collects the latency of every
-        such GET as answered."""
+        such GET as answered. ``device_status``: the DRAResourceClaimDeviceStatus feature (on by
+        default, GA in 1.37); off, ``status.devices`` written to a claim is dropped silently."""
         self.versions = tuple(versions)
         self.get_latency_s = get_latency_s
         self.get_seconds: list[float] = []
@@ -53,6 +55,9 @@ class FakeKubeApi:
         self.tls_dir = tls_dir
         self.token = token
         self.validate = validate
+        self.device_status = device_status
+        # field manager of each status.devices entry per claim (server-side apply, claimstatus.py)
+        self._status_owners: dict[tuple[str, str, str], dict[tuple[str, str, str, str], str]] = {}
         self.requests: list[Request] = []
         self.kubeconfig_path: Path | None = None  # set by write_kubeconfig
         self._port = port
@@ -287,7 +292,9 @@ class FakeKubeApi:
     def permissions_used(self) -> set[tuple[str, str, str]]:
         """(verb, group, resource) of every logged resource request (discovery excluded)."""
         return {
-            (r.verb, group_of(r.resource), r.resource) for r in self.requests if r.resource in KINDS
+            (r.verb, group_of(r.resource.split("/")[0]), r.resource)
+            for r in self.requests
+            if r.resource.split("/")[0] in KINDS
         }
 
     # --- storage (call with self._cond held) -----------------------------------------------------
