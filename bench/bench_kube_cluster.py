@@ -38,7 +38,7 @@ from typing import Any
 from bench.table import Row, print_table
 from dra_driver.sim.demo import DEMO_SIMULATE
 from dra_driver.sim.elfdriver import build_libraries
-from tests.cluster import Cluster, journey, objects
+from tests.cluster import Cluster, journey, objects, simulate_value
 from tests.kubebins import bin_dir
 from tests.test_deployed import Builds
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = Cluster(bin=folder, work=work / "c")
         try:
             cluster.start()
-            cluster.install_chart("--set", f"simulate={DEMO_SIMULATE}")
+            cluster.install_chart(*simulate_value(DEMO_SIMULATE))
             cluster.start_agents(builds=builds, simulate=DEMO_SIMULATE, gpus=6)
             objects.create(cluster.control, TEMPLATE)
             _one(cluster, "warmup-floor", gpu=False)

@@ -29,6 +29,11 @@ NAMESPACE = "gpu-dra"
 DRIVER = "gpu.nvidia.com"
 
 
+def simulate_value(spec: str) -> tuple[str, str]:
+    """``--set simulate=SPEC`` with the commas of a mixed node escaped (helm splits on them)."""
+    return "--set", "simulate=" + spec.replace(",", "\\,")
+
+
 def helm_binary() -> str | None:
     local = REPO / ".tools" / "bin" / "helm"
     return str(local) if os.access(local, os.X_OK) else shutil.which("helm")
@@ -122,7 +127,7 @@ class Cluster:
         agent is stopped (SIGTERM, as the kubelet stops a deleted Pod's container) and the new
         Pod's agent started."""
         old = {name: agent.pod["metadata"]["uid"] for name, agent in self.agents.items()}
-        self.install_chart("--set", f"simulate={simulate}", *values)
+        self.install_chart(*simulate_value(simulate), *values)
         for name, node in self.nodes.items():
             pod = self.agent_pod(name, not_uid=old[name])
             self.agents[name].stop()

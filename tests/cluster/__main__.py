@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dra_driver.sim.demo import DEMO_SIMULATE
 from dra_driver.sim.elfdriver import build_libraries
-from tests.cluster import Cluster
+from tests.cluster import Cluster, simulate_value
 from tests.kubebins import bin_dir
 from tests.test_deployed import PROBE_C, Builds
 
@@ -53,7 +53,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
         cluster.start()
-        cluster.install_chart("--set", f"simulate={args.simulate}")
+        cluster.install_chart(*simulate_value(args.simulate))
         cluster.start_agents(builds=builds, simulate=args.simulate, gpus=GPUS)
         kubeconfig = cluster.control.admin_kubeconfig
         print(f"cluster up: {', '.join(cluster.nodes)}")

@@ -17,7 +17,7 @@ import pytest
 
 from dra_driver.sim.demo import DEMO_SIMULATE
 from dra_driver.sim.elfdriver import build_libraries
-from tests.cluster import Cluster, helm_binary
+from tests.cluster import Cluster, helm_binary, simulate_value
 from tests.kubebins import kube_bin, required_in_ci
 from tests.test_deployed import PROBE_C, Builds
 
@@ -60,12 +60,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, cluster_builds: Builds) ->
     cluster = Cluster(bin=bin_dir, work=work)
     try:
         cluster.start()
-        cluster.install_chart("--set", f"simulate={SIMULATE}")
+        cluster.install_chart(*simulate_value(SIMULATE))
         cluster.start_agents(builds=cluster_builds, simulate=SIMULATE, gpus=GPUS)
-    except BaseException:
+    except Exception as exc:
         logs = cluster.logs()
         cluster.stop()
-        raise AssertionError(f"the cluster did not come up; logs:\n{logs}") from None
+        raise AssertionError(f"the cluster did not come up: {exc}\nlogs:\n{logs}") from exc
     try:
         yield cluster
     finally:

@@ -38,10 +38,12 @@ def test_each_agent_publishes_its_nodes_gpus_and_the_kubelet_registered_it(
         # the slices are the agent's own (written with its pod-bound token: the admission
         # policy let them through), one pool per node
         assert {s["spec"]["pool"]["name"] for s in slices} == {name}
-    # the kubelet's DRA manager registered the plugin (its log says so, with the endpoint)
+    # the kubelet's DRA manager registered the plugin, connected to the DRA socket the
+    # registration named, and opened the health stream (its log says so)
     for name, node in cluster.nodes.items():
         log = (node.work / "kubelet.log").read_text(errors="replace")
-        assert "Register new DRA plugin" in log or "DRA plugin" in log, (name, log[-3000:])
+        assert 'driverName="gpu.nvidia.com"' in log and "connected=true" in log, (name, log[-3000:])
+        assert "Successfully started WatchResources health stream" in log, name
 
 
 def _as_agent(cluster: Cluster, token: str, method: str, path: str, body: Any) -> tuple[int, str]:
@@ -83,7 +85,11 @@ def test_the_admission_policy_refuses_a_token_bound_to_another_nodes_pod(cluster
         _slice(node_b, "forged-by-a"),
     )  # fmt: skip
     assert status == 403, body
-    assert f'may only write ResourceSlices of that node, not of node "{node_b}"' in body
+    message = json.loads(body)["message"]
+    assert (
+        f'agent on node {node_a} may only write ResourceSlices of that node, not of node "{node_b}"'
+        in message
+    )
     # deleting node b's real slice with node a's token: refused the same way
     (victim, *_) = cluster.slices(node_b)
     status, body = _as_agent(
@@ -91,6 +97,7 @@ def test_the_admission_policy_refuses_a_token_bound_to_another_nodes_pod(cluster
         f"/apis/resource.k8s.io/v1/resourceslices/{victim['metadata']['name']}", {},
     )  # fmt: skip
     assert status == 403, body
+    assert "may only write ResourceSlices of that node" in json.loads(body)["message"]
     assert objects.get(cluster.control, "ResourceSlice", victim["metadata"]["name"]) is not None
     # the same token may write its own node's slices (RBAC and the policy both allow it)
     status, body = _as_agent(
