@@ -104,14 +104,11 @@ class HollowNode:
             return []
         return [json.loads(line) for line in self.cdi_log.read_text().splitlines() if line]
 
-    def cdi_devices(self, namespace: str, pod: str) -> list[str]:
+    def cdi_devices(self, pod: dict[str, Any]) -> list[str]:
+        """The CDI devices the kubelet had the runtime inject into ``pod``'s containers."""
+        uid = pod["metadata"]["uid"]
         return sorted(
-            {
-                device
-                for c in self.created_containers()
-                if c["namespace"] == namespace and c["pod"] == pod
-                for device in c["cdiDevices"]
-            }
+            {d for c in self.created_containers() if c["podUID"] == uid for d in c["cdiDevices"]}
         )
 
 

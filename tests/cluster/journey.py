@@ -231,7 +231,7 @@ def run_example(cluster: Cluster, path: Path) -> None:
                 got.append(alloc.devices)
             allocated.setdefault(node, []).extend(got)
             # the kubelet handed the runtime CDI IDs, each declared by a spec on the node
-            ids = cluster.nodes[node].cdi_devices(ns, name)
+            ids = cluster.nodes[node].cdi_devices(pod)
             assert ids, f"the kubelet passed no CDI device for {ns}/{name}"
             declared = set().union(*cdi_specs(cluster, node).values())
             assert set(ids) <= declared, (ids, sorted(declared))

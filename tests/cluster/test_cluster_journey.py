@@ -81,7 +81,7 @@ def test_a_legacy_pod_asking_for_nvidia_com_gpu_runs_through_the_extended_resour
         assert alloc.results[0]["driver"] == DRIVER
         assert alloc.devices[0].startswith("gpu-") and "-mig-" not in alloc.devices[0]
         node = pod["spec"]["nodeName"]
-        ids = cluster.nodes[node].cdi_devices("default", "legacy-gpu")
+        ids = cluster.nodes[node].cdi_devices(pod)
         assert ids and all(i.startswith("k8s.gpu.nvidia.com/") for i in ids), ids
     finally:
         _cleanup(cluster, ["legacy-gpu"], [])

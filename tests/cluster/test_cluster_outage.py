@@ -40,6 +40,7 @@ def test_an_api_server_outage_in_a_batch_loses_and_duplicates_nothing(cluster: C
                 .get("spec", {}).get("nodeName")
                 for n in names
             ),
+            timeout_s=120,
         )  # fmt: skip
         cluster.control.stop_apiserver_and_etcd()
         stopped = time.monotonic()
