@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -435,6 +436,29 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
             print(f"  {name:<15} {text}", file=sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2
     command, rest = args[0], args[1:]
+    if command == "kubelet-plugin":
+        return main(rest)
+    return _quiet_on_a_closed_pipe(lambda: _tool(command, rest))
+
+
+def _quiet_on_a_closed_pipe(run: Callable[[], int]) -> int:
+    """``run()``, ending quietly when the reader of our output goes away (``gpu-dra explain …
+    | head``): as a C tool killed by SIGPIPE would, exit status 141, no traceback. Only the
+    tools get this: the agent keeps Python's SIGPIPE handling, so a socket write never kills it."""
+    try:
+        code = run()
+        sys.stdout.flush()  # inside the try: a write left in the buffer fails here, not at exit
+    except BrokenPipeError:
+        # Python flushes stdout again at exit and would print the error there: point the
+        # descriptor at /dev/null first (the recipe of the signal module's documentation)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+    return code
+
+
+def _tool(command: str, rest: list[str]) -> int:
     if command == "explain":
         return explain_main(rest)
     if command == "devices":
@@ -447,9 +471,7 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         from dra_driver.sim.faults import main as simulate_event_main  # noqa: PLC0415
 
         return simulate_event_main(rest)
-    if command == "gpu-check":
-        return gpu_check_main(rest)
-    return main(rest)
+    return gpu_check_main(rest)
 
 
 def gpu_check_main(argv: Sequence[str]) -> int:

@@ -254,6 +254,35 @@ def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
     assert ("get", "resourceclaims", "default", "x") not in kubeapi.requests
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>502 Bad Gateway</html>",
+        b'{"metadata": {"uid": ' + b"[" * 10_000 + b"]" * 10_000 + b"}}",
+        b'{"status": {"allocation": {"devices": {"config": ' + b"[" * 10_000 + b"]" * 10_000
+        + b"}}}}",
+    ],
+)
+def test_a_claim_the_api_server_answers_with_garbage_fails_alone(
+    plugin: KubeletPlugin, kubeapi: FakeKubeApi, body: bytes
+) -> None:
+    """Issue 37: a claim whose JSON is nested 10,000 deep raised RecursionError out of the
+    batch (gRPC said UNKNOWN and the good claims got no answer); a 200 with a body that is not
+    JSON was taken for the claim and refused as "has UID None"."""
+    good = kubeapi.add_claim(allocated_claim(name="good", devices=["gpu-2"]))
+    bad = kubeapi.add_claim(allocated_claim(name="bad", devices=["gpu-3"]))
+    kubeapi.answer_raw("get", "resourceclaims", body, name="bad")
+    with channel(plugin.paths.dra) as ch:
+        answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(good), v1_claim(bad)]), timeout=5
+        )
+    assert answer.claims[good["metadata"]["uid"]].error == ""
+    error = answer.claims[bad["metadata"]["uid"]].error
+    assert error.startswith("cannot get ResourceClaim default/bad: get resourceclaims/bad")
+    assert "broken answer from the API server (HTTP 200)" in error
+    assert "UID None" not in error
+
+
 def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)

@@ -123,7 +123,10 @@ class Handler(BaseHTTPRequestHandler):
             route = route_of(url.path, api)
             verb = verb_of(method, route, query)
             api.requests.append(Request(verb, route.resource, route.namespace, route.name))
-            fault = api._take_fault(verb, route.resource)
+            fault = api._take_fault(verb, route.resource, route.name)
+            if fault is not None and fault.body is not None:
+                self._send_bytes(fault.status, fault.body)
+                return
             if fault is not None:
                 reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone"}
                 raise ApiError(
