@@ -94,7 +94,10 @@ def test_bad_yaml_is_an_input_error_with_file_and_position(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"\x7fELF\x02\x01\x01\x00\xff\xfe", "not UTF-8 text (byte 0xff at offset 8); expected YAML or JSON"),
+        (
+            b"\x7fELF\x02\x01\x01\x00\xff\xfe",
+            "not UTF-8 text (byte 0xff at offset 8); expected YAML or JSON",
+        ),
         (b"a: " + b"[" * 5000 + b"]" * 5000, "YAML nested deeper than explain reads"),
     ],
 )

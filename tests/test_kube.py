@@ -285,7 +285,7 @@ def test_an_error_status_with_a_body_that_is_no_json_object_keeps_its_status(
     kubeapi.answer_raw("get", "resourceclaims", b"[]", name="claim-a", status=404)
     assert kube.get_resource_claim(namespace="ns1", name="claim-a") is None
     kubeapi.answer_raw("get", "resourceclaims", deep_json(5000), name="claim-b", status=403)
-    with pytest.raises(KubeForbidden, match="may not 'get' resourceclaims.resource.k8s.io"):
+    with pytest.raises(KubeForbidden, match=r"may not 'get' resourceclaims\.resource\.k8s\.io"):
         kube.get_resource_claim(namespace="ns1", name="claim-b")
 
 

@@ -340,9 +340,11 @@ def _decoded(
     except RecursionError:  # the C decoder's own depth limit (about 1,000 levels here)
         problem = "the body is JSON nested deeper than this agent decodes"
     if status >= 400:
-        body = decoded if not problem and isinstance(decoded, Mapping) else {
-            "message": data[:200].decode("utf-8", "replace")
-        }
+        body = (
+            decoded
+            if not problem and isinstance(decoded, Mapping)
+            else {"message": data[:200].decode("utf-8", "replace")}
+        )
         raise status_error(
             status, body, verb=verb, resource=resource, namespace=namespace, name=name
         )

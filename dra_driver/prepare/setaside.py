@@ -57,18 +57,19 @@ def prune(
     for index, (_, path, size) in enumerate(found):
         if index == 0 and size > max_bytes:
             _cut(path, max_bytes)
-            size = max_bytes
-        if kept_files < max_files and kept_bytes + size <= max_bytes:
+        kept_size = min(size, max_bytes) if index == 0 else size
+        if kept_files < max_files and kept_bytes + kept_size <= max_bytes:
             kept_files += 1
-            kept_bytes += size
+            kept_bytes += kept_size
             continue
         try:
             path.unlink()
         except FileNotFoundError:
             continue
         except OSError as exc:
-            log.warning("cannot remove an old set-aside file", extra={"path": str(path),
-                                                                      "error": str(exc)})
+            log.warning(
+                "cannot remove an old set-aside file", extra={"path": str(path), "error": str(exc)}
+            )
             continue
         log.warning(
             "removed an old set-aside file (at most %d files, %d MiB are kept)",
