@@ -26,6 +26,7 @@ from dra_driver.health.decisions import (
     parse_xids,
 )
 from dra_driver.node.config import Config
+from dra_driver.node.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S
 from dra_driver.paths import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
@@ -262,6 +263,15 @@ FLAGS: tuple[Flag, ...] = (
         "driver, which does not know them (docs/migration.md)",
         _bool,
         False,
+    ),
+    Flag(
+        "--shutdown-timeout",
+        "SHUTDOWN_TIMEOUT",
+        "shutdown_timeout_s",
+        "seconds from SIGTERM until the agent exits even with a prepare still stuck (keep it "
+        "below the pod's terminationGracePeriodSeconds)",
+        _seconds,
+        DEFAULT_SHUTDOWN_TIMEOUT_S,
     ),
     Flag(
         "--rediscover-interval",
