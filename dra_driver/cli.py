@@ -268,8 +268,7 @@ FLAGS: tuple[Flag, ...] = (
         "--shutdown-timeout",
         "SHUTDOWN_TIMEOUT",
         "shutdown_timeout_s",
-        "seconds from SIGTERM until the agent exits even with a prepare still stuck (keep it "
-        "below the pod's terminationGracePeriodSeconds)",
+        "seconds from SIGTERM until the agent exits, whatever is still stuck",
         _seconds,
         DEFAULT_SHUTDOWN_TIMEOUT_S,
     ),
@@ -453,14 +452,12 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
 
 def _quiet_on_a_closed_pipe(run: Callable[[], int]) -> int:
     """``run()``, ending quietly when the reader of our output goes away (``gpu-dra explain …
-    | head``): as a C tool killed by SIGPIPE would, exit status 141, no traceback. Only the
-    tools get this: the agent keeps Python's SIGPIPE handling, so a socket write never kills it."""
+    | head``): status 141 as after SIGPIPE, no traceback (not for the agent: its sockets keep
+    Python's SIGPIPE handling). stdout then goes to /dev/null, else the flush at exit fails."""
     try:
         code = run()
-        sys.stdout.flush()  # inside the try: a write left in the buffer fails here, not at exit
+        sys.stdout.flush()
     except BrokenPipeError:
-        # Python flushes stdout again at exit and would print the error there: point the
-        # descriptor at /dev/null first (the recipe of the signal module's documentation)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)

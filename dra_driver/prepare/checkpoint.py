@@ -336,13 +336,7 @@ class Checkpoint:
     def _move_aside(self) -> dict[Path, Path]:
         """Rename snapshot, then journal, to ``<name>.corrupt-<ts>``; return old -> new."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        # after the highest number taken this second, never a gap setaside.prune left: the
-        # number orders the files of one second, and prune removes the lowest first
-        n = 0
-        for p in (self.path, self.journal_path):
-            for taken in p.parent.glob(f"{p.name}.corrupt-{stamp}*"):
-                number = taken.name[len(f"{p.name}.corrupt-{stamp}") :].lstrip("-")
-                n = max(n, int(number) + 1 if number.isdigit() else 1)
+        n = setaside.next_number((self.path, self.journal_path), kind="corrupt", stamp=stamp)
         suffix = f".corrupt-{stamp}{f'-{n}' if n else ''}"
         moved = {}
         # snapshot first: a crash in between leaves a journal without a snapshot, which is

@@ -83,6 +83,19 @@ def prune(
     return removed
 
 
+def next_number(paths: Iterable[Path], *, kind: str, stamp: str) -> int:
+    """The ``n`` of a new ``<name>.<kind>-<stamp>[-<n>]`` for every one of ``paths``: after
+    the highest one taken this second, never a gap :func:`prune` left (``n`` orders the files
+    of one second, and prune removes the lowest first). 0 when none is taken."""
+    n = 0
+    for path in paths:
+        prefix = f"{path.name}.{kind}-{stamp}"
+        for taken in path.parent.glob(f"{prefix}*"):
+            number = taken.name[len(prefix) :].lstrip("-")
+            n = max(n, int(number) + 1 if number.isdigit() else 1)
+    return n
+
+
 def _cut(path: Path, max_bytes: int) -> None:
     try:
         os.truncate(path, max_bytes)
