@@ -188,3 +188,39 @@ def test_the_rbac_lists_of_the_docs_are_the_chart_cluster_role() -> None:
     troubleshooting = (REPO / "docs/troubleshooting.md").read_text()
     assert rbac_list(install, "allows exactly the calls the agent makes:") == granted
     assert rbac_list(troubleshooting, "or grant exactly:") == granted
+
+
+BIG = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: big, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel:
+            expression: >-
+              device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0
+        - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}
+"""
+
+
+def test_the_explain_sample_in_troubleshooting_is_what_explain_prints(tmp_path: Path) -> None:
+    """troubleshooting.md's sample: its command run on the claim its text describes; every
+    line it shows after ``...`` is a line of the real output."""
+    text = (REPO / "docs/troubleshooting.md").read_text()
+    block = text.split("$ gpu-dra explain big.yaml", 1)[1].split("```", 1)[0]
+    args, _, shown = block.partition("\n")
+    sample = [line for line in shown.splitlines() if line and line != "..."]
+    (tmp_path / "big.yaml").write_text(BIG)
+    gpu_dra = Path(sys.executable).parent / "gpu-dra"
+    result = subprocess.run(
+        [str(gpu_dra), "explain", "big.yaml", *shlex.split(args)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert len(sample) == 3
+    assert [line for line in sample if line not in result.stdout.splitlines()] == []
