@@ -22,7 +22,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -386,8 +385,3 @@ def test_a_cel_selector_compiles_or_is_a_compile_error(expression: str) -> None:
 def test_a_quantity_parses_or_is_a_quantity_error(text: str) -> None:
     with contextlib.suppress(QuantityError):
         bounded(lambda: parse_quantity(text))
-
-
-def test_the_tier_writes_nothing_into_the_tree() -> None:
-    assert FUZZ.database is None
-    assert not (Path(__file__).parent / ".hypothesis").exists()
