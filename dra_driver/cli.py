@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from dra_driver.health.decisions import (
 )
 from dra_driver.node.config import Config
 from dra_driver.node.nvidiaenv import read_nvidia_environment
+from dra_driver.node.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S
 from dra_driver.paths import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
@@ -280,6 +282,14 @@ FLAGS: tuple[Flag, ...] = (
         False,
     ),
     Flag(
+        "--shutdown-timeout",
+        "SHUTDOWN_TIMEOUT",
+        "shutdown_timeout_s",
+        "seconds from SIGTERM until the agent exits, whatever is still stuck",
+        _seconds,
+        DEFAULT_SHUTDOWN_TIMEOUT_S,
+    ),
+    Flag(
         "--rediscover-interval",
         "REDISCOVER_INTERVAL",
         "rediscover_interval_s",
@@ -462,6 +472,27 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
             print(f"  {name:<15} {text}", file=sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2
     command, rest = args[0], args[1:]
+    if command == "kubelet-plugin":
+        return main(rest)
+    return _quiet_on_a_closed_pipe(lambda: _tool(command, rest))
+
+
+def _quiet_on_a_closed_pipe(run: Callable[[], int]) -> int:
+    """``run()``, ending quietly when the reader of our output goes away (``gpu-dra explain …
+    | head``): status 141 as after SIGPIPE, no traceback (not for the agent: its sockets keep
+    Python's SIGPIPE handling). stdout then goes to /dev/null, else the flush at exit fails."""
+    try:
+        code = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+    return code
+
+
+def _tool(command: str, rest: list[str]) -> int:
     if command == "explain":
         return explain_main(rest)
     if command == "devices":
@@ -474,9 +505,7 @@ def gpu_dra_main(argv: Sequence[str] | None = None) -> int:
         from dra_driver.sim.faults import main as simulate_event_main  # noqa: PLC0415
 
         return simulate_event_main(rest)
-    if command == "gpu-check":
-        return gpu_check_main(rest)
-    return main(rest)
+    return gpu_check_main(rest)
 
 
 def gpu_check_main(argv: Sequence[str]) -> int:

@@ -124,6 +124,10 @@ class PrepareError(DraError):
     """One claim could not be prepared or unprepared; reported as that claim's error."""
 
 
+class LimitExceeded(PrepareError):
+    """A request or claim carries more than a limit of prepare/limits.py allows."""
+
+
 class ClaimNotFound(PrepareError):
     """The ResourceClaim does not exist, or exists with another UID (deleted and re-created)."""
 

@@ -538,16 +538,61 @@ def test_extra_tolerations_are_added_to_the_gpu_taint_toleration() -> None:
     assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
 
 
-def test_default_affinity_selects_nodes_with_an_nvidia_pci_device_or_the_operator_label() -> None:
-    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+def places_the_agent_on(objects: list[dict[str, Any]], labels: dict[str, str]) -> bool:
+    """Whether the DaemonSet's required node affinity matches a node with ``labels`` (terms
+    ORed, expressions ANDed; the operators the chart uses)."""
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    keys = [[e["key"] for e in term["matchExpressions"]] for term in terms]
-    assert keys == [["feature.node.kubernetes.io/pci-10de.present"], ["nvidia.com/gpu.present"]]
-    for term in terms:
-        assert term["matchExpressions"][0]["operator"] == "In"
-        assert term["matchExpressions"][0]["values"] == ["true"]
+
+    def matches(expression: dict[str, Any]) -> bool:
+        if expression["operator"] == "In":
+            return labels.get(expression["key"]) in expression["values"]
+        assert expression["operator"] == "Exists", expression
+        return expression["key"] in labels
+
+    return any(all(matches(e) for e in term["matchExpressions"]) for term in terms)
+
+
+NFD = "feature.node.kubernetes.io"
+
+
+@pytest.mark.parametrize(
+    ("labels", "placed"),
+    [
+        ({f"{NFD}/pci-0302_10de.present": "true"}, True),  # stock NFD: an H100 (3D controller)
+        ({f"{NFD}/pci-0300_10de.present": "true"}, True),  # stock NFD: a VGA-class NVIDIA GPU
+        ({f"{NFD}/pci-10de.present": "true"}, True),  # NFD with vendor-only labels
+        ({"nvidia.com/gpu.present": "true"}, True),  # the GPU operator's feature discovery
+        ({f"{NFD}/pci-0300_1a03.present": "true"}, False),  # a BMC's VGA device, no NVIDIA
+        ({"nvidia.com/gpu.present": "false"}, False),
+        ({}, False),
+    ],
+)
+def test_the_default_affinity_matches_stock_nfd_the_vendor_label_and_the_operator_label(
+    labels: dict[str, str], placed: bool
+) -> None:
+    """Issue 37: keyed on pci-10de alone, no agent started on a cluster with stock NFD."""
+    assert places_the_agent_on(render(), labels) is placed
+
+
+def test_the_gpu_node_labels_are_configurable_and_never_empty() -> None:
+    objects = render("--set", "kubeletPlugin.gpuNodeLabels={example.com/gpu}")
+    assert places_the_agent_on(objects, {"example.com/gpu": "true"})
+    assert not places_the_agent_on(objects, {"nvidia.com/gpu.present": "true"})
+    assert "gpuNodeLabels" in render_error("--set", "kubeletPlugin.gpuNodeLabels=null")
+    assert "gpuNodeLabels" in render_error("--set-json", "kubeletPlugin.gpuNodeLabels=[]")
+    assert "gpuNodeLabels" in render_error("--set", "kubeletPlugin.gpuNodeLabels={bad key!}")
+
+
+@pytest.mark.parametrize("shares", ["memory", "compute", "unlimited", "4"])
+def test_the_schema_refuses_consumable_shares_without_mps_as_the_agent_would(shares: str) -> None:
+    """Issue 37: this rendered, and the agent then crash-looped (refuse_unenforced_shares)."""
+    error = render_error("--set", f"consumableShares={shares}", "--set", "mps.enabled=false")
+    assert "/mps/enabled" in error and "value must be true" in error
+    render("--set", f"consumableShares={shares}")
+    render("--set", "consumableShares=disabled", "--set", "mps.enabled=false")
 
 
 def test_an_affinity_from_values_replaces_the_default() -> None:
@@ -1290,10 +1335,13 @@ def test_the_schema_refuses_consumable_shares_the_agent_would_refuse(value: str)
 def test_the_deployed_agent_refuses_consumable_shares_without_mps_to_enforce_them(
     tmp_path: Path,
 ) -> None:
-    """The DaemonSet's command with the environment the chart renders for consumableShares with
-    MPS off: the agent exits at once with the flag's name and why (docs/publishing.md)."""
+    """The DaemonSet's command with the environment the chart would render for consumableShares
+    with MPS off, which its schema refuses (the test above): should the schema be skipped
+    (``--skip-schema-validation``), the agent exits at once with the flag's name and why
+    (docs/publishing.md)."""
     container = agent_container(
         render(
+            "--skip-schema-validation",
             "--set",
             "consumableShares=memory",
             "--set",

@@ -7,6 +7,7 @@ prepare.py's use of them (precedence, refusal per claim) is tested in tests/test
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -216,6 +217,26 @@ def test_bad_driver_capabilities_are_a_claim_error_naming_the_value(
         with pytest.raises(ConfigDecodeError) as info:
             decode(make(driverCapabilities=names))
         assert message in str(info.value)
+
+
+def test_a_huge_capability_list_is_checked_in_linear_time() -> None:
+    """Issue 37: 650,000 valid names (repeats of the known ones) hung a prepare worker, since
+    each name was counted in the whole list. 40,000 took about 12 s that way; one pass takes
+    milliseconds, so a second is a bound with room for a slow machine."""
+    names = list(ALL_DRIVER_CAPABILITIES) * (40_000 // len(ALL_DRIVER_CAPABILITIES))
+    started = time.perf_counter()
+    with pytest.raises(ConfigDecodeError, match="'compute' is listed more than once"):
+        decode(gpu(driverCapabilities=names))
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_config_with_many_problems_names_the_first_few_and_counts_the_rest() -> None:
+    with pytest.raises(ConfigDecodeError) as info:
+        decode(gpu(driverCapabilities=list(range(1000))))
+    message = str(info.value)
+    assert message.count("Input should be a valid string") == 5
+    assert message.endswith("; and 995 more")
+    assert len(message) < 1000
 
 
 # -- what the agent can carry out ---------------------------------------------------------------

@@ -91,6 +91,42 @@ def test_bad_yaml_is_an_input_error_with_file_and_position(tmp_path: Path) -> No
     assert "claim.yaml:2:1: invalid YAML" in err
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b"\x7fELF\x02\x01\x01\x00\xff\xfe",
+            "not UTF-8 text (byte 0xff at offset 8); expected YAML or JSON",
+        ),
+        (b"a: " + b"[" * 5000 + b"]" * 5000, "YAML nested deeper than explain reads"),
+    ],
+)
+def test_a_binary_or_absurdly_nested_file_is_an_input_error_not_a_traceback(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    """Issue 37: ``gpu-dra explain /bin/ls`` printed a UnicodeDecodeError traceback."""
+    path = tmp_path / "claim.yaml"
+    path.write_bytes(content)
+    out, err = io.StringIO(), io.StringIO()
+    assert main([str(path), "--simulate", SIMULATE], stdout=out, stderr=err) == 2
+    assert err.getvalue() == f"gpu-dra explain: error: {path}: {message}\n"
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """Issue 37: ``gpu-dra explain … | head`` printed a BrokenPipeError traceback. The reader is
+    gone before the command writes: its first write fails."""
+    path = tmp_path / "claim.yaml"
+    path.write_text(CLAIM)
+    code = "import sys; from dra_driver.cli import gpu_dra_main; sys.exit(gpu_dra_main())"
+    command = [sys.executable, "-c", code, "explain", str(path), "--simulate", SIMULATE]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()
+        stderr = process.stderr.read().decode()
+        assert process.wait(timeout=60) == 141, stderr
+    assert stderr == ""
+
+
 def test_unknown_class_is_an_input_error(tmp_path: Path) -> None:
     rc, _, err = explain(tmp_path, CLAIM.replace("gpu.nvidia.com", "nope"), "--simulate", SIMULATE)
     assert rc == 2

@@ -3,6 +3,7 @@ objects from files): claims in use, admin access, DeviceTaintRules, claims alrea
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from pathlib import Path
@@ -58,7 +59,9 @@ def held(namespace: str, name: str, *devices: str, admin: bool = False) -> dict[
                         for d in devices
                     ]
                 },
-                "nodeSelector": ON_H100_NODE,
+                # a copy: a test may change its claim's selector (it was this dict by
+                # reference, and changing one changed every later claim: issue 37)
+                "nodeSelector": copy.deepcopy(ON_H100_NODE),
             }
         },
     }

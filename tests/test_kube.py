@@ -247,6 +247,48 @@ def test_a_missing_claim_is_none(kubeapi: FakeKubeApi, kube: KubeClient) -> None
     assert ("get", "resourceclaims", "ns1", "claim-a") in kubeapi.requests
 
 
+def deep_json(depth: int) -> bytes:
+    """A claim whose opaque parameters are nested ``depth`` lists deep, as an API server that
+    stored it returns it (its own decoder allows 10,000 levels)."""
+    head = b'{"metadata": {"name": "claim-a", "uid": "u"}, "status": {"x": '
+    return head + b"[" * depth + b"]" * depth + b"}}"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"<html>502 Bad Gateway</html>", "the body is not JSON"),
+        (b'{"metadata": {"name": "claim-a"', "the body is not JSON"),
+        (b"[1, 2]", "the body is a JSON list, not an object"),
+        (b'"claim"', "the body is a JSON str, not an object"),
+        (deep_json(10_000), "the body is JSON nested deeper than this agent decodes"),
+    ],
+)
+def test_a_success_whose_body_is_no_json_object_is_a_broken_answer_not_a_claim(
+    kubeapi: FakeKubeApi, kube: KubeClient, body: bytes, problem: str
+) -> None:
+    """Issue 37: a 200 with an HTML page became the claim ``{"message": ...}`` (then refused as
+    "has UID None"), and JSON nested 10,000 deep raised RecursionError out of the client."""
+    kubeapi.add_claim(claim())
+    kubeapi.answer_raw("get", "resourceclaims", body, name="claim-a")
+    with pytest.raises(KubeUnavailable) as info:
+        kube.get_resource_claim(namespace="ns1", name="claim-a")
+    assert str(info.value).startswith(
+        "get resourceclaims/claim-a in namespace ns1: broken answer from the API server (HTTP 200)"
+    )
+    assert problem in str(info.value)
+
+
+def test_an_error_status_with_a_body_that_is_no_json_object_keeps_its_status(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    kubeapi.answer_raw("get", "resourceclaims", b"[]", name="claim-a", status=404)
+    assert kube.get_resource_claim(namespace="ns1", name="claim-a") is None
+    kubeapi.answer_raw("get", "resourceclaims", deep_json(5000), name="claim-b", status=403)
+    with pytest.raises(KubeForbidden, match=r"may not 'get' resourceclaims\.resource\.k8s\.io"):
+        kube.get_resource_claim(namespace="ns1", name="claim-b")
+
+
 def test_events_are_recorded_on_the_node(kubeapi: FakeKubeApi, kube: KubeClient) -> None:
     node = kubeapi.add_node("node1")
     kube.create_event(

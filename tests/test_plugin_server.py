@@ -32,6 +32,7 @@ from dra_driver.node.config import Config
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
+from dra_driver.prepare.limits import MAX_CLAIMS_PER_REQUEST
 from dra_driver.sharing.shares import ShareEnforcer
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory, write_capability
 from dra_driver.sim.localapi import FakeKubeApi
@@ -254,6 +255,37 @@ def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
     assert ("get", "resourceclaims", "default", "x") not in kubeapi.requests
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>502 Bad Gateway</html>",
+        b'{"metadata": {"uid": ' + b"[" * 10_000 + b"]" * 10_000 + b"}}",
+        b'{"status": {"allocation": {"devices": {"config": '
+        + b"[" * 10_000
+        + b"]" * 10_000
+        + b"}}}}",
+    ],
+)
+def test_a_claim_the_api_server_answers_with_garbage_fails_alone(
+    plugin: KubeletPlugin, kubeapi: FakeKubeApi, body: bytes
+) -> None:
+    """Issue 37: a claim whose JSON is nested 10,000 deep raised RecursionError out of the
+    batch (gRPC said UNKNOWN and the good claims got no answer); a 200 with a body that is not
+    JSON was taken for the claim and refused as "has UID None"."""
+    good = kubeapi.add_claim(allocated_claim(name="good", devices=["gpu-2"]))
+    bad = kubeapi.add_claim(allocated_claim(name="bad", devices=["gpu-3"]))
+    kubeapi.answer_raw("get", "resourceclaims", body, name="bad")
+    with channel(plugin.paths.dra) as ch:
+        answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(good), v1_claim(bad)]), timeout=5
+        )
+    assert answer.claims[good["metadata"]["uid"]].error == ""
+    error = answer.claims[bad["metadata"]["uid"]].error
+    assert error.startswith("cannot get ResourceClaim default/bad: get resourceclaims/bad")
+    assert "broken answer from the API server (HTTP 200)" in error
+    assert "UID None" not in error
+
+
 def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
@@ -266,26 +298,37 @@ def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
         )
 
 
-def test_a_batch_of_1000_claims_gets_1000_answers(
+def test_a_batch_of_the_most_claims_a_request_may_carry_gets_an_answer_each(
     plugin: KubeletPlugin, kubeapi: FakeKubeApi
 ) -> None:
+    most = MAX_CLAIMS_PER_REQUEST
     claims = []
-    for i in range(1000):
+    for i in range(most + 1):
         claim = allocated_claim(name=f"admin-{i}", devices=[f"gpu-{i % 8}"])
         claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
         claims.append(kubeapi.add_claim(claim))
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
+        too_many = stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1_claim(c) for c in claims]), timeout=45
+        )
+        assert len(too_many.claims) == most + 1
+        assert {e.error for e in too_many.claims.values()} == {
+            f"the request names {most + 1} claims, more than the {most} one request may carry "
+            "(docs/plugin.md#limits); none of them was handled"
+        }
+        assert ("get", "resourceclaims", "default", "admin-0") not in kubeapi.requests
+        claims = claims[:most]
         answer = stub.NodePrepareResources(
             v1.NodePrepareResourcesRequest(claims=[v1_claim(c) for c in claims]), timeout=45
         )
-        assert len(answer.claims) == 1000
+        assert len(answer.claims) == most
         assert all(e.error == "" and len(e.devices) == 1 for e in answer.claims.values())
-        assert len(list(plugin.settings.cdi_root.glob("*.json"))) == 1000
+        assert len(list(plugin.settings.cdi_root.glob("*.json"))) == most
         gone = stub.NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(c) for c in claims]), timeout=45
         )
-    assert len(gone.claims) == 1000 and all(e.error == "" for e in gone.claims.values())
+    assert len(gone.claims) == most and all(e.error == "" for e in gone.claims.values())
     assert list(plugin.settings.cdi_root.glob("*.json")) == []
 
 

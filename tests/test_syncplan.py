@@ -4,6 +4,9 @@ Pure: no server involved."""
 from __future__ import annotations
 
 import copy
+from typing import Any
+
+import pytest
 
 from dra_driver.devices import NodeDevices, Taint
 from dra_driver.publish.slices import SliceContent
@@ -186,3 +189,86 @@ def test_dropped_taints_and_counters_name_their_feature_gates() -> None:
     counters = pool.slices[0]
     assert [d.gate for d in dropped_fields(counters, SliceContent())] == ["DRAPartitionableDevices"]
     assert dropped_fields(sent, sent) == ()
+
+
+# --- slice rewrites mutation testing found untested (issue 37) -----------------------------------
+
+
+def one_slice_pool() -> tuple[NodeDevices, list[dict[str, object]]]:
+    devices = NodeDevices(devices=tuple(gpu(i) for i in range(4)))
+    return devices, publish(build(devices))
+
+
+@pytest.mark.parametrize(
+    "stored_change",
+    [
+        {"nodeName": "other-node"},
+        {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": []}]}},
+        {"allNodes": True},
+        {"perDeviceNodeSelection": True},
+    ],
+    ids=["nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection"],
+)
+def test_a_stored_slice_whose_node_selection_differs_is_rewritten(
+    stored_change: dict[str, object],
+) -> None:
+    devices, existing = one_slice_pool()
+    stored = copy.deepcopy(existing)
+    spec = stored[0]["spec"]
+    assert isinstance(spec, dict)
+    spec.update(stored_change)
+    plan = plan_sync(build(devices), stored, node_uid="node-uid")
+    assert [w.index for w in plan.updates] == [0]
+    written = plan.updates[0].body["spec"]
+    assert written["nodeName"] == NODE
+    assert not {"nodeSelector", "allNodes", "perDeviceNodeSelection"} & set(written)
+
+
+def tainted(*taints: Taint) -> NodeDevices:
+    return NodeDevices(devices=tuple(gpu(i, taints=taints if i == 1 else ()) for i in range(4)))
+
+
+LOST = Taint(key="gpu.nvidia.com/gpu-lost", value="", effect="NoSchedule")
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        Taint(key="gpu.nvidia.com/xid", value="", effect="NoSchedule"),
+        Taint(key="gpu.nvidia.com/gpu-lost", value="79", effect="NoSchedule"),
+        Taint(key="gpu.nvidia.com/gpu-lost", value="", effect="NoExecute"),
+    ],
+    ids=["key", "value", "effect"],
+)
+def test_a_taint_that_differs_in_key_value_or_effect_is_a_change(other: Taint) -> None:
+    stored = publish(build(tainted(LOST)))
+    plan = plan_sync(build(tainted(other)), stored, node_uid="node-uid")
+    assert [w.index for w in plan.updates] == [0]
+
+
+def with_time_added(devices: list[Any], when: str) -> None:
+    for device in devices:
+        for taint in device.get("taints") or ():
+            taint["timeAdded"] = when
+
+
+@pytest.mark.parametrize(
+    ("desired_time", "stored_time", "changed"),
+    [
+        ("2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", False),  # within the 1 s tolerance
+        ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z", False),
+        ("2026-01-01T00:00:00Z", "2026-01-01T00:00:02Z", True),
+        ("2026-01-01T00:00:03Z", "2026-01-01T00:00:00Z", True),
+    ],
+)
+def test_taint_times_are_equal_within_one_second(
+    desired_time: str, stored_time: str, changed: bool
+) -> None:
+    stored = copy.deepcopy(publish(build(tainted(LOST))))
+    for obj in stored:
+        with_time_added(obj["spec"]["devices"], stored_time)  # type: ignore[index]
+    desired = build(tainted(LOST))
+    for desired_slice in desired.slices:
+        with_time_added(list(desired_slice.devices), desired_time)
+    plan = plan_sync(desired, stored, node_uid="node-uid")
+    assert bool(plan.updates) is changed

@@ -329,15 +329,35 @@ class ApiConnection:
 def _decoded(
     status: int, data: bytes | None, *, verb: str, resource: str, namespace: str, name: str
 ) -> Any:
-    """A response body as JSON; a KubeError for an error status."""
+    """A response body as JSON; a KubeError for an error status, and KubeUnavailable for a
+    success whose body is not a JSON object (a proxy's HTML page, a truncated body, JSON nested
+    deeper than the decoder's recursion limit): never a made-up object in its place."""
     data = data or b"{}"
+    problem = ""
     try:
         decoded = json.loads(data)
-    except ValueError:
-        decoded = {"message": data[:200].decode("utf-8", "replace")}
+    except ValueError as exc:
+        problem = f"the body is not JSON ({exc})"
+    except RecursionError:  # the C decoder's own depth limit (about 1,000 levels here)
+        problem = "the body is JSON nested deeper than this agent decodes"
     if status >= 400:
+        body = (
+            decoded
+            if not problem and isinstance(decoded, Mapping)
+            else {"message": data[:200].decode("utf-8", "replace")}
+        )
         raise status_error(
-            status, decoded, verb=verb, resource=resource, namespace=namespace, name=name
+            status, body, verb=verb, resource=resource, namespace=namespace, name=name
+        )
+    if not problem and not isinstance(decoded, dict):
+        problem = f"the body is a JSON {type(decoded).__name__}, not an object"
+    if problem:
+        what = _describe(verb, resource, namespace=namespace, name=name)
+        raise KubeUnavailable(
+            f"{what}: broken answer from the API server (HTTP {status}): {problem}",
+            verb=verb,
+            resource=resource,
+            status=status,
         )
     return decoded
 

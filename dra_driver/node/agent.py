@@ -53,6 +53,7 @@ from dra_driver.node import cpuaffinity, log
 from dra_driver.node.config import Config
 from dra_driver.node.http_server import HttpServer, metrics_server
 from dra_driver.node.probes import ProbeServer, SocketChecker
+from dra_driver.node.shutdown import ShutdownDeadline
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
@@ -160,9 +161,10 @@ class _NodeState:
 
 
 @contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+def _stop_on_signals(stop: threading.Event, deadline: ShutdownDeadline) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         logger.info("stopping on signal", extra={"signal": signal.Signals(signum).name})
+        deadline.arm()
         stop.set()
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -187,9 +189,10 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
     elif pinned is not None:
         logger.info("the agent runs on one CPU (--cpu-affinity one)", extra={"cpu": pinned})
     stop = stop or threading.Event()
+    deadline = ShutdownDeadline(config.shutdown_timeout_s)
     with ExitStack() as stack:
         # From the start: a SIGTERM during start-up stops cleanly too (simulated GPUs' files).
-        stack.enter_context(_stop_on_signals(stop))
+        stack.enter_context(_stop_on_signals(stop, deadline))
         discovery = Discovery(config, stack)
         inventory = discovery.discover()
         mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
@@ -270,7 +273,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             reporter = _claim_status_reporter(config, kube, plugin, driver_metrics)
             plugin.claim_observer = reporter
             stack.callback(reporter.stop)  # after plugin.stop (callbacks run last-in first)
-        with _stop_on_signals(stop):
+        with _stop_on_signals(stop, deadline):
             # Health first: a GPU already unhealthy is tainted in the first slices written.
             monitor.start()
             stack.callback(monitor.stop)

@@ -13,6 +13,7 @@ from dra_driver.devices import MIG_MODES, MigMode, TaintEffect
 from dra_driver.errors import ConfigError
 from dra_driver.health.decisions import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, EFFECTS
 from dra_driver.node.cpuaffinity import CPU_AFFINITIES
+from dra_driver.node.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S
 from dra_driver.paths import (
     DEFAULT_CDI_HOOK,
     DEFAULT_CDI_ROOT,
@@ -81,6 +82,8 @@ class Config:
     log_level: str = "info"
     cpu_affinity: str = "all"  # cpuaffinity.py: all, or one CPU for every thread
     rediscover_interval_s: float = 60.0
+    # Seconds from SIGTERM until the process ends itself whatever is still running (shutdown.py)
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     # Seconds between telemetry samples (GPU and MIG readings on /metrics); 0 turns them off.
     telemetry_interval_s: float = 10.0
     # Also expose the samples under dcgm-exporter's names and labels (telemetry/dcgm.py).

@@ -28,7 +28,8 @@ Rules:
 - Damage (snapshot truncated, not JSON, wrong checksum, unknown future version; a journal line
   with a wrong checksum, or a gap in the sequence numbers) never stops the plugin: snapshot and
   journal are moved aside as ``<name>.corrupt-<ts>`` and reported; the caller rebuilds the
-  state (the preparer: from the CDI specs on disk and the API).
+  state (the preparer: from the CDI specs on disk and the API). The files moved aside are kept
+  to a bounded number and size, oldest removed first (setaside.py).
 
 ``ClaimLocks`` (checkpointlocks.py) serialises work on one claim across threads and processes.
 The names other modules import from here are re-exported from those three modules.
@@ -49,6 +50,7 @@ from typing import Any, Generic, TypeVar
 
 from dra_driver.errors import CheckpointCorrupt, CheckpointError
 from dra_driver.fsutil import fsync_dir, write_all
+from dra_driver.prepare import setaside
 from dra_driver.prepare.checkpointformat import (
     apply_entries,
     claim_member,
@@ -334,12 +336,7 @@ class Checkpoint:
     def _move_aside(self) -> dict[Path, Path]:
         """Rename snapshot, then journal, to ``<name>.corrupt-<ts>``; return old -> new."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        n = 0
-        while any(
-            p.with_name(f"{p.name}.corrupt-{stamp}{f'-{n}' if n else ''}").exists()
-            for p in (self.path, self.journal_path)
-        ):
-            n += 1
+        n = setaside.next_number((self.path, self.journal_path), kind="corrupt", stamp=stamp)
         suffix = f".corrupt-{stamp}{f'-{n}' if n else ''}"
         moved = {}
         # snapshot first: a crash in between leaves a journal without a snapshot, which is
@@ -350,6 +347,9 @@ class Checkpoint:
                 os.rename(p, target)
                 moved[p] = target
         fsync_dir(self.path.parent)
+        setaside.prune(
+            self.path.parent, names=(self.path.name, self.journal_path.name), kind="corrupt"
+        )
         return moved
 
     def _set_claims(self, claims: Mapping[str, ClaimRecord], *, seq: int) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dra_driver import cdi
 from dra_driver.errors import ClaimNotFound, ConfigDecodeError, PrepareError
 from dra_driver.prepare.checkpoint import ClaimRecord, PreparedDevice
+from dra_driver.prepare.limits import check_claim, shown
 from dra_driver.prepare.targets import DeviceTarget
 
 if TYPE_CHECKING:
@@ -162,11 +163,12 @@ def plan_claim(
     uid = get(claim, "metadata", "uid")
     if uid != ref.uid:
         raise ClaimNotFound(
-            f"{where} has UID {uid!r}, not {ref.uid!r} (it was deleted and re-created)"
+            f"{where} has UID {shown(uid)}, not {ref.uid!r} (it was deleted and re-created)"
         )
     allocation = get(claim, "status", "allocation")
     if not isinstance(allocation, Mapping):
         raise PrepareError(f"{where} is not allocated")
+    check_claim(where, allocation, driver_name=driver_name)
     _check_node(where, allocation, node_name)
     results = _list(get(allocation, "devices", "results"), f"{where}: allocation results")
     configs = _decode_configs(where, allocation, driver_name)
@@ -326,10 +328,12 @@ def _check_node(where: str, allocation: Mapping[str, Any], node_name: str) -> No
     if not isinstance(selector, Mapping):
         return
     names: list[str] = []
-    for term in selector.get("nodeSelectorTerms") or ():
-        for match in (term or {}).get("matchFields") or ():
+    for term in _items(selector.get("nodeSelectorTerms")):
+        for match in _items(term.get("matchFields")):
             if match.get("key") == "metadata.name" and match.get("operator") == "In":
-                names.extend(str(v) for v in match.get("values") or ())
+                values = match.get("values")
+                if isinstance(values, list):
+                    names.extend(v for v in values if isinstance(v, str))
     if names and node_name not in names:
         raise PrepareError(
             f"{where} is allocated on node {', '.join(sorted(set(names)))}, "
@@ -405,6 +409,11 @@ def get(obj: Any, *path: str) -> Any:
             return None
         obj = obj.get(key)
     return obj
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    """The objects of a list in a claim (anything else in their place is not ours to read)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def _list(value: Any, what: str) -> list[Any]:

@@ -58,6 +58,7 @@ from dra_driver.prepare.checkpoint import (
     Phase,
     PreparedDevice,
 )
+from dra_driver.prepare.limits import batch_refusal
 from dra_driver.prepare.outcome import Outcome, error_type
 from dra_driver.prepare.plan import (
     ClaimPlan,
@@ -214,6 +215,11 @@ class Preparer(Repair):
         self, refs: Sequence[ClaimRef], one: Callable[[ClaimRef], Outcome]
     ) -> dict[str, Outcome]:
         unique = list({r.uid: r for r in refs}.values())
+        refused = batch_refusal(len(unique))
+        if refused is not None:
+            return {
+                r.uid: Outcome(error=str(refused), error_type=error_type(refused)) for r in unique
+            }
         if len(unique) <= 1:
             return {r.uid: one(r) for r in unique}
         return dict(zip((r.uid for r in unique), self._pool.map(one, unique), strict=True))

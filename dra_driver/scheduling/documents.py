@@ -19,15 +19,19 @@ JSON = dict[str, Any]
 
 def load_documents(source: str, *, stdin: TextIO | None = None) -> list[JSON]:
     """YAML (or JSON) documents from a file or ``-``; a ``kind: List`` is expanded."""
-    if source == "-":
-        text = (stdin or sys.stdin).read()
-        label = "<stdin>"
-    else:
-        try:
+    label = "<stdin>" if source == "-" else source
+    try:
+        if source == "-":
+            text = (stdin or sys.stdin).read()
+        else:
             text = Path(source).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ExplainError(f"{source}: cannot read: {exc.strerror or exc}") from exc
-        label = source
+    except OSError as exc:
+        raise ExplainError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ExplainError(
+            f"{label}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}); expected YAML or JSON"
+        ) from exc
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.MarkedYAMLError as exc:
@@ -36,6 +40,8 @@ def load_documents(source: str, *, stdin: TextIO | None = None) -> list[JSON]:
         raise ExplainError(f"{where}: invalid YAML: {exc.problem}") from exc
     except yaml.YAMLError as exc:
         raise ExplainError(f"{label}: invalid YAML: {exc}") from exc
+    except RecursionError as exc:  # PyYAML composes nodes recursively
+        raise ExplainError(f"{label}: YAML nested deeper than explain reads") from exc
     out: list[JSON] = []
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict):

@@ -124,7 +124,10 @@ class Handler(BaseHTTPRequestHandler):
             route = route_of(url.path, api)
             verb = verb_of(method, route, query)
             api.requests.append(Request(verb, route.logged, route.namespace, route.name))
-            fault = api._take_fault(verb, route.logged)
+            fault = api._take_fault(verb, route.logged, route.name)
+            if fault is not None and fault.body is not None:
+                self._send_bytes(fault.status, fault.body)
+                return
             if fault is not None:
                 reasons = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone"}
                 raise ApiError(

@@ -183,6 +183,23 @@ class FakeKubeApi:
                 Fault(status, message or f"injected {status}", times)
             )
 
+    def answer_raw(
+        self,
+        verb: str,
+        resource: str,
+        body: bytes,
+        *,
+        name: str = "",
+        status: int = 200,
+        times: int | None = None,
+    ) -> None:
+        """Answer ``verb`` on ``resource`` (the object ``name`` only, when given) with ``body``
+        as it is, under ``status``: a broken proxy, a truncated answer, JSON no client decodes."""
+        with self._cond:
+            self._faults.setdefault((verb, resource), []).append(
+                Fault(status, "", times, body=body, name=name)
+            )
+
     def forbid(self, verb: str, resource: str) -> None:
         """Deny ``verb`` on ``resource`` the way RBAC does (403 with the real message)."""
         group = group_of(resource)
@@ -318,16 +335,16 @@ class FakeKubeApi:
         self._cond.notify_all()
         return obj
 
-    def _take_fault(self, verb: str, resource: str) -> Fault | None:
+    def _take_fault(self, verb: str, resource: str, name: str = "") -> Fault | None:
         with self._cond:
             faults = self._faults.get((verb, resource))
-            if not faults:
+            fault = next((f for f in faults or () if f.name in ("", name)), None)
+            if faults is None or fault is None:
                 return None
-            fault = faults[0]
             if fault.times is not None:
                 fault.times -= 1
                 if fault.times <= 0:
-                    faults.pop(0)
+                    faults.remove(fault)
             return fault
 
     def _drop(self, obj: JsonDict) -> None:

@@ -26,6 +26,8 @@ class Fault:
     status: int
     message: str
     times: int | None  # None = until cleared
+    body: bytes | None = None  # sent as it is, in place of a Status object (answer_raw)
+    name: str = ""  # only for this object ("": any)
 
 
 @dataclass
