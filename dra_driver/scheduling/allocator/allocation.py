@@ -204,6 +204,8 @@ def _request_data(
 def _fill_all_devices(
     search: Search, datas: dict[tuple[int, int, int], RequestData], pools: list[Pool]
 ) -> None:
+    """Every device an 'All' request selects; Abort when one reaches an incomplete or invalid
+    pool."""
     for key, data in datas.items():
         if data.request.allocation_mode != "All":
             continue
@@ -214,7 +216,9 @@ def _fill_all_devices(
                 f"request {data.full_name}: asks for all devices, but resource pool "
                 f"{p.driver}/{p.name} is currently {'invalid' if p.invalid else 'being updated'}"
             )
-            continue
+            # The scheduler checks this while it sets the requests up, before its search
+            # (validateDeviceRequest): the whole attempt fails, whatever the other requests.
+            raise Abort(data.all_error)
         data.all_devices = [c for c in search.candidates if search.selector_verdict(key, c)]
         data.num_devices = len(data.all_devices)
 
@@ -285,6 +289,15 @@ def _configs(search: Search, ci: int, claim: Claim) -> tuple[JSON, ...]:
         for data in chosen:
             if (data.parent or data.request.name) in wanted or data.full_name in wanted:
                 configs.append({"source": "FromClaim", "requests": wanted, **body})
+    # A config that names every request of the claim (or the sub-request each one got) names
+    # none: "empty means all", as the scheduler writes it (1.37, incubating allocator).
+    for config in configs:
+        names = config["requests"]
+        if names and all(
+            (data.parent or data.request.name) in names or data.full_name in names
+            for data in chosen
+        ):
+            config["requests"] = []
     return tuple(configs)
 
 
