@@ -442,8 +442,13 @@ class _Compiler(Macros, Literals):
             return self.comprehension(tree, name, recv_tree, arg_trees)
         if name in ("optMap", "optFlatMap"):
             return self.opt_map(tree, name, recv_tree, arg_trees)
-        recv = self.visit(recv_tree)
-        args = [self.visit(a) for a in arg_trees]
+        exempt = name == "format"
+        self.format_depth += exempt
+        try:
+            recv = self.visit(recv_tree)
+            args = [self.visit(a) for a in arg_trees]
+        finally:
+            self.format_depth -= exempt
         if name not in _METHODS:
             raise self.fail_at(at, f"undeclared reference to '{name}' (in container '')")
         result = _result_type(name, recv.type, [a.type for a in args])
