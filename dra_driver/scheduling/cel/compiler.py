@@ -17,6 +17,7 @@ from dra_driver.scheduling.cel.literals import Literals
 from dra_driver.scheduling.cel.macros import Macros
 from dra_driver.scheduling.cel.parse import _PASS_THROUGH
 from dra_driver.scheduling.cel.regex import _REGEX_FUNCS, _regex
+from dra_driver.scheduling.cel.strings import format_problem
 from dra_driver.scheduling.cel.runtime import (
     _arith,
     _check_int,
@@ -457,6 +458,8 @@ class _Compiler(Macros, Literals):
             raise self.fail_at(
                 at, f"found no matching overload for '{name}' applied to '{recv.type}.({shown})'"
             )
+        if name == "format" and recv.kind == "lit" and len(args) == 1:
+            self._check_format(recv, args[0], at)
         if name in _REGEX_FUNCS and args:
             self._check_regex(args[0], lambda message: self.fail_at(at, message))
         impl = _METHODS[name]
@@ -472,6 +475,15 @@ class _Compiler(Macros, Literals):
         return self._maybe_fold(
             Expr("call", fn, result, tree.meta, name=name, parts=tuple(args), target=recv)
         )
+
+    def _check_format(self, recv: Expr, arg: Expr, at: int) -> None:
+        """cel-go's compile-time check of a constant format string over a list literal."""
+        fmt = recv.fn({})
+        if type(fmt) is not str or arg.kind not in ("list", "lit") or arg.type.name != "list":
+            return
+        problem = format_problem(fmt, [_format_arg(e) for e in arg.parts])
+        if problem is not None:
+            raise self.fail_at(at, problem)
 
     def call(self, tree: lark.Tree[Any]) -> Expr:
         name = str(tree.children[0])
@@ -526,3 +538,25 @@ class _Compiler(Macros, Literals):
             folded.line, folded.column, folded.start, folded.end = e.line, e.column, e.start, e.end
             return folded
         return e
+
+
+def _format_arg(e: Expr) -> tuple[str, tuple[Any, ...]]:
+    """An element of format's list literal as ``strings.format_problem`` reads it: the kind of
+    its static type (``"any"`` for a device attribute's value) and a nested literal's elements."""
+    if _is_attribute_value(e):
+        return "any", ()
+    nested = tuple(_format_arg(p) for p in e.parts) if e.kind in ("list", "lit") else ()
+    return e.type.name, nested
+
+
+def _is_attribute_value(e: Expr) -> bool:
+    """``device.attributes[domain].name`` (or ``[name]``): an attribute's value."""
+    domain = e.target if e.kind in ("select", "index") else None
+    attributes = domain.target if domain is not None and domain.kind in ("select", "index") else None
+    return (
+        attributes is not None
+        and attributes.kind == "select"
+        and attributes.name == "attributes"
+        and attributes.target is not None
+        and attributes.target.type == DEVICE
+    )

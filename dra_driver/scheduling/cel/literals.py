@@ -80,7 +80,7 @@ class Literals(CompileContext):
         typ = list_of(self._common_type([(i, i.type) for i in items]))
         if all(i.kind == "lit" for i in items):
             value = [f({}) for f in fns]
-            return Expr("lit", lambda _v: list(value), typ, tree.meta)
+            return Expr("lit", lambda _v: list(value), typ, tree.meta, parts=tuple(items))
         return Expr("list", lambda v: [f(v) for f in fns], typ, tree.meta, parts=tuple(items))
 
     def _common_type(self, typed: Sequence[tuple[Expr, T]]) -> T:
