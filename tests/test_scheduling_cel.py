@@ -345,15 +345,36 @@ def test_string_format_as_cel_go_formats(expression: str, expected: str) -> None
 @pytest.mark.parametrize(
     ("expression", "message"),
     [
-        ("'%a'.format([1])", 'unrecognized formatting clause "a"'),
+        ("'%a'.format(dyn([1]))", 'unrecognized formatting clause "a"'),
         ("'%d %d'.format([1])", "index 1 out of range"),
         ("'%d'.format([0.5])", "decimal clause can only be used on integers, was given double"),
-        ("'%b'.format(['x'])", "only integers and bools can be formatted as binary"),
+        ("'%b'.format([dyn('x')])", "only integers and bools can be formatted as binary"),
     ],
 )
 def test_string_format_errors_name_the_clause(expression: str, message: str) -> None:
     with pytest.raises(CelRuntimeError, match=re.escape(message)):
         compile_expression(expression, {}).evaluate({})
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("'%a'.format([1])", 'unrecognized formatting clause "a"'),
+        ("'%b'.format(['x'])", "only integers and bools can be formatted as binary"),
+        ("'%s'.format([1, 2])", "too many arguments supplied to string.format (expected 1, got 2)"),
+        (
+            "'%s'.format([device.attributes['d'].x])",
+            "string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, "
+            "types, durations, and timestamps, was given google.protobuf.Any",
+        ),
+    ],
+)
+def test_a_constant_format_over_a_list_literal_is_checked_when_compiled(
+    expression: str, message: str
+) -> None:
+    """As cel-go's format validator checks it (found by the oracle tier, test_oracle_cel)."""
+    with pytest.raises(CelCompileError, match=re.escape(message)):
+        compile_selector(f"{expression} == ''")
 
 
 @pytest.mark.parametrize(
