@@ -201,8 +201,8 @@ def api_defaults(obj: JSON) -> JSON:
 def named_slices(slices: Sequence[JSON]) -> list[JSON]:
     """Slices as the API server stores them: ``generateName`` made a name (``<prefix>NNNNN``)."""
     out = []
-    for i, s in enumerate(slices):
-        s = copy.deepcopy(s)
+    for i, original in enumerate(slices):
+        s = copy.deepcopy(original)
         meta = s.setdefault("metadata", {})
         if not meta.get("name"):
             meta["name"] = f"{meta.get('generateName', 'slice-')}{i:05d}"

@@ -57,7 +57,11 @@ CLASSES: list[JSON] = [
     },
     {
         "metadata": {"name": "typed"},
-        "spec": {"selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]},
+        "spec": {
+            "selectors": [
+                {"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}
+            ]
+        },
     },
 ]
 CLASS_NAMES = [c["metadata"]["name"] for c in CLASSES]
@@ -86,7 +90,9 @@ def device(draw: st.DrawFn, *, index: int, counters: bool, driver: str) -> JSON:
         attributes["type"] = {"string": draw(st.sampled_from(["gpu", "mig"]))}
     if draw(st.booleans()):
         attributes["product"] = {"string": draw(st.sampled_from(["H100", "A100"]))}
-    attributes["resource.kubernetes.io/pcieRoot"] = {"string": draw(st.sampled_from(["pci0", "pci1"]))}
+    attributes["resource.kubernetes.io/pcieRoot"] = {
+        "string": draw(st.sampled_from(["pci0", "pci1"]))
+    }
     memory: JSON = {"value": draw(st.sampled_from(MEMORY))}
     dev: JSON = {"name": f"dev-{index}", "attributes": attributes, "capacity": {"memory": memory}}
     if driver == DRIVER and rare(draw, 4):
@@ -175,13 +181,22 @@ def pool(draw: st.DrawFn, *, index: int) -> list[JSON]:
             )
         )
     if rare(draw, 10):  # a stale slice of an older generation: ignored
-        stale = _slice(f"{name}-old", driver, name, 1, placement, devices=[draw(device(index=90, counters=False, driver=driver))])
+        stale = _slice(
+            f"{name}-old",
+            driver,
+            name,
+            1,
+            placement,
+            devices=[draw(device(index=90, counters=False, driver=driver))],
+        )
         stale["spec"]["pool"]["generation"] = 0
         slices.append(stale)
     return draw(st.permutations(slices))
 
 
-def _slice(name: str, driver: str, pool_name: str, count: int, placement: JSON, **content: Any) -> JSON:
+def _slice(
+    name: str, driver: str, pool_name: str, count: int, placement: JSON, **content: Any
+) -> JSON:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -216,7 +231,9 @@ def exact_request(draw: st.DrawFn, *, name: str) -> JSON:
             toleration["effect"] = draw(st.sampled_from(["NoSchedule", "NoExecute"]))
         body["tolerations"] = [toleration]
     if rare(draw, 4):
-        body["capacity"] = {"requests": {"memory": draw(st.sampled_from(["1Gi", "7Gi", "10Gi", "20Gi", "50Gi"]))}}
+        body["capacity"] = {
+            "requests": {"memory": draw(st.sampled_from(["1Gi", "7Gi", "10Gi", "20Gi", "50Gi"]))}
+        }
     return {"name": name, **body}
 
 
@@ -237,9 +254,15 @@ def claim(draw: st.DrawFn, *, index: int) -> JSON:
     names = [f"r{i}" for i in range(draw(st.integers(1, 2)))]
     devices: JSON = {"requests": [draw(request(name=n)) for n in names]}
     if rare(draw, 4):
-        attribute = draw(st.sampled_from(["resource.kubernetes.io/pcieRoot", f"{DRIVER}/product", f"{DRIVER}/index"]))
+        attribute = draw(
+            st.sampled_from(
+                ["resource.kubernetes.io/pcieRoot", f"{DRIVER}/product", f"{DRIVER}/index"]
+            )
+        )
         kind = draw(st.sampled_from(["matchAttribute", "distinctAttribute"]))
-        devices["constraints"] = [{kind: attribute, **({"requests": names} if draw(st.booleans()) else {})}]
+        devices["constraints"] = [
+            {kind: attribute, **({"requests": names} if draw(st.booleans()) else {})}
+        ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",

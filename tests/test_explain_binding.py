@@ -4,8 +4,9 @@ beside ours, and the WHY NOT table of a pool with a duplicated device name.
 
 What the structured allocator does (``k8s.io/dynamic-resource-allocation/structured``,
 ``GatherPools`` and ``isSelectable``): with the feature on, pools holding a device with
-``bindingConditions`` are tried after every other pool (within a pool, slices stay in name order:
-the oracle tier, tests/test_oracle_allocator.py, showed the scheduler does not move them), a result carries the device's ``bindingConditions`` / ``bindingFailureConditions``, and a
+``bindingConditions`` are tried after every other pool (within a pool, slices stay in name
+order: the oracle tier, tests/test_oracle_allocator.py, showed the scheduler does not move them),
+a result carries the device's ``bindingConditions`` / ``bindingFailureConditions``, and a
 device with ``bindsToNode`` pins the allocation to the node; with it off, such devices are never
 selected.
 """

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dra_driver.devices.classes import default_device_classes
 from dra_driver.scheduling.documents import claims_from_documents, load_documents
 from dra_driver.sim.demo import DEMO_NODE, DEMO_SIMULATE
@@ -38,7 +36,7 @@ from tests.oracle import (
 )
 from tests.oraclecases import generated_cases
 from tests.simulatedslices import simulated_slices
-from tests.test_examples_explain import DYNAMIC_MIG, EXAMPLES, FILES, expectation
+from tests.test_examples_explain import DYNAMIC_MIG, FILES, expectation
 
 JSON = dict[str, Any]
 ROUNDS = 4  # idle, then up to three rounds with the earlier rounds' devices held
@@ -91,7 +89,9 @@ def test_the_comparison_sees_a_different_device() -> None:
     assert ours.comparable() == theirs.comparable()
     assert theirs.kind == "allocated"
     swapped = copy.deepcopy(theirs.claims[0])
-    swapped["results"][0]["device"] = "gpu-1" if swapped["results"][0]["device"] == "gpu-0" else "gpu-0"
+    swapped["results"][0]["device"] = (
+        "gpu-1" if swapped["results"][0]["device"] == "gpu-0" else "gpu-0"
+    )
     assert Outcome("allocated", (swapped,)).comparable() != ours.comparable()
 
 
@@ -131,8 +131,8 @@ def held(claims: Sequence[JSON], outcome: Outcome, round_: int) -> list[JSON]:
     out = []
     for claim, allocation in zip(claims, outcome.claims, strict=True):
         results = []
-        for r in allocation["results"]:
-            r = dict(r)
+        for result in allocation["results"]:
+            r = dict(result)
             if r.get("shareID"):
                 r["shareID"] = f"{round_:08d}-{len(out):04d}-4000-8000-{len(results):012d}"
             results.append(r)
@@ -146,7 +146,11 @@ def held(claims: Sequence[JSON], outcome: Outcome, round_: int) -> list[JSON]:
                 "status": {
                     "allocation": {
                         "devices": {"results": results},
-                        **({"nodeSelector": allocation["nodeSelector"]} if allocation.get("nodeSelector") else {}),
+                        **(
+                            {"nodeSelector": allocation["nodeSelector"]}
+                            if allocation.get("nodeSelector")
+                            else {}
+                        ),
                     }
                 },
             }

@@ -250,7 +250,7 @@ HAND_PICKED = [
     "[1, 2, 3].map(x, [x, x]).size() == 3",
     "lists.range(100).map(x, lists.range(100).map(y, x * y)).size() > 0",
     "lists.range(1000).map(x, lists.range(1000).filter(y, y > x)).size() > 0",
-    "'a'.repeat(10) == 'aaaaaaaaaa'" ,
+    "'a'.repeat(10) == 'aaaaaaaaaa'",
 ]
 
 
@@ -258,22 +258,28 @@ HAND_PICKED = [
 # starts to agree fails the run until it is moved to HAND_PICKED).
 KNOWN_DIFFERENCES: dict[str, str] = {
     "quantity('1.5') .add(1).sub(quantity('0.5')).isInteger()": (
-        "Kubernetes' Quantity arithmetic keeps its operands' scale (inf.Dec): 1.5 + 1 - 0.5 is not isInteger() there; explain computes exact values"
+        "Kubernetes' Quantity arithmetic keeps its operands' scale (inf.Dec): 1.5 + 1 - 0.5 is not"
+        " isInteger() there; explain computes exact values"
     ),
     "['a', 'b'].join('-') == 'a-b'": (
-        "the API server's estimated cost of join() exceeds the limit (cel-go estimates the joined string without a size bound); explain's estimate is within it"
+        "the API server's estimated cost of join() exceeds the limit (cel-go estimates the joined "
+        "string without a size bound); explain's estimate is within it"
     ),
-    'type(1) == int': (
-        "the API server's estimated cost of comparing types exceeds the limit; explain's estimate is within it"
+    "type(1) == int": (
+        "the API server's estimated cost of comparing types exceeds the limit; explain's estimate "
+        "is within it"
     ),
-    'sets.intersects([1], [1.0])': (
-        "Kubernetes' sets library has no overload for lists of different element types; explain accepts them"
+    "sets.intersects([1], [1.0])": (
+        "Kubernetes' sets library has no overload for lists of different element types; explain "
+        "accepts them"
     ),
     "int('x') == 1": (
-        'cel-go folds constant conversions when it builds the program and refuses the expression; explain fails it only when evaluated'
+        "cel-go folds constant conversions when it builds the program and refuses the expression; "
+        "explain fails it only when evaluated"
     ),
-    'uint(-1) == 1u': (
-        'cel-go folds constant conversions when it builds the program and refuses the expression; explain fails it only when evaluated'
+    "uint(-1) == 1u": (
+        "cel-go folds constant conversions when it builds the program and refuses the expression; "
+        "explain fails it only when evaluated"
     ),
     "timestamp('2024-01-01T00:00:00Z') > timestamp('2023-01-01T00:00:00Z')": (
         "timestamps are not implemented in explain's CEL engine (documented in scheduling/cel)"
@@ -282,10 +288,12 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "durations are not implemented in explain's CEL engine (documented in scheduling/cel)"
     ),
     "isIP('10.0.0.1')": (
-        "Kubernetes' ip/cidr library is not implemented in explain's CEL engine (documented in scheduling/cel)"
+        "Kubernetes' ip/cidr library is not implemented in explain's CEL engine (documented in "
+        "scheduling/cel)"
     ),
     "url('https://example.com').getHost() == 'example.com'": (
-        "Kubernetes' url library is not implemented in explain's CEL engine (documented in scheduling/cel)"
+        "Kubernetes' url library is not implemented in explain's CEL engine (documented in "
+        "scheduling/cel)"
     ),
 }
 
@@ -368,20 +376,25 @@ def _bools() -> st.SearchStrategy[str]:
             " ".join
         ),
         st.tuples(_strings(), st.sampled_from(["==", "!=", "<"]), _strings()).map(" ".join),
-        st.tuples(_strings(), st.sampled_from(["startsWith", "endsWith", "contains", "matches"]), st.sampled_from(["'g'", "'NVIDIA'", "'^[a-z]+$'", "''"])).map(
-            lambda t: f"{t[0]}.{t[1]}({t[2]})"
-        ),
+        st.tuples(
+            _strings(),
+            st.sampled_from(["startsWith", "endsWith", "contains", "matches"]),
+            st.sampled_from(["'g'", "'NVIDIA'", "'^[a-z]+$'", "''"]),
+        ).map(lambda t: f"{t[0]}.{t[1]}({t[2]})"),
         st.sampled_from(VALUE_TERMS).map(lambda v: f"{v} in [1, 'gpu', true]"),
         st.sampled_from(["'type'", "'mig'", "'index'", "'nope'"]).map(lambda k: f"{k} in {D}"),
         st.sampled_from([f"{D}.mig", "device.allowMultipleAllocations", "true", "false"]),
-        st.tuples(st.sampled_from(["'1Gi'", "'40Gi'", "'100'"]), st.sampled_from(["isLessThan", "isGreaterThan"])).map(
-            lambda t: f"{C}.memory.{t[1]}(quantity({t[0]}))"
-        ),
+        st.tuples(
+            st.sampled_from(["'1Gi'", "'40Gi'", "'100'"]),
+            st.sampled_from(["isLessThan", "isGreaterThan"]),
+        ).map(lambda t: f"{C}.memory.{t[1]}(quantity({t[0]}))"),
     )
     return st.recursive(
         atoms,
         lambda inner: st.one_of(
-            st.tuples(inner, st.sampled_from(["&&", "||"]), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+            st.tuples(inner, st.sampled_from(["&&", "||"]), inner).map(
+                lambda t: f"({t[0]} {t[1]} {t[2]})"
+            ),
             inner.map(lambda e: f"!({e})"),
             st.tuples(inner, inner, inner).map(lambda t: f"({t[0]} ? {t[1]} : {t[2]})"),
         ),
@@ -396,7 +409,9 @@ def _bools() -> st.SearchStrategy[str]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(expressions=st.lists(_bools(), min_size=300, max_size=300))
-def test_generated_selectors_mean_the_same_to_explain_and_kubernetes(expressions: list[str]) -> None:
+def test_generated_selectors_mean_the_same_to_explain_and_kubernetes(
+    expressions: list[str],
+) -> None:
     found = compare(expressions)
     assert not found, f"{len(found)} of {len(expressions)} differ:\n" + "\n".join(found[:10])
 

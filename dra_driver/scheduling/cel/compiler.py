@@ -17,7 +17,6 @@ from dra_driver.scheduling.cel.literals import Literals
 from dra_driver.scheduling.cel.macros import Macros
 from dra_driver.scheduling.cel.parse import _PASS_THROUGH
 from dra_driver.scheduling.cel.regex import _REGEX_FUNCS, _regex
-from dra_driver.scheduling.cel.strings import format_problem
 from dra_driver.scheduling.cel.runtime import (
     _arith,
     _check_int,
@@ -31,6 +30,7 @@ from dra_driver.scheduling.cel.runtime import (
     _select,
     _truth,
 )
+from dra_driver.scheduling.cel.strings import format_problem
 from dra_driver.scheduling.cel.types import (
     _DEVICE_FIELDS,
     _NAMESPACED,
@@ -552,7 +552,9 @@ def _format_arg(e: Expr) -> tuple[str, tuple[Any, ...]]:
 def _is_attribute_value(e: Expr) -> bool:
     """``device.attributes[domain].name`` (or ``[name]``): an attribute's value."""
     domain = e.target if e.kind in ("select", "index") else None
-    attributes = domain.target if domain is not None and domain.kind in ("select", "index") else None
+    attributes = (
+        domain.target if domain is not None and domain.kind in ("select", "index") else None
+    )
     return (
         attributes is not None
         and attributes.kind == "select"

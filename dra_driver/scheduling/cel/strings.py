@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dra_driver.errors import CelRuntimeError
@@ -232,7 +230,9 @@ def _quote(s: Any) -> str:
 # dyn there but ``google.protobuf.Any`` (how the DRA environment declares attributes), which no
 # clause accepts.
 _CLAUSE_KINDS = {
-    "s": frozenset({"list", "map", "int", "uint", "double", "bool", "string", "bytes", "type", "null_type"}),
+    "s": frozenset(
+        {"list", "map", "int", "uint", "double", "bool", "string", "bytes", "type", "null_type"}
+    ),
     "d": frozenset({"int", "uint", "double"}),
     "f": frozenset({"int", "uint", "double"}),
     "e": frozenset({"int", "uint", "double"}),
@@ -272,8 +272,7 @@ def format_problem(fmt: str, args: Sequence[tuple[str, Sequence[Any]]]) -> str |
         requested += 1
     if len(args) > requested:
         return (
-            "too many arguments supplied to string.format "
-            f"(expected {requested}, got {len(args)})"
+            f"too many arguments supplied to string.format (expected {requested}, got {len(args)})"
         )
     return None
 
