@@ -512,6 +512,13 @@ class _Compiler(Macros, Literals):
             fn: Fn = lambda v: impl(a0(v))  # noqa: E731
         else:
             fn = lambda v: impl(*[a(v) for a in afs])  # noqa: E731
+        if name in _CONVERSIONS and len(args) == 1 and _is_constant(args[0]):
+            # cel-go converts a constant when it builds the program (decOptimize): a failure
+            # refuses the expression there, as the API server reports it.
+            try:
+                fn({})
+            except CelRuntimeError as exc:
+                raise self.fail(tree.meta, f"program instantiation failed: {exc}") from exc
         return self._maybe_fold(Expr("call", fn, result, tree.meta, name=name, parts=tuple(args)))
 
     @staticmethod
@@ -562,3 +569,17 @@ def _is_attribute_value(e: Expr) -> bool:
         and attributes.target is not None
         and attributes.target.type == DEVICE
     )
+
+
+# cel-go's type conversion functions (overloads.IsTypeConversionFunction) that this engine has.
+_CONVERSIONS = frozenset({"bool", "bytes", "double", "dyn", "int", "string", "type", "uint"})
+
+
+def _is_constant(e: Expr) -> bool:
+    """A literal, a negated one (``-1``, which cel-go's parser makes a literal), or a conversion
+    of a constant (which cel-go has folded to one: ``int(dyn('x'))``)."""
+    if e.kind == "lit":
+        return True
+    if e.kind == "call" and e.name in _CONVERSIONS and len(e.parts) == 1:
+        return _is_constant(e.parts[0])
+    return e.kind == "arith" and e.name == "-" and len(e.parts) == 1 and e.parts[0].kind == "lit"
