@@ -169,6 +169,8 @@ HAND_PICKED = [
     f"{D}.index > 0",
     f"{D}.index + 1 > 0",
     f"{D}.index * 2 > 0",
+    f"{D}.productName + {D}.type.contains('g') == ''",
+    f"{D}.index % 2.0 == 1.0",
     f"{D}.mig",
     f"!{D}.mig",
     f"'mig' in {D} && {D}.mig",
@@ -275,6 +277,11 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "type(1) == int": (
         "the API server's estimated cost of comparing types exceeds the limit; explain's estimate "
         "is within it"
+    ),
+    f"({D}.index - {D}.index) > ({D}.index - {D}.index)": (
+        "the API server's estimated cost of comparing differences of attribute values exceeds "
+        "the limit (cel-go types attributes as google.protobuf.Any); explain's estimate is "
+        "within it"
     ),
     "timestamp('2024-01-01T00:00:00Z') > timestamp('2023-01-01T00:00:00Z')": (
         "timestamps are not implemented in explain's CEL engine (documented in scheduling/cel)"

@@ -25,6 +25,7 @@ from dra_driver.scheduling.allocator.candidates import (
     gather_pools,
     node_selector_matches,
 )
+from dra_driver.scheduling.allocator.capacity import capacity_problem
 from dra_driver.scheduling.allocator.model import (
     JSON,
     MAX_RESULTS_PER_CLAIM,
@@ -219,7 +220,14 @@ def _fill_all_devices(
             # The scheduler checks this while it sets the requests up, before its search
             # (validateDeviceRequest): the whole attempt fails, whatever the other requests.
             raise Abort(data.all_error)
-        data.all_devices = [c for c in search.candidates if search.selector_verdict(key, c)]
+        # Like validateDeviceRequest: a device whose capacity cannot hold the request even
+        # unshared is not one of "all"; one short only of what others hold stays (and fails).
+        data.all_devices = [
+            c
+            for c in search.candidates
+            if search.selector_verdict(key, c)
+            and capacity_problem(data.request, c.device, {}) is None
+        ]
         data.num_devices = len(data.all_devices)
 
 

@@ -250,8 +250,6 @@ class _Compiler(Macros, Literals):
         )
 
     def _arith_type(self, offset: int, sym: str, lt: T, rt: T) -> T:
-        if lt.name == "dyn" or rt.name == "dyn":
-            return rt if lt.name == "dyn" else lt
         allowed: tuple[T, ...] = (INT, UINT, DOUBLE)
         if sym == "+":
             allowed = (*allowed, STRING, BYTES)
@@ -259,7 +257,13 @@ class _Compiler(Macros, Literals):
                 return lt if _fits(lt, rt) else LIST_DYN
         if sym == "%":
             allowed = (INT, UINT)
-        if lt == rt and lt in allowed:
+        if lt.name == "dyn" or rt.name == "dyn":
+            # dyn matches any overload, but the other side must have one: cel-go refuses
+            # ``attribute + true`` (no '_+_' takes a bool), as it refuses ``1 + true``
+            known = rt if lt.name == "dyn" else lt
+            if known.name == "dyn" or known in allowed or (sym == "+" and known.name == "list"):
+                return known
+        elif lt == rt and lt in allowed:
             return lt
         raise self.fail_at(
             offset, f"found no matching overload for '_{sym}_' applied to '({lt}, {rt})'"
