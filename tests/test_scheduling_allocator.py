@@ -27,23 +27,32 @@ from tests.allocatordata import (
 )
 
 
-def test_class_and_claim_configs_are_copied_in_order() -> None:
+def test_class_and_claim_configs_are_copied_in_order_naming_none_when_they_name_all() -> None:
     cls = dict(CLASSES)
     cls_obj = default_device_classes()[0]
     cls_obj["spec"]["config"] = [
         {"opaque": {"driver": DRIVER, "parameters": {"kind": "GpuConfig"}}}
     ]
     cls["gpu.nvidia.com"] = parse_device_class(cls_obj)
-    c = claim(exactly())
+    slices = [parse_slice(slice_([gpu("gpu-0"), gpu("gpu-1")]))]
+    c = claim(exactly("gpu"), exactly("other"))
     c["spec"]["devices"]["config"] = [
         {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {"x": 1}}}
     ]
-    result = allocate(
-        [parse_claim(c)], classes=cls, slices=[parse_slice(slice_([gpu("gpu-0")]))], node=NODE
-    )
+    result = allocate([parse_claim(c)], classes=cls, slices=slices, node=NODE)
+    # the class config covers both requests: "empty means all", as the 1.37 scheduler writes it
     assert [(c["source"], c["requests"]) for c in result.allocations[0].config] == [
-        ("FromClass", ["gpu"]),
+        ("FromClass", []),
         ("FromClaim", ["gpu"]),
+    ]
+    c = claim(exactly("gpu"))
+    c["spec"]["devices"]["config"] = [
+        {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {"x": 1}}}
+    ]
+    result = allocate([parse_claim(c)], classes=cls, slices=slices, node=NODE)
+    assert [(c["source"], c["requests"]) for c in result.allocations[0].config] == [
+        ("FromClass", []),
+        ("FromClaim", []),
     ]
 
 

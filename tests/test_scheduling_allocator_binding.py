@@ -1,5 +1,5 @@
 """The allocator on devices with binding conditions (KEP-5007, DRADeviceBindingConditions): pool
-and slice order, the results' conditions, ``bindsToNode``, and the feature switched off, as the
+order, the results' conditions, ``bindsToNode``, and the feature switched off, as the
 scheduler's structured allocator does them (``GatherPools``, ``isSelectable``,
 ``createNodeSelector``)."""
 
@@ -51,7 +51,7 @@ def test_the_feature_is_on_by_default_from_1_36() -> None:
     ]
 
 
-def test_pools_and_slices_with_binding_conditions_are_gathered_last() -> None:
+def test_pools_with_binding_conditions_are_gathered_last_their_slices_in_name_order() -> None:
     slices = [
         parse_slice(s)
         for s in (
@@ -61,9 +61,10 @@ def test_pools_and_slices_with_binding_conditions_are_gathered_last() -> None:
         )
     ]
     on = gather_pools(slices, NODE)
+    # buildPool sorts a pool's slices by name only (found by the oracle tier)
     assert [(p.driver, [s.name for s in p.slices]) for p in on] == [
         ("gpu.nvidia.com", ["s1"]),
-        (OTHER, ["o2", "o1"]),
+        (OTHER, ["o1", "o2"]),
     ]
     off = gather_pools(slices, NODE, binding_conditions=False)
     assert [(p.driver, [s.name for s in p.slices]) for p in off] == [

@@ -8,6 +8,7 @@ import pytest
 
 from dra_driver.errors import CelCompileError, CelRuntimeError
 from dra_driver.scheduling.cel import (
+    DOUBLE,
     MAX_EXPRESSION_BYTES,
     CelQuantity,
     Semver,
@@ -280,7 +281,11 @@ def test_mixed_numeric_comparisons_follow_cel_go(expression: str, expected: bool
 @pytest.mark.parametrize("value", ["-9223372036854775808.0", "9223372036854775807.0", "1e99"])
 def test_a_double_at_or_past_the_int_range_is_a_range_error(value: str) -> None:
     with pytest.raises(CelRuntimeError, match="out of int range"):
-        compile_expression(f"int({value})", {}).evaluate({})
+        compile_expression("int(x)", {"x": DOUBLE}).evaluate({"x": float(value)})
+    # a constant is converted when the program is built (cel-go's OptOptimize, which the API
+    # server's environment sets): the error refuses the expression
+    with pytest.raises(CelCompileError, match=r"program instantiation failed: .*out of int range"):
+        compile_expression(f"int({value})", {})
 
 
 @pytest.mark.parametrize(
@@ -345,15 +350,36 @@ def test_string_format_as_cel_go_formats(expression: str, expected: str) -> None
 @pytest.mark.parametrize(
     ("expression", "message"),
     [
-        ("'%a'.format([1])", 'unrecognized formatting clause "a"'),
+        ("'%a'.format(dyn([1]))", 'unrecognized formatting clause "a"'),
         ("'%d %d'.format([1])", "index 1 out of range"),
         ("'%d'.format([0.5])", "decimal clause can only be used on integers, was given double"),
-        ("'%b'.format(['x'])", "only integers and bools can be formatted as binary"),
+        ("'%b'.format([dyn('x')])", "only integers and bools can be formatted as binary"),
     ],
 )
 def test_string_format_errors_name_the_clause(expression: str, message: str) -> None:
     with pytest.raises(CelRuntimeError, match=re.escape(message)):
         compile_expression(expression, {}).evaluate({})
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("'%a'.format([1])", 'unrecognized formatting clause "a"'),
+        ("'%b'.format(['x'])", "only integers and bools can be formatted as binary"),
+        ("'%s'.format([1, 2])", "too many arguments supplied to string.format (expected 1, got 2)"),
+        (
+            "'%s'.format([device.attributes['d'].x])",
+            "string clause can only be used on strings, bools, bytes, ints, doubles, maps, lists, "
+            "types, durations, and timestamps, was given google.protobuf.Any",
+        ),
+    ],
+)
+def test_a_constant_format_over_a_list_literal_is_checked_when_compiled(
+    expression: str, message: str
+) -> None:
+    """As cel-go's format validator checks it (found by the oracle tier, test_oracle_cel)."""
+    with pytest.raises(CelCompileError, match=re.escape(message)):
+        compile_selector(f"{expression} == ''")
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ other claims are excluded (admin access excepted); shared counters (partitionabl
 taints/tolerations (a slice's own and those DeviceTaintRules add), ``matchAttribute``/
 ``distinctAttribute`` constraints, consumable capacity (``allowMultipleAllocations``,
 ``capacity.requests``, ``requestPolicy``) and binding conditions (DRADeviceBindingConditions:
-pools and slices holding devices with ``bindingConditions`` tried last, results carrying them,
+pools holding devices with ``bindingConditions`` tried last, results carrying them,
 ``bindsToNode``; with the feature off such devices are not selectable). A claim that is
 already allocated keeps its allocation: the scheduler only checks that its node can use it
 (spec D.3, ``status.allocation``).

@@ -25,6 +25,7 @@ from dra_driver.scheduling.allocator.candidates import (
     gather_pools,
     node_selector_matches,
 )
+from dra_driver.scheduling.allocator.capacity import capacity_problem
 from dra_driver.scheduling.allocator.model import (
     JSON,
     MAX_RESULTS_PER_CLAIM,
@@ -204,6 +205,8 @@ def _request_data(
 def _fill_all_devices(
     search: Search, datas: dict[tuple[int, int, int], RequestData], pools: list[Pool]
 ) -> None:
+    """Every device an 'All' request selects; Abort when one reaches an incomplete or invalid
+    pool."""
     for key, data in datas.items():
         if data.request.allocation_mode != "All":
             continue
@@ -214,8 +217,17 @@ def _fill_all_devices(
                 f"request {data.full_name}: asks for all devices, but resource pool "
                 f"{p.driver}/{p.name} is currently {'invalid' if p.invalid else 'being updated'}"
             )
-            continue
-        data.all_devices = [c for c in search.candidates if search.selector_verdict(key, c)]
+            # The scheduler checks this while it sets the requests up, before its search
+            # (validateDeviceRequest): the whole attempt fails, whatever the other requests.
+            raise Abort(data.all_error)
+        # Like validateDeviceRequest: a device whose capacity cannot hold the request even
+        # unshared is not one of "all"; one short only of what others hold stays (and fails).
+        data.all_devices = [
+            c
+            for c in search.candidates
+            if search.selector_verdict(key, c)
+            and capacity_problem(data.request, c.device, {}) is None
+        ]
         data.num_devices = len(data.all_devices)
 
 
@@ -285,6 +297,15 @@ def _configs(search: Search, ci: int, claim: Claim) -> tuple[JSON, ...]:
         for data in chosen:
             if (data.parent or data.request.name) in wanted or data.full_name in wanted:
                 configs.append({"source": "FromClaim", "requests": wanted, **body})
+    # A config that names every request of the claim (or the sub-request each one got) names
+    # none: "empty means all", as the scheduler writes it (1.37, incubating allocator).
+    for config in configs:
+        names = config["requests"]
+        if names and all(
+            (data.parent or data.request.name) in names or data.full_name in names
+            for data in chosen
+        ):
+            config["requests"] = []
     return tuple(configs)
 
 

@@ -98,9 +98,9 @@ def gather_pools(
     """The pools with slices reaching ``node``, at their highest generation, by (driver, pool).
 
     With ``binding_conditions`` (DRADeviceBindingConditions on), as the scheduler's
-    ``GatherPools`` does: a pool's slices holding a device with binding conditions come after its
-    other slices, and pools holding one come after every other pool, so the allocation prefers
-    devices that need no binding step.
+    ``GatherPools`` does: pools holding a device with binding conditions come after every other
+    pool, so the allocation prefers devices that need no binding step. Within a pool, slices stay
+    in name order whether or not they hold such a device (``buildPool`` sorts by name only).
     """
     by_pool: dict[PoolID, list[Slice]] = {}
     for s in slices:
@@ -119,8 +119,6 @@ def gather_pools(
         ]
         if not any(s.devices for s in reaching):
             continue
-        if binding_conditions:  # stable sort: name order within each group
-            reaching.sort(key=lambda s: s.has_binding_conditions)
         pool = Pool(driver, name, reaching)
         pool.incomplete = len(current) != max(s.resource_slice_count for s in current)
         names: set[str] = set()

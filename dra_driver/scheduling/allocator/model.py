@@ -112,8 +112,8 @@ class Slice:
 
     @property
     def has_binding_conditions(self) -> bool:
-        """Whether a device of this slice has binding conditions (the scheduler tries such
-        slices, and pools holding one, after the others)."""
+        """Whether a device of this slice has binding conditions (the scheduler tries pools
+        holding one after the others)."""
         return any(d.binding_conditions for d in self.devices)
 
 

@@ -179,8 +179,6 @@ class Search:
         if not req.admin_access and self.in_use(dev) and not multi:
             return None
         shared = self.shared.in_use(dev) if multi else {}
-        if capacity_problem(req, cand.device, shared) is not None:
-            return None
         skip_counters = multi and bool(shared)
         took = False
         if cand.device.consumes_counters and not skip_counters:
@@ -203,6 +201,14 @@ class Search:
                         f"{'/'.join(dev)} because a claim constraint would not be satisfied"
                     )
                 return None
+        # Capacity comes after the constraints, as in the scheduler's allocateDevice: a device
+        # an 'All' request must take fails the attempt on a constraint even without capacity.
+        if capacity_problem(req, cand.device, shared) is not None:
+            for con in reversed(self.constraints[c]):
+                con.remove(data)
+            if took:
+                self.counters.give(cand)
+            return None
         consumed: dict[str, Fraction] = {}
         share_id = None
         if multi:

@@ -30,6 +30,7 @@ from dra_driver.scheduling.cel.runtime import (
     _select,
     _truth,
 )
+from dra_driver.scheduling.cel.strings import format_problem
 from dra_driver.scheduling.cel.types import (
     _DEVICE_FIELDS,
     _NAMESPACED,
@@ -249,8 +250,6 @@ class _Compiler(Macros, Literals):
         )
 
     def _arith_type(self, offset: int, sym: str, lt: T, rt: T) -> T:
-        if lt.name == "dyn" or rt.name == "dyn":
-            return rt if lt.name == "dyn" else lt
         allowed: tuple[T, ...] = (INT, UINT, DOUBLE)
         if sym == "+":
             allowed = (*allowed, STRING, BYTES)
@@ -258,7 +257,13 @@ class _Compiler(Macros, Literals):
                 return lt if _fits(lt, rt) else LIST_DYN
         if sym == "%":
             allowed = (INT, UINT)
-        if lt == rt and lt in allowed:
+        if lt.name == "dyn" or rt.name == "dyn":
+            # dyn matches any overload, but the other side must have one: cel-go refuses
+            # ``attribute + true`` (no '_+_' takes a bool), as it refuses ``1 + true``
+            known = rt if lt.name == "dyn" else lt
+            if known.name == "dyn" or known in allowed or (sym == "+" and known.name == "list"):
+                return known
+        elif lt == rt and lt in allowed:
             return lt
         raise self.fail_at(
             offset, f"found no matching overload for '_{sym}_' applied to '({lt}, {rt})'"
@@ -442,8 +447,13 @@ class _Compiler(Macros, Literals):
             return self.comprehension(tree, name, recv_tree, arg_trees)
         if name in ("optMap", "optFlatMap"):
             return self.opt_map(tree, name, recv_tree, arg_trees)
-        recv = self.visit(recv_tree)
-        args = [self.visit(a) for a in arg_trees]
+        exempt = name == "format"
+        self.format_depth += exempt
+        try:
+            recv = self.visit(recv_tree)
+            args = [self.visit(a) for a in arg_trees]
+        finally:
+            self.format_depth -= exempt
         if name not in _METHODS:
             raise self.fail_at(at, f"undeclared reference to '{name}' (in container '')")
         result = _result_type(name, recv.type, [a.type for a in args])
@@ -452,6 +462,8 @@ class _Compiler(Macros, Literals):
             raise self.fail_at(
                 at, f"found no matching overload for '{name}' applied to '{recv.type}.({shown})'"
             )
+        if name == "format" and recv.kind == "lit" and len(args) == 1:
+            self._check_format(recv, args[0], at)
         if name in _REGEX_FUNCS and args:
             self._check_regex(args[0], lambda message: self.fail_at(at, message))
         impl = _METHODS[name]
@@ -467,6 +479,15 @@ class _Compiler(Macros, Literals):
         return self._maybe_fold(
             Expr("call", fn, result, tree.meta, name=name, parts=tuple(args), target=recv)
         )
+
+    def _check_format(self, recv: Expr, arg: Expr, at: int) -> None:
+        """cel-go's compile-time check of a constant format string over a list literal."""
+        fmt = recv.fn({})
+        if type(fmt) is not str or arg.kind not in ("list", "lit") or arg.type.name != "list":
+            return
+        problem = format_problem(fmt, [_format_arg(e) for e in arg.parts])
+        if problem is not None:
+            raise self.fail_at(at, problem)
 
     def call(self, tree: lark.Tree[Any]) -> Expr:
         name = str(tree.children[0])
@@ -495,6 +516,13 @@ class _Compiler(Macros, Literals):
             fn: Fn = lambda v: impl(a0(v))  # noqa: E731
         else:
             fn = lambda v: impl(*[a(v) for a in afs])  # noqa: E731
+        if name in _CONVERSIONS and len(args) == 1 and _is_constant(args[0]):
+            # cel-go converts a constant when it builds the program (decOptimize): a failure
+            # refuses the expression there, as the API server reports it.
+            try:
+                fn({})
+            except CelRuntimeError as exc:
+                raise self.fail(tree.meta, f"program instantiation failed: {exc}") from exc
         return self._maybe_fold(Expr("call", fn, result, tree.meta, name=name, parts=tuple(args)))
 
     @staticmethod
@@ -521,3 +549,41 @@ class _Compiler(Macros, Literals):
             folded.line, folded.column, folded.start, folded.end = e.line, e.column, e.start, e.end
             return folded
         return e
+
+
+def _format_arg(e: Expr) -> tuple[str, tuple[Any, ...]]:
+    """An element of format's list literal as ``strings.format_problem`` reads it: the kind of
+    its static type (``"any"`` for a device attribute's value) and a nested literal's elements."""
+    if _is_attribute_value(e):
+        return "any", ()
+    nested = tuple(_format_arg(p) for p in e.parts) if e.kind in ("list", "lit") else ()
+    return e.type.name, nested
+
+
+def _is_attribute_value(e: Expr) -> bool:
+    """``device.attributes[domain].name`` (or ``[name]``): an attribute's value."""
+    domain = e.target if e.kind in ("select", "index") else None
+    attributes = (
+        domain.target if domain is not None and domain.kind in ("select", "index") else None
+    )
+    return (
+        attributes is not None
+        and attributes.kind == "select"
+        and attributes.name == "attributes"
+        and attributes.target is not None
+        and attributes.target.type == DEVICE
+    )
+
+
+# cel-go's type conversion functions (overloads.IsTypeConversionFunction) that this engine has.
+_CONVERSIONS = frozenset({"bool", "bytes", "double", "dyn", "int", "string", "type", "uint"})
+
+
+def _is_constant(e: Expr) -> bool:
+    """A literal, a negated one (``-1``, which cel-go's parser makes a literal), or a conversion
+    of a constant (which cel-go has folded to one: ``int(dyn('x'))``)."""
+    if e.kind == "lit":
+        return True
+    if e.kind == "call" and e.name in _CONVERSIONS and len(e.parts) == 1:
+        return _is_constant(e.parts[0])
+    return e.kind == "arith" and e.name == "-" and len(e.parts) == 1 and e.parts[0].kind == "lit"

@@ -25,6 +25,10 @@ class CompileContext:
         self.source = source
         self.scope: dict[str, T] = dict(variables)
         self.withheld = withheld  # functions the target environment lacks (environment.py)
+        # How many ``format`` calls enclose the part being compiled: list and map literals at
+        # any depth inside one are exempt from the homogeneous-literal rule (cel-go's
+        # HomogeneousAggregateLiteralExemptFunctions, which ext.Strings' format validator sets).
+        self.format_depth = 0
 
     def fail(self, meta: Any, message: str) -> CelCompileError:
         # lark leaves a tree's position empty when it has no tokens of its own to take it from

@@ -80,13 +80,14 @@ class Literals(CompileContext):
         typ = list_of(self._common_type([(i, i.type) for i in items]))
         if all(i.kind == "lit" for i in items):
             value = [f({}) for f in fns]
-            return Expr("lit", lambda _v: list(value), typ, tree.meta)
+            return Expr("lit", lambda _v: list(value), typ, tree.meta, parts=tuple(items))
         return Expr("list", lambda v: [f(v) for f in fns], typ, tree.meta, parts=tuple(items))
 
     def _common_type(self, typed: Sequence[tuple[Expr, T]]) -> T:
         """The element (or key, or value) type of an aggregate literal. The API server's CEL
         environment has homogeneous aggregate literals: ``[1, 'a']`` is a compile error there
-        (``[1, dyn('a')]`` is not), so it is one here."""
+        (``[1, dyn('a')]`` is not), so it is one here, except inside a ``format`` call, whose
+        literals cel-go exempts (``'%s %d'.format(['a', 1])``): their mixed type is dyn."""
         common: T | None = None
         for e, t in typed:
             if t.name == "dyn":
@@ -96,6 +97,8 @@ class Literals(CompileContext):
             elif t.name == "null_type" and common.name == "optional_type":
                 continue  # null is assignable to an optional type
             elif not _fits(common, t):
+                if self.format_depth:
+                    return DYN
                 raise self.fail_expr(e, f"expected type '{common}' but found '{t}'")
         return common or DYN
 

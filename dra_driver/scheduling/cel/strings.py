@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dra_driver.errors import CelRuntimeError
@@ -222,3 +222,70 @@ def _quote(s: Any) -> str:
         }
     )
     return f'"{out}"'
+
+
+# What each clause of a constant format string accepts, checked at compile time as cel-go's
+# format validator does (ext/formatting.go ``stringFormatChecker``) when the arguments are a
+# list literal: the static type's kind must be one of these, or dyn. An attribute value is not
+# dyn there but ``google.protobuf.Any`` (how the DRA environment declares attributes), which no
+# clause accepts.
+_CLAUSE_KINDS = {
+    "s": frozenset(
+        {"list", "map", "int", "uint", "double", "bool", "string", "bytes", "type", "null_type"}
+    ),
+    "d": frozenset({"int", "uint", "double"}),
+    "f": frozenset({"int", "uint", "double"}),
+    "e": frozenset({"int", "uint", "double"}),
+    "b": frozenset({"bool", "int", "uint"}),
+    "o": frozenset({"int", "uint"}),
+    "x": frozenset({"int", "uint", "string", "bytes"}),
+    "X": frozenset({"int", "uint", "string", "bytes"}),
+}
+_CLAUSE_ERRORS = {
+    "s": f"string clause can only be used on {_STRING_CLAUSE_TYPES}",
+    "d": "decimal clause can only be used on integers",
+    "f": "fixed-point clause can only be used on doubles",
+    "e": "scientific clause can only be used on doubles",
+    "b": "only integers and bools can be formatted as binary",
+    "o": "octal clause can only be used on integers",
+    "x": "only integers, byte buffers, and strings can be formatted as hex",
+    "X": "only integers, byte buffers, and strings can be formatted as hex",
+}
+
+
+def format_problem(fmt: str, args: Sequence[tuple[str, Sequence[Any]]]) -> str | None:
+    """What cel-go's compile-time check says of ``fmt.format([...])`` with a list literal, or
+    None. ``args``: per element of the literal, its static type's kind (``"any"`` for an
+    attribute value) and, for a nested list literal, its elements in the same form."""
+    requested = 0
+    for m in _FORMAT_CLAUSE.finditer(fmt):
+        if m[1]:
+            continue
+        verb = m[3]
+        if verb not in _CLAUSE_KINDS:
+            return f'could not parse formatting clause: unrecognized formatting clause "{verb}"'
+        if requested >= len(args):
+            return None  # too few: an evaluation error, as in cel-go
+        bad = _clause_mismatch(verb, args[requested])
+        if bad is not None:
+            return f"error during formatting: {_CLAUSE_ERRORS[verb]}, was given {bad}"
+        requested += 1
+    if len(args) > requested:
+        return (
+            f"too many arguments supplied to string.format (expected {requested}, got {len(args)})"
+        )
+    return None
+
+
+def _clause_mismatch(verb: str, arg: tuple[str, Sequence[Any]]) -> str | None:
+    kind, elements = arg
+    if kind == "any":
+        return "google.protobuf.Any"
+    if kind != "dyn" and kind not in _CLAUSE_KINDS[verb]:
+        return kind
+    if verb == "s":
+        for element in elements:
+            bad = _clause_mismatch(verb, element)
+            if bad is not None:
+                return bad
+    return None

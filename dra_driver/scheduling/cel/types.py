@@ -179,6 +179,8 @@ def _result_type(name: str, recv: T | None, args: list[T]) -> T | None:
     ]
     if not matches:
         return None
+    if name.startswith("sets.") and not _same_element_type(args):
+        return None  # ext.Sets declares list(T), list(T): one element type for both lists
     # Generic helpers whose result depends on the receiver's element type.
     if recv is not None and recv.params:
         if name in ("value", "orValue") and recv.name == "optional_type":
@@ -189,3 +191,9 @@ def _result_type(name: str, recv: T | None, args: list[T]) -> T | None:
         return opt_of(args[0])
     results = {m[2] for m in matches}
     return results.pop() if len(results) == 1 else DYN
+
+
+def _same_element_type(args: list[T]) -> bool:
+    """Whether two list types can share one element type (dyn fits any)."""
+    a, b = (t.params[0] if t.name == "list" and t.params else DYN for t in args)
+    return _fits(a, b) or _fits(b, a)
