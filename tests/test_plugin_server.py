@@ -381,6 +381,49 @@ def test_rolling_update_instances_serve_side_by_side_and_share_state(
         new.stop()
 
 
+def test_on_a_kubelet_root_as_long_as_microk8s_the_agent_serves_a_shortened_dra_socket(
+    short_tmp: Path, kube: KubeClient
+) -> None:
+    """MicroK8s's kubelet root (/var/snap/microk8s/common/var/lib/kubelet, docs/install.md) and
+    the pod UID the chart sets make dra-<podUID>.sock 110 bytes: the kubelet learns the shorter
+    name from GetInfo and reaches the DRA service there."""
+    microk8s_root = "/var/snap/microk8s/common/var/lib/kubelet"
+    root = short_tmp / ("k" * (len(microk8s_root) - len(str(short_tmp)) - 1))
+    assert len(str(root)) == len(microk8s_root)
+    uid = new_uid()
+    config = replace(
+        make_config(short_tmp, pod_uid=uid),
+        kubelet_registrar_directory_path=root / "plugins_registry",
+        kubelet_plugins_directory_path=root / "plugins",
+    )
+    assert len(str(config.plugin_data_dir / f"dra-{uid}.sock")) == 110
+    plugin = kubelet_plugin(
+        config=config,
+        inventory=inventory(),
+        claims=kube,
+        proc_root=short_tmp / "proc",
+        boot_id_path=short_tmp / "boot_id",
+    )
+    plugin.start()
+    try:
+        assert plugin.paths.dra.parent == config.plugin_data_dir
+        assert len(str(plugin.paths.dra)) < 108
+        with channel(plugin.paths.registration) as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
+        assert info.endpoint == str(plugin.paths.dra)
+        with channel(Path(info.endpoint)) as ch:
+            answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(
+                    claims=[v1.Claim(namespace="default", name="gone", uid=new_uid())]
+                ),
+                timeout=5,
+            )
+        assert [r.error for r in answer.claims.values()] == [""]
+    finally:
+        plugin.stop()
+    assert not plugin.paths.dra.exists()
+
+
 def test_damaged_checkpoint_is_moved_aside_reported_and_rebuilt(
     tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
 ) -> None:
