@@ -237,16 +237,22 @@ def module_loaded(modules: str, name: str) -> bool:
 
 
 def ensure_claim_nodes(
-    files: DriverFiles, devices: Sequence[ClaimDevice], capabilities: frozenset[str]
+    files: DriverFiles,
+    devices: Sequence[ClaimDevice],
+    capabilities: frozenset[str],
+    *,
+    shared: bool = True,
 ) -> None:
-    """Make every device node missing that a claim's spec will name: its devices' own and those
-    the ``capabilities`` give every claim. Nothing when ``files`` came without the dev root's
-    place here (``dev_root_here`` None: files not scanned from a driver root). Raises CdiError
-    naming each node that cannot be made."""
+    """Make every device node missing that a claim's spec will name: its devices' own and, with
+    ``shared``, those the ``capabilities`` give every claim (the caller may check those once for
+    many claims). Nothing when ``files`` came without the dev root's place here
+    (``dev_root_here`` None: files not scanned from a driver root). Raises CdiError naming each
+    node that cannot be made."""
     if files.dev_root_here is None:
         return
     paths = [n.path for d in devices for n in d.nodes]
-    paths += files.node_paths(capabilities)
+    if shared:
+        paths += files.node_paths(capabilities)
     ensure_device_nodes(paths, dev_root=files.dev_root_here, proc_root=files.proc_root)
 
 

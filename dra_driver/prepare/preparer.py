@@ -415,7 +415,12 @@ class Preparer(Repair):
                 spec = step.edit(step_plan, device, spec=spec)
             out.append(spec)
         if make_nodes:
-            cdi.ensure_claim_nodes(current.files, out, capabilities)
+            # the nodes every claim with these capabilities gets: once per version of the
+            # devices and per reconcile pass, not on every prepare (TargetSet.nodes_checked)
+            shared = capabilities not in current.nodes_checked
+            cdi.ensure_claim_nodes(current.files, out, capabilities, shared=shared)
+            if shared:
+                current.nodes_checked.add(capabilities)
         return self._spec_encoder.encode(claim_uid, out, capabilities)
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:

@@ -150,6 +150,7 @@ class Repair:
         """
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
                 "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
+        self._current.nodes_checked.clear()  # the next prepare checks the shared nodes again
         _, done["stale_spares_removed"] = self.specs.collect_spares()
         for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
             with self.locks.try_hold(uid) as held:

@@ -12,7 +12,7 @@ prepared, and the slot is all the core needs to tell such a device from the othe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
@@ -146,11 +146,19 @@ def device_targets(
 class TargetSet:
     """One version of what prepare accepts: the devices, what a spec says of each (made once:
     the same for every claim that gets it) and the driver files their nodes were made from.
-    Never changed once built; Preparer.set_targets replaces it whole."""
+    Never changed once built; Preparer.set_targets replaces it whole.
+
+    ``nodes_checked``: the capability sets whose shared device nodes (the control nodes and the
+    driver files' nodes every claim with those capabilities gets, none of them the claim's own)
+    a prepare has found or made with this version of the devices; a prepare checks them only
+    while its set is not in here, so that per-claim work stays per claim. Reconcile empties it
+    on every pass, and a re-discovery builds a new TargetSet, so a node removed since (a driver
+    reload) is made again by the next prepare."""
 
     targets: Mapping[str, DeviceTarget]
     spec_devices: Mapping[str, cdi.ClaimDevice]
     files: cdi.DriverFiles
+    nodes_checked: set[frozenset[str]] = field(default_factory=set, compare=False, hash=False)
 
     @classmethod
     def build(cls, targets: Mapping[str, DeviceTarget], files: cdi.DriverFiles) -> TargetSet:
