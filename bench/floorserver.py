@@ -31,7 +31,12 @@ from dra_driver.kube import KubeClient
 from dra_driver.plugin.dra import V1Servicer
 from dra_driver.plugin.services import _GRPC_WORKERS, _serve
 from dra_driver.prepare import ClaimRef, Outcome, Preparer
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_COMPLETED,
+    Checkpoint,
+    ClaimRecord,
+    PreparedDevice,
+)
 
 LEVELS = ("grpc", "get", "record")
 

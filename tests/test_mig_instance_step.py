@@ -18,7 +18,7 @@ from dra_driver.gpus.info import GpuInfo
 from dra_driver.mig.instance_step import MigInstanceStep
 from dra_driver.mig.instances import DynamicMig, overlaps
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,

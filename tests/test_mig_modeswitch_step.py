@@ -23,7 +23,7 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,

@@ -25,7 +25,7 @@ from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.mig import modeswitch, ondemand_step
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.checkpoint import PREPARE_STARTED, ClaimRecord, PreparedDevice
+from dra_driver.prepare.state.checkpoint import PREPARE_STARTED, ClaimRecord, PreparedDevice
 from dra_driver.sim.nvml import simulated_nvml
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.dynamicnode import DynamicNode, open_node

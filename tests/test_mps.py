@@ -29,7 +29,7 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
 from dra_driver.sharing.mpsdaemon import MpsDaemons
 from dra_driver.sharing.shares import DISABLED, SharesMode

@@ -34,7 +34,7 @@ from dra_driver.kube import KubeClient
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
 from dra_driver.sharing.mpsdaemon import MpsDaemons
 from dra_driver.sharing.shares import DISABLED, SharesMode, parse_mode, shareable

@@ -29,7 +29,7 @@ from dra_driver.errors import (
 )
 from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, checkpoint, device_targets
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,

@@ -28,7 +28,12 @@ from dra_driver.prepare import (
     Step,
     device_targets,
 )
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord, Claims
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    ClaimRecord,
+    Claims,
+)
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.nodestorage import open_node_storage

@@ -17,7 +17,7 @@ import pytest
 
 from dra_driver.errors import ConfigNotSupported, DeviceConflict, PrepareError
 from dra_driver.prepare import ClaimRef
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid
 from tests.shareenforcer import RecordingEnforcer

@@ -22,14 +22,18 @@ from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
     PreparedDevice,
     read_state,
 )
-from dra_driver.prepare.switchover import NVIDIA_MPS_KEY, NVIDIA_NAMESPACE, migrate_own_checkpoint
+from dra_driver.prepare.state.switchover import (
+    NVIDIA_MPS_KEY,
+    NVIDIA_NAMESPACE,
+    migrate_own_checkpoint,
+)
 from dra_driver.sim.demo import DEMO_SIMULATE
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
@@ -427,8 +431,9 @@ KILLED_ADOPTION = """
 import os, signal, sys
 from pathlib import Path
 from dra_driver import cdi
-from dra_driver.prepare import device_targets, switchover
-from dra_driver.prepare.checkpoint import Checkpoint
+from dra_driver.prepare import device_targets
+from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.checkpoint import Checkpoint
 from dra_driver.sim.fakedriver import simulated_inventory
 
 tmp = Path(sys.argv[1])

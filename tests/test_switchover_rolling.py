@@ -18,13 +18,13 @@ import pytest
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
     read_state,
 )
-from dra_driver.prepare.switchover import sole_user
+from dra_driver.prepare.state.switchover import sole_user
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, new_uid
 from tests.test_plugin_server import inventory, make_config, prepare, start_plugin

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dra_driver.errors import TimeSliceFailed
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED
 from dra_driver.sharing.timeslice import NvidiaSmi
 from dra_driver.sim.fakedriver import (
     NVIDIA_SMI_FAIL,

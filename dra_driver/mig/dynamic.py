@@ -38,8 +38,8 @@ from dra_driver.devices import (
 )
 from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
-from dra_driver.prepare import switchover
-from dra_driver.prepare.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
+from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
 
 log = logging.getLogger(__name__)
 

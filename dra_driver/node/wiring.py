@@ -26,7 +26,7 @@ from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.server import DEFAULT_RECONCILE_INTERVAL_S, EventReporter, KubeletPlugin
 from dra_driver.plugin.settings import PluginSettings
 from dra_driver.prepare import ClaimSource, NodeState, Step, StepFactory
-from dra_driver.prepare.checkpoint import BOOT_ID_PATH
+from dra_driver.prepare.state.checkpoint import BOOT_ID_PATH
 from dra_driver.sharing import shares
 from dra_driver.sharing.mps_step import MpsStep
 from dra_driver.sharing.share_step import ShareStep, device_by_uuid

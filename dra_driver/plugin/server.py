@@ -60,9 +60,9 @@ from dra_driver.prepare import (
     StepFactory,
     device_targets,
     no_steps,
-    switchover,
 )
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.checkpoint import (
     BOOT_ID_PATH,
     Checkpoint,
     ClaimLocks,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dra_driver import cdi
 from dra_driver.errors import ClaimNotFound, ConfigDecodeError, PrepareError
-from dra_driver.prepare.checkpoint import ClaimRecord, PreparedDevice
+from dra_driver.prepare.state.checkpoint import ClaimRecord, PreparedDevice
 from dra_driver.prepare.targets import DeviceTarget
 
 if TYPE_CHECKING:

@@ -48,16 +48,6 @@ from dra_driver.errors import (
     KubeError,
     PrepareError,
 )
-from dra_driver.prepare.checkpoint import (
-    PREPARE_COMPLETED,
-    PREPARE_STARTED,
-    Checkpoint,
-    ClaimLocks,
-    ClaimRecord,
-    Claims,
-    Phase,
-    PreparedDevice,
-)
 from dra_driver.prepare.outcome import Outcome, error_type
 from dra_driver.prepare.plan import (
     ClaimPlan,
@@ -71,6 +61,16 @@ from dra_driver.prepare.plan import (
     validate_ref,
 )
 from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    Claims,
+    Phase,
+    PreparedDevice,
+)
 from dra_driver.prepare.step import Step, StepFactory, no_steps, steps_of
 from dra_driver.prepare.targets import DeviceTarget, TargetSet
 

@@ -14,15 +14,6 @@ from collections.abc import Iterable, Mapping
 
 from dra_driver import cdi
 from dra_driver.errors import CdiError, DraError, KubeError, PrepareError
-from dra_driver.prepare.checkpoint import (
-    PREPARE_COMPLETED,
-    PREPARE_STARTED,
-    Checkpoint,
-    ClaimLocks,
-    ClaimRecord,
-    Claims,
-    PreparedDevice,
-)
 from dra_driver.prepare.plan import (
     ClaimSource,
     PlannedDevice,
@@ -32,6 +23,15 @@ from dra_driver.prepare.plan import (
     recorded_claim,
     reserved_pods,
     stale_reason,
+)
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimLocks,
+    ClaimRecord,
+    Claims,
+    PreparedDevice,
 )
 from dra_driver.prepare.step import Step
 from dra_driver.prepare.targets import DeviceTarget, TargetSet

@@ -50,7 +50,8 @@ from typing import Any, Literal
 from dra_driver import cdi
 from dra_driver.errors import CdiError, CheckpointError, PrepareError
 from dra_driver.fsutil import fsync_dir
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.plan import ClaimRef, get, plan_claim
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -59,7 +60,6 @@ from dra_driver.prepare.checkpoint import (
     PreparedDevice,
     read_state,
 )
-from dra_driver.prepare.plan import ClaimRef, get, plan_claim
 from dra_driver.prepare.targets import DeviceTarget
 
 log = logging.getLogger("dra_driver.prepare")
