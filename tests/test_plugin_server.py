@@ -1,4 +1,4 @@
-"""KubeletPlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
+"""NodePlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
 real Kubernetes client from the local API server (dra_driver/sim/localapi/), real files."""
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from dra_driver.errors import ConfigError
 from dra_driver.fsutil import in_memory_fs
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
+from dra_driver.kube.events import node_event_reporter
 from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.node.config import Config
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import HealthStates
-from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from dra_driver.sharing.shares import ShareEnforcer
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory, write_capability
 from dra_driver.sim.localapi import FakeKubeApi
@@ -77,7 +78,7 @@ def start_plugin(
     health: HealthStates | None = None,
     consumable_shares: str = "disabled",
     share_enforcer: ShareEnforcer | None = None,
-) -> KubeletPlugin:
+) -> NodePlugin:
     plugin = kubelet_plugin(
         config=make_config(tmp, pod_uid=pod_uid, consumable_shares=consumable_shares),
         share_enforcer=share_enforcer,
@@ -103,7 +104,7 @@ def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
 
 
 @pytest.fixture
-def plugin(tmp_path: Path, kube: KubeClient) -> Iterator[KubeletPlugin]:
+def plugin(tmp_path: Path, kube: KubeClient) -> Iterator[NodePlugin]:
     p = start_plugin(tmp_path, kube)
     yield p
     p.stop()
@@ -119,10 +120,10 @@ def v1_claim(claim: dict[str, object]) -> v1.Claim:
     return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
-def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlugin) -> None:
+def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: NodePlugin) -> None:
     assert (
         plugin.paths.registration
-        == plugin.settings.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+        == plugin.settings.plugin_data_dir.parents[1] / "registry/gpu.nvidia.com-reg.sock"
     )
     assert plugin.paths.dra == plugin.settings.plugin_data_dir / "dra.sock"
     with channel(plugin.paths.registration) as ch:
@@ -139,7 +140,7 @@ def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlu
 
 
 def test_registration_status_is_recorded_and_a_refusal_logged(
-    plugin: KubeletPlugin, caplog: pytest.LogCaptureFixture
+    plugin: NodePlugin, caplog: pytest.LogCaptureFixture
 ) -> None:
     with channel(plugin.paths.registration) as ch:
         stub = reg_grpc.RegistrationStub(ch)
@@ -208,7 +209,7 @@ def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
 
 
 def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+    plugin: NodePlugin, kubeapi: FakeKubeApi
 ) -> None:
     claim = kubeapi.add_claim(allocated_claim(name="c1"))
     with channel(plugin.paths.dra) as ch:
@@ -236,7 +237,7 @@ def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
 
 
 def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+    plugin: NodePlugin, kubeapi: FakeKubeApi
 ) -> None:
     good = kubeapi.add_claim(allocated_claim(name="good", devices=["gpu-2"]))
     elsewhere = kubeapi.add_claim(
@@ -254,7 +255,7 @@ def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
     assert ("get", "resourceclaims", "default", "x") not in kubeapi.requests
 
 
-def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
+def test_empty_request_gets_an_empty_answer(plugin: NodePlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
         assert (
@@ -266,9 +267,7 @@ def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
         )
 
 
-def test_a_batch_of_1000_claims_gets_1000_answers(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
-) -> None:
+def test_a_batch_of_1000_claims_gets_1000_answers(plugin: NodePlugin, kubeapi: FakeKubeApi) -> None:
     claims = []
     for i in range(1000):
         claim = allocated_claim(name=f"admin-{i}", devices=[f"gpu-{i % 8}"])
@@ -289,7 +288,7 @@ def test_a_batch_of_1000_claims_gets_1000_answers(
     assert list(plugin.settings.cdi_root.glob("*.json")) == []
 
 
-def test_health_stream_lists_every_device_and_repeats(plugin: KubeletPlugin) -> None:
+def test_health_stream_lists_every_device_and_repeats(plugin: NodePlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
             health.NodeWatchResourcesRequest(), timeout=5
@@ -350,11 +349,12 @@ def short_tmp() -> Iterator[Path]:
 def test_rolling_update_instances_serve_side_by_side_and_share_state(
     short_tmp: Path, kube: KubeClient, kubeapi: FakeKubeApi
 ) -> None:
-    old = start_plugin(short_tmp, kube, pod_uid=new_uid())
+    old_uid = new_uid()
+    old = start_plugin(short_tmp, kube, pod_uid=old_uid)
     new = start_plugin(short_tmp, kube, pod_uid=new_uid())
     try:
-        assert old.paths.registration.name == f"gpu.nvidia.com-{old.settings.pod_uid}-reg.sock"
-        assert old.paths.dra.name == f"dra-{old.settings.pod_uid}.sock"
+        assert old.paths.registration.name == f"gpu.nvidia.com-{old_uid}-reg.sock"
+        assert old.paths.dra.name == f"dra-{old_uid}.sock"
         assert old.paths.dra != new.paths.dra and old.paths.registration != new.paths.registration
         assert all(len(str(p)) < 108 for p in (old.paths.dra, old.paths.registration))
         claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-5"]))
@@ -507,7 +507,7 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
         boot_id_path=tmp_path / "boot_id",
         reconcile_interval_s=0.02,
     )
-    caplog.set_level(logging.ERROR, logger="dra_driver.plugin.server")
+    caplog.set_level(logging.ERROR, logger="dra_driver.prepare.state.nodestate")
     plugin.start()
     try:
         assert plugin.preparer is not None
@@ -536,7 +536,7 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
 MIG_SPEC = "a100-40gb:1:mig=3g.20gb+2g.10gb"
 
 
-def prepare(plugin: KubeletPlugin, claim: dict[str, object]) -> v1.NodePrepareResourceResponse:
+def prepare(plugin: NodePlugin, claim: dict[str, object]) -> v1.NodePrepareResourceResponse:
     with channel(plugin.paths.dra) as ch:
         answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
             v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
@@ -544,7 +544,7 @@ def prepare(plugin: KubeletPlugin, claim: dict[str, object]) -> v1.NodePrepareRe
     return answer.claims[claim["metadata"]["uid"]]  # type: ignore[index]
 
 
-def spec_nodes(plugin: KubeletPlugin, uid: str) -> list[str]:
+def spec_nodes(plugin: NodePlugin, uid: str) -> list[str]:
     spec = json.loads(plugin.specs.path_for(uid).read_bytes())
     return [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
 
@@ -650,7 +650,7 @@ def test_a_prepared_device_that_disappears_is_reported_and_its_claim_can_be_unpr
         uid = claim["metadata"]["uid"]
         assert prepare(plugin, claim).error == ""
         assert registry.sample_value(**missing, driver="gpu.nvidia.com") == 0
-        with caplog.at_level(logging.WARNING, logger="dra_driver.plugin.server"):
+        with caplog.at_level(logging.WARNING, logger="dra_driver.prepare.state.nodestate"):
             plugin.set_inventory(simulated_inventory("h100:4", node_name="node1"))
             plugin.set_inventory(simulated_inventory("h100:5", node_name="node1"))  # still gone
         (warning,) = [r for r in caplog.records if "no longer has" in r.getMessage()]

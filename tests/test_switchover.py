@@ -20,8 +20,9 @@ import pytest
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
+from dra_driver.kube.events import node_event_reporter
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -157,7 +158,7 @@ def events(api: FakeKubeApi, reason: str) -> list[str]:
     return [e["message"] for e in api.objects("events") if e.get("reason") == reason]
 
 
-def unprepare(plugin: KubeletPlugin, claim: dict[str, Any]) -> None:
+def unprepare(plugin: NodePlugin, claim: dict[str, Any]) -> None:
     with channel(plugin.paths.dra) as ch:
         answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5

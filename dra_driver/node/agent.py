@@ -1,7 +1,7 @@
 """The node agent: starts and supervises discovery, publishing, the kubelet plugin and probes.
 
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
-Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
+Publisher (ResourceSlices) and NodePlugin (prepare state, registration + DRA sockets) -> probes and
 Prometheus metrics (``--metrics-port``, off by default), with per-device telemetry sampled every
 ``--telemetry-interval`` (telemetry/sampler.py; its health and XID series come from the
 HealthMonitor).
@@ -51,9 +51,9 @@ from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
 from dra_driver.node import cpuaffinity, log
 from dra_driver.node.config import Config
 from dra_driver.node.http_server import HttpServer, metrics_server
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.prepare import ERROR_TYPES
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sharing import shares
@@ -409,7 +409,7 @@ def _limit_malloc_arenas() -> None:
 def _start_telemetry(
     config: Config,
     inventory: Inventory,
-    plugin: KubeletPlugin,
+    plugin: NodePlugin,
     discovery: Discovery,
     stack: ExitStack,
     *,
@@ -490,7 +490,7 @@ def _rediscover(
     current: _NodeState,
     *,
     publisher: Publisher,
-    plugin: KubeletPlugin,
+    plugin: NodePlugin,
     monitor: HealthMonitor | None = None,
     mig: ManagedMig | None = None,
 ) -> _NodeState:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver import cdi
 from dra_driver.errors import (
@@ -77,6 +77,16 @@ from dra_driver.prepare.targets import DeviceTarget, TargetSet
 log = logging.getLogger("dra_driver.prepare")  # the one logger of prepare, steps included
 
 _Planned = list[tuple[Step, Any]]  # the steps that apply to a claim, with their plans
+
+
+class ClaimPreparer(Protocol):
+    """What the kubelet plugin serves (plugin/kubelet.py): batches of claims prepared and
+    unprepared, one outcome per distinct claim UID, one bad claim never failing the others.
+    prepare/state's PrepareState is one (over a Preparer)."""
+
+    def prepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]: ...
+
+    def unprepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]: ...
 
 
 class _Node:

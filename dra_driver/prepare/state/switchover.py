@@ -2,7 +2,7 @@
 both called ``checkpoint.json``, sorted out at start, before the plugin serves (and, after a
 rolling update from an earlier release, once its agent is gone).
 
-Flow position: plugin/server.py (start) -> :func:`checkpoint_names` and :func:`stale_state`
+Flow position: nodestate.py (PrepareState.open) -> :func:`checkpoint_names` and :func:`stale_state`
 before the checkpoint is opened, :func:`adopt_nvidia_checkpoint` right after it (before the
 first reconcile); mig/dynamic.py reads :func:`recorded_names` before that ->
 checkpoint.py + cdi/. Format of NVIDIA's file, spec names and MPS Deployments:
