@@ -290,8 +290,7 @@ def test_a_graphics_claim_gets_nvidia_modeset_made_when_its_module_is_loaded(
 def test_files_not_scanned_from_a_driver_root_never_make_nodes(tmp_path: Path) -> None:
     fake = make_fake_driver(tmp_path, device_nodes=False)
     files = cdi.DriverFiles(dev_root=tmp_path, proc_root=fake.proc_root)  # no dev_root_here
-    device = cdi.ClaimDevice(name="gpu-0", nodes=(files.node("/dev/nvidia0"),))
-    cdi.ensure_claim_nodes(files, [device], frozenset({"compute"}))
+    files.ensure_claim_nodes(["/dev/nvidia0"], frozenset({"compute"}))
     assert not (tmp_path / "dev").exists()
     scanned = cdi.find_driver_files(
         driver_root=fake.root, driver_version=None, proc_root=fake.proc_root

@@ -28,7 +28,8 @@ from dra_driver.errors import (
     PrepareError,
 )
 from dra_driver.node.wiring import prepare_steps
-from dra_driver.prepare import ClaimRef, Preparer, checkpoint, device_targets
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare.state import checkpoint
 from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,

@@ -428,7 +428,8 @@ class Preparer(Repair):
             # the nodes every claim with these capabilities gets: once per version of the
             # devices and per reconcile pass, not on every prepare (TargetSet.nodes_checked)
             shared = capabilities not in current.nodes_checked
-            cdi.ensure_claim_nodes(current.files, out, capabilities, shared=shared)
+            own = [node.path for device in out for node in device.nodes]
+            current.files.ensure_claim_nodes(own, capabilities, shared=shared)
             if shared:
                 current.nodes_checked.add(capabilities)
         return self._spec_encoder.encode(claim_uid, out, capabilities)
