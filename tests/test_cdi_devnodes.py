@@ -17,6 +17,7 @@ from dra_driver import cdi
 from dra_driver.cdi import devnodes
 from dra_driver.cdi.devnodes import NodeFacts, ProcFacts, node_facts
 from dra_driver.errors import CdiError
+from dra_driver.prepare.repair import Repair
 from dra_driver.sim.fakedriver import (
     CAPS_MAJOR,
     NVIDIA_PARAMS,
@@ -314,7 +315,7 @@ def test_the_nodes_every_claim_gets_are_checked_once_per_reconcile_pass_not_per_
     env.preparer.prepare(env.ref(second))
     assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the claim's own node: checked every time
     assert not (dev / "nvidia-uvm").exists()  # a shared one: not on this prepare
-    env.preparer.reconcile()
+    Repair(env.preparer).reconcile()
     third = env.store.add(allocated_claim(name="c3", devices=["gpu-2"]))
     env.preparer.prepare(env.ref(third))
     assert _rdev(dev / "nvidia-uvm") == (UVM_MAJOR, 0, 0o666)

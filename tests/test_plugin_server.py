@@ -33,6 +33,7 @@ from dra_driver.node.config import Config
 from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import HealthStates
+from dra_driver.prepare.repair import Repair
 from dra_driver.sharing.shares import ShareEnforcer
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory, write_capability
 from dra_driver.sim.localapi import FakeKubeApi
@@ -510,8 +511,8 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
     caplog.set_level(logging.ERROR, logger="dra_driver.prepare.state.nodestate")
     plugin.start()
     try:
-        assert plugin.preparer is not None
-        real = plugin.preparer.reconcile
+        assert plugin.state.repair is not None
+        real = plugin.state.repair.reconcile
         passes: list[str] = []
 
         def reconcile() -> dict[str, int]:
@@ -520,7 +521,7 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
                 raise RuntimeError("a bug in one pass")
             return real()
 
-        plugin.preparer.reconcile = reconcile  # type: ignore[method-assign]
+        plugin.state.repair.reconcile = reconcile  # type: ignore[method-assign]
         deadline = time.monotonic() + 5
         while len(passes) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -664,7 +665,7 @@ def test_a_prepared_device_that_disappears_is_reported_and_its_claim_can_be_unpr
         # reconcile rewrites a lost spec with the devices that are left, and does not fail
         plugin.specs.path_for(uid).unlink()
         assert plugin.preparer is not None
-        assert plugin.preparer.reconcile()["specs_rewritten"] == 1
+        assert Repair(plugin.preparer).reconcile()["specs_rewritten"] == 1
         assert spec_nodes(plugin, uid) == ["/dev/nvidia1"]
         with channel(plugin.paths.dra) as ch:
             answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
@@ -689,7 +690,7 @@ def test_a_claim_left_with_no_device_at_all_does_not_break_reconcile(
         for claim in (gone, kept):
             plugin.specs.path_for(claim["metadata"]["uid"]).unlink()
         assert plugin.preparer is not None
-        done = plugin.preparer.reconcile()  # no spec can be made for "gone": skipped
+        done = Repair(plugin.preparer).reconcile()  # no spec can be made for "gone": skipped
         assert done["specs_rewritten"] == 1
         assert plugin.specs.claim_uids() == {kept["metadata"]["uid"]}
     finally:

@@ -23,6 +23,7 @@ from dra_driver.kube import KubeClient
 from dra_driver.kube.events import node_event_reporter
 from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
+from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -208,7 +209,7 @@ def test_a_completed_claim_is_adopted_keeps_its_spec_and_holds_its_gpu(
         # its GPU is not free
         other = kubeapi.add_claim(allocated_claim(name="other", devices=["gpu-0"]))
         assert "gpu-0" in prepare(plugin, other).error
-        plugin.preparer.reconcile()  # type: ignore[union-attr]
+        Repair(plugin.preparer).reconcile()  # type: ignore[union-attr]
         assert yaml_spec(tmp_path, uid).exists()  # an adopted claim's spec is owned
         unprepare(plugin, claim)
         assert not yaml_spec(tmp_path, uid).exists()

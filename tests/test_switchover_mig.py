@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
 from dra_driver.prepare import device_targets
+from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state import switchover
 from tests.claimdata import allocated_claim
 from tests.test_mig_instance_step import THREE_G_AT_4, open_env
@@ -56,7 +57,7 @@ def test_an_adopted_dynamic_mig_device_counts_as_ours_and_its_unprepare_destroys
             cdi_vendor="k8s.gpu.nvidia.com",
         )
         assert adoption.adopted == [uid], adoption.message()
-        env.preparer.reconcile()
+        Repair(env.preparer).reconcile()
         assert list(env.instances()) == [THREE_G_AT_4]  # in use by the running pod: kept
         env.preparer.unprepare(env.ref(claim))
         assert env.instances() == {}  # destroyed as our own

@@ -55,6 +55,7 @@ from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.prepare import ERROR_TYPES
+from dra_driver.prepare.state.nodestate import recorded_device_names
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sharing import shares
 
@@ -509,7 +510,7 @@ def _rediscover(
     try:
         inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
         recorded = (
-            plugin.preparer.recorded_device_names()
+            recorded_device_names(plugin.checkpoint.snapshot().values())
             if mig.mig_mode == "dynamic" and plugin.preparer is not None
             else frozenset()
         )

@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,15 +43,18 @@ from dra_driver.kube.events import EventReporter
 from dra_driver.prepare import (
     ClaimRef,
     ClaimSource,
+    DeviceTarget,
     Preparer,
     StepFactory,
     device_targets,
     no_steps,
 )
 from dra_driver.prepare.outcome import Outcome
+from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state import switchover
 from dra_driver.prepare.state.checkpoint import (
     BOOT_ID_PATH,
+    PREPARE_COMPLETED,
     Checkpoint,
     ClaimLocks,
     ClaimRecord,
@@ -69,6 +72,45 @@ DEFAULT_RECONCILE_INTERVAL_S = 60.0
 # holed API server and many claims a healthy pass can take minutes.
 RECONCILE_STALL_S = 1800.0
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_driver_files reads it
+
+
+def missing_devices(
+    records: Iterable[ClaimRecord], targets: Mapping[str, DeviceTarget]
+) -> list[tuple[ClaimRecord, tuple[str, ...]]]:
+    """``PrepareCompleted`` claims holding devices this node no longer has (not in ``targets``),
+    each with those device names. Pure."""
+    missing = []
+    for record in records:
+        if record.phase != PREPARE_COMPLETED:
+            continue
+        gone = tuple(sorted({d.device for d in record.devices} - targets.keys()))
+        if gone:
+            missing.append((record, gone))
+    return missing
+
+
+def prepared_devices_by_type(
+    records: Iterable[ClaimRecord], targets: Mapping[str, DeviceTarget]
+) -> dict[str, int]:
+    """How many of our devices ``PrepareCompleted`` claims hold, as ``{"gpu": n, "mig": m}``
+    (both keys always present). A device shared by admin-access claims counts once; a device
+    this node no longer has is typed by its name. Pure."""
+    held: set[str] = set()
+    for record in records:
+        if record.phase == PREPARE_COMPLETED:
+            held.update(d.device for d in record.devices)
+    counts = {"gpu": 0, "mig": 0}
+    for name in held:
+        target = targets.get(name)
+        counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
+    return counts
+
+
+def recorded_device_names(records: Iterable[ClaimRecord]) -> frozenset[str]:
+    """Every device name in the claim records, in either phase (read from the checkpoint, so
+    claims another instance recorded count too). In dynamic MIG mode these are the MIG devices
+    this driver created or is creating (mig/dynamic.py). Pure."""
+    return frozenset(d.device for record in records for d in record.devices)
 
 
 class PrepareState:
@@ -115,6 +157,7 @@ class PrepareState:
         self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock")
         self.specs = cdi.CdiSpecDir(settings.cdi_root, vendor=settings.cdi_vendor)
         self.preparer: Preparer | None = None
+        self.repair: Repair | None = None  # of the preparer, once opened
         self._reconciler: threading.Thread | None = None
         self._rebuild_needed = False
         self.reconcile_heartbeat = Heartbeat("reconcile", stall_s=RECONCILE_STALL_S)
@@ -163,6 +206,7 @@ class PrepareState:
             claims=self._claims,
             steps=self._steps,
         )
+        self.repair = Repair(self.preparer)
         self._adopt(legacy, stale)
         self._recover(report)
         self._report_missing_devices()
@@ -243,7 +287,7 @@ class PrepareState:
         """Log and post an Event for each prepared claim that newly holds a device this node no
         longer has (its containers lose that device; unprepare still works)."""
         assert self.preparer is not None
-        missing = self.preparer.missing_devices()
+        missing = missing_devices(self.checkpoint.snapshot().values(), self.preparer.targets)
         now = {(record.uid, name) for record, names in missing for name in names}
         for record, names in missing:
             new = [n for n in names if (record.uid, n) not in self._missing_reported]
@@ -265,7 +309,10 @@ class PrepareState:
     def _missing_devices(self) -> dict[tuple[str, ...], float]:
         """``gpu_dra_prepared_devices_missing`` at scrape time: (node, driver) -> n."""
         assert self.preparer is not None
-        names = {name for _, gone in self.preparer.missing_devices() for name in gone}
+        records = self.checkpoint.snapshot().values()
+        names = {
+            name for _, gone in missing_devices(records, self.preparer.targets) for name in gone
+        }
         return {(self.settings.node_name, self.settings.driver_name): float(len(names))}
 
     def _post_event(self, reason: str, message: str) -> None:
@@ -360,9 +407,9 @@ class PrepareState:
                 log.warning("cannot post the adoption Event", extra={"error": str(exc)})
 
     def _recover(self, report: LoadReport) -> None:
-        assert self.preparer is not None
+        assert self.repair is not None
         if report.corrupt_moved_to is not None:
-            rebuilt = self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
+            rebuilt = self.repair.rebuild_from_specs(booted_at_s=self._booted_at_s())
             log.warning(
                 "rebuilt the prepared-claim state from the CDI specs on disk",
                 extra={"claims": rebuilt},
@@ -372,7 +419,7 @@ class PrepareState:
                 "the node rebooted since the last checkpoint: prepared claims were dropped",
                 extra={"claims": report.discarded_after_reboot},
             )
-        done = self.preparer.reconcile()
+        done = self.repair.reconcile()
         log.info("reconciled prepared claims at start", extra=done)
 
     def _prepared_devices(self) -> dict[tuple[str, ...], float]:
@@ -381,7 +428,9 @@ class PrepareState:
         cfg = self.settings
         return {
             (cfg.node_name, cfg.driver_name, device_type): float(n)
-            for device_type, n in self.preparer.prepared_devices_by_type().items()
+            for device_type, n in prepared_devices_by_type(
+                self.checkpoint.snapshot().values(), self.preparer.targets
+            ).items()
         }
 
     def _booted_at_s(self) -> float:
@@ -429,12 +478,12 @@ class PrepareState:
             )
 
     def _reconcile_pass(self) -> None:
-        assert self.preparer is not None
+        assert self.preparer is not None and self.repair is not None
         try:
             if self._rebuild_needed:
                 self._rebuild_needed = False
-                self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
-            done = self.preparer.reconcile()
+                self.repair.rebuild_from_specs(booted_at_s=self._booted_at_s())
+            done = self.repair.reconcile()
             self.checkpoint.compact()  # off the prepare path
             self._relocate_checkpoint()
         except (CdiError, CheckpointError, KubeError, OSError) as exc:
