@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
+from dra_driver.mig.dynamic import ManagedMig
 from dra_driver.prepare import device_targets
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
 from tests.claimdata import allocated_claim
 from tests.test_mig_instance_step import THREE_G_AT_4, open_env
 from tests.test_switchover import nvidia_checkpoint, nvidia_spec, yaml_spec

@@ -47,7 +47,7 @@ from dra_driver.health.decisions import HealthPolicy
 from dra_driver.health.monitor import HealthMonitor
 from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import EventType, KubeClient
-from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
+from dra_driver.mig.dynamic import ManagedMig
 from dra_driver.node import cpuaffinity, log
 from dra_driver.node.config import Config
 from dra_driver.node.http_server import HttpServer, metrics_server
@@ -55,7 +55,7 @@ from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.prepare import ERROR_TYPES
-from dra_driver.prepare.state.nodestate import recorded_device_names
+from dra_driver.prepare.state.nodestate import recorded_device_names, recorded_device_names_on_disk
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sharing import shares
 
@@ -191,17 +191,8 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         # From the start: a SIGTERM during start-up stops cleanly too (simulated GPUs' files).
         stack.enter_context(_stop_on_signals(stop))
         discovery = Discovery(config, stack)
-        inventory = discovery.discover()
         mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
-        node_devices = published_devices(
-            mig.node_devices(
-                inventory,
-                recorded=recorded_device_names_on_disk(config.checkpoint_path)
-                if config.mig_mode == "dynamic"
-                else frozenset(),
-            ),
-            config,
-        )
+        inventory, node_devices = first_devices(config, discovery, mig)
         logger.info(
             "discovered GPUs",
             extra={
@@ -360,6 +351,22 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
 
 _M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
 MALLOC_ARENAS = 2
+
+
+def first_devices(
+    config: Config, discovery: Discovery, mig: ManagedMig
+) -> tuple[Inventory, devices.NodeDevices]:
+    """The first publication's pipeline, the agent's and ``gpu-dra devices``'s alike: discovery
+    -> the devices ``--mig-mode`` makes of it (dynamic: the MIG devices prepare's state records
+    count as the driver's own, read without opening it) -> shareable as
+    ``--consumable-shares`` says. Raises DiscoveryError as Discovery.discover does."""
+    inventory = discovery.discover()
+    recorded = (
+        recorded_device_names_on_disk(config.checkpoint_path)
+        if config.mig_mode == "dynamic"
+        else frozenset()
+    )
+    return inventory, published_devices(mig.node_devices(inventory, recorded=recorded), config)
 
 
 def published_devices(node_devices: devices.NodeDevices, config: Config) -> devices.NodeDevices:

@@ -59,6 +59,8 @@ from dra_driver.prepare.state.checkpoint import (
     ClaimLocks,
     ClaimRecord,
     LoadReport,
+    read_boot_id,
+    read_state,
 )
 from dra_driver.prepare.state.settings import StateSettings
 
@@ -111,6 +113,48 @@ def recorded_device_names(records: Iterable[ClaimRecord]) -> frozenset[str]:
     claims another instance recorded count too). In dynamic MIG mode these are the MIG devices
     this driver created or is creating (mig/dynamic.py). Pure."""
     return frozenset(d.device for record in records for d in record.devices)
+
+
+def recorded_device_names_on_disk(
+    checkpoint_path: Path, *, boot_id_path: Path = BOOT_ID_PATH
+) -> frozenset[str]:
+    """Every device name the checkpoint at ``checkpoint_path`` records, read-only, and those
+    the ``checkpoint.json`` beside it records for this boot: NVIDIA's, whose claims the plugin
+    adopts when it opens (their MIG devices are then its own), or an earlier release's, shared
+    while its agent still runs (switchover.py).
+
+    A missing checkpoint records nothing, and so does one from an earlier boot (the plugin
+    discards it; MIG devices that exist now were made since, by someone else). A damaged one
+    counts as recording nothing here: the plugin sets it aside and reports it when it opens it,
+    and the next discovery pass reads the opened state (:func:`recorded_device_names`).
+    """
+    own = _own_names(checkpoint_path, boot_id_path=boot_id_path)
+    legacy = checkpoint_path.with_name(switchover.LEGACY_NAME)
+    if legacy == checkpoint_path:
+        return own
+    try:
+        return own | switchover.recorded_names(legacy, boot_id=read_boot_id(boot_id_path))
+    except (DraError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("cannot read checkpoint.json before the plugin opens it",
+                    extra={"path": str(legacy), "reason": str(exc)})  # fmt: skip
+        return own
+
+
+def _own_names(checkpoint_path: Path, *, boot_id_path: Path) -> frozenset[str]:
+    try:
+        boot_id, claims = read_state(checkpoint_path)
+        if boot_id != read_boot_id(boot_id_path):
+            return frozenset()
+    except FileNotFoundError:
+        return frozenset()
+    except (DraError, OSError, ValueError, KeyError) as exc:
+        log.warning(
+            "cannot read the checkpoint before the plugin opens it; treating no MIG device as "
+            "the driver's own until the next discovery pass",
+            extra={"path": str(checkpoint_path), "reason": str(exc)},
+        )
+        return frozenset()
+    return frozenset(d.device for record in claims.values() for d in record.devices)
 
 
 class PrepareState:
