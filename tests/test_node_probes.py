@@ -158,15 +158,15 @@ def test_a_stuck_reconcile_pass_fails_liveness_until_it_ends(
         reconcile_interval_s=0.02,
     )
     plugin.start()
-    assert plugin.preparer is not None
+    assert plugin.state.repair is not None
     release = threading.Event()
-    real = plugin.preparer.reconcile
+    real = plugin.state.repair.reconcile
 
     def hanging() -> dict[str, int]:
         release.wait(10)
         return real()
 
-    plugin.preparer.reconcile = hanging  # type: ignore[method-assign]
+    plugin.state.repair.reconcile = hanging  # type: ignore[method-assign]
     plugin.reconcile_heartbeat.stall_s = 0.2
     probes = probe_server(plugin, liveness=[lambda: heartbeat_problems(plugin.heartbeats)])
     try:

@@ -37,7 +37,6 @@ from dra_driver.errors import (
     ConfigError,
     DiscoveryError,
     DraError,
-    KubeError,
     NoGpusFound,
     PublishError,
 )
@@ -45,22 +44,18 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.health.decisions import HealthPolicy
 from dra_driver.health.monitor import HealthMonitor
-from dra_driver.heartbeat import Heartbeat, heartbeat_problems
-from dra_driver.kube import EventType, KubeClient
+from dra_driver.heartbeat import Heartbeat
+from dra_driver.kube import KubeClient
 from dra_driver.mig.dynamic import ManagedMig
-from dra_driver.node import cpuaffinity, log
+from dra_driver.node import cpuaffinity, log, parts
 from dra_driver.node.config import Config
-from dra_driver.node.http_server import HttpServer, metrics_server
 from dra_driver.node.nodeplugin import NodePlugin
-from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.prepare import ERROR_TYPES
-from dra_driver.prepare.state.nodestate import recorded_device_names, recorded_device_names_on_disk
+from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sharing import shares
 
 if TYPE_CHECKING:
-    from dra_driver import metrics
     from dra_driver.sim.nvml import SimulatedNvmlLibrary
     from dra_driver.telemetry.holders import GetPod
     from dra_driver.telemetry.sampler import Telemetry
@@ -202,21 +197,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             },
         )
         kube = KubeClient.from_config(kubeconfig=config.kubeconfig)
-
-        def report_event(reason: str, message: str, *, event_type: EventType = "Warning") -> None:
-            try:
-                node = kube.get_node(config.node_name)
-                kube.create_event(
-                    node_name=config.node_name,
-                    node_uid=str(node.get("metadata", {}).get("uid", "")),
-                    reason=reason,
-                    message=message,
-                    event_type=event_type,
-                    namespace=config.pod_namespace,
-                )
-            except KubeError as exc:
-                logger.warning("could not post an Event on the Node", extra={"reason": str(exc)})
-
+        report_event = parts.node_events(kube, config)
         publisher = Publisher(
             kube,
             driver_name=config.driver_name,
@@ -230,22 +211,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             events=report_event,
             check_interval_s=config.health_check_interval_s,
         )
-        driver_metrics: metrics.DriverMetrics | None = None
-        scrapes: HttpServer | None = None
-        registry: metrics.Registry | None = None
-        if config.metrics_port:
-            from dra_driver import metrics  # noqa: PLC0415  (prometheus_client only when on)
-
-            registry = metrics.Registry()
-            driver_metrics = metrics.DriverMetrics(
-                registry,
-                driver_name=config.driver_name,
-                node_name=config.node_name,
-                error_types=ERROR_TYPES,
-            )
-            # Bound before anything is served: a port in use fails the start with a clear error.
-            scrapes = metrics_server(registry, port=config.metrics_port)
-            stack.callback(scrapes.stop)
+        endpoint = parts.metrics_endpoint(config, stack)
         plugin = kubelet_plugin(
             config=config,
             inventory=inventory,
@@ -253,10 +219,11 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             deployments=kube,
             static_gpus=frozenset(mig.left_static()),
             report_event=report_event,
-            metrics=driver_metrics,
+            metrics=endpoint.driver if endpoint else None,
             health=monitor.states,
         )
         monitor.subscribe(plugin.health_changed)
+        readiness = [part.readiness_problems for part in (plugin, publisher, discovery, monitor)]
         with _stop_on_signals(stop):
             # Health first: a GPU already unhealthy is tainted in the first slices written.
             monitor.start()
@@ -266,7 +233,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             plugin.start()
             stack.callback(plugin.stop)
             telemetry = None
-            if registry is not None:
+            if endpoint is not None:
                 telemetry = _start_telemetry(
                     config, inventory, plugin, discovery, stack, get_pod=kube.get_pod
                 )
@@ -274,49 +241,26 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     states=lambda: {name: h.status for name, h in monitor.states().items()},
                     xid_counts=monitor.xid_counts,
                 )
-                registry.register_formatted(telemetry)
-                from dra_driver.node.healthmetrics import HealthMetrics  # noqa: PLC0415
-
-                readiness = (plugin, publisher, discovery, monitor)
-                registry.register_formatted(
-                    HealthMetrics(
-                        node_name=config.node_name,
-                        conditions=monitor.conditions,
-                        states=monitor.states,
-                        readiness=[part.readiness_problems for part in readiness],
-                    )
-                )
-            if driver_metrics is not None and scrapes is not None:
-                driver_metrics.set_published_devices(len(node_devices.devices))
-                scrapes.start()
-                stack.callback(scrapes.stop)  # before plugin.stop: scrapes read its checkpoint
+                endpoint.registry.register_formatted(telemetry)
+                parts.register_health_metrics(endpoint, config, monitor, readiness)
+                endpoint.driver.set_published_devices(len(node_devices.devices))
+                endpoint.server.start()
+                stack.callback(endpoint.server.stop)  # before plugin.stop: scrapes read its state
             rediscovery = Heartbeat("rediscovery", stall_s=REDISCOVERY_STALL_S)
-            if config.healthcheck_port:
-                sampling = (telemetry.heartbeat,) if telemetry and telemetry.heartbeat else ()
-                loops = (
+            sampling = (telemetry.heartbeat,) if telemetry and telemetry.heartbeat else ()
+            parts.start_probes(
+                config,
+                stack,
+                plugin=plugin,
+                loops=(
                     *publisher.heartbeats,
                     *plugin.heartbeats,
                     rediscovery,
                     monitor.heartbeat,
                     *sampling,
-                )
-                probes = ProbeServer(
-                    SocketChecker(
-                        registration_socket=plugin.paths.registration,
-                        dra_socket=plugin.paths.dra,
-                        driver_name=config.driver_name,
-                    ),
-                    port=config.healthcheck_port,
-                    liveness=[lambda: heartbeat_problems(loops)],
-                    readiness=[
-                        plugin.readiness_problems,
-                        publisher.readiness_problems,
-                        discovery.readiness_problems,
-                        monitor.readiness_problems,
-                    ],
-                )
-                probes.start()
-                stack.callback(probes.stop)
+                ),
+                readiness=readiness,
+            )
             logger.info(
                 "serving",
                 extra={
@@ -343,8 +287,8 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     if telemetry is not None and applied.inventory is not state.inventory:
                         telemetry.set_inventory(applied.inventory)
                     state = applied
-                    if driver_metrics is not None:
-                        driver_metrics.set_published_devices(len(state.node_devices.devices))
+                    if endpoint is not None:
+                        endpoint.driver.set_published_devices(len(state.node_devices.devices))
     logger.info("stopped")
     return 0
 
@@ -516,11 +460,7 @@ def _rediscover(
     mig = mig or ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
     try:
         inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
-        recorded = (
-            recorded_device_names(plugin.checkpoint.snapshot().values())
-            if mig.mig_mode == "dynamic" and plugin.preparer is not None
-            else frozenset()
-        )
+        recorded = plugin.recorded_device_names() if mig.mig_mode == "dynamic" else frozenset()
         fresh = _NodeState(
             inventory, published_devices(mig.node_devices(inventory, recorded=recorded), config)
         )

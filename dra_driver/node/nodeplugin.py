@@ -23,7 +23,7 @@ from dra_driver.plugin.registration import RegistrationServicer
 from dra_driver.plugin.sockets import SocketPaths
 from dra_driver.prepare import Preparer
 from dra_driver.prepare.state.checkpoint import Checkpoint, ClaimLocks
-from dra_driver.prepare.state.nodestate import PrepareState
+from dra_driver.prepare.state.nodestate import PrepareState, recorded_device_names
 from dra_driver.prepare.state.settings import StateSettings
 
 if TYPE_CHECKING:
@@ -96,6 +96,13 @@ class NodePlugin:
         return holders_from_records(
             self.state.checkpoint.snapshot().values(), pods=preparer.claim_pods()
         )
+
+    def recorded_device_names(self) -> frozenset[str]:
+        """Every device name prepare's state records now (nodestate.recorded_device_names);
+        none before start()."""
+        if self.state.preparer is None:
+            return frozenset()
+        return recorded_device_names(self.state.checkpoint.snapshot().values())
 
     # -- what the probes, the metrics and the tests read -----------------------------------
 
