@@ -263,7 +263,9 @@ def _rss_mib(pid: int) -> float:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-publish-") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="bench-publish-", dir="/tmp"
+    ) as tmp:  # short socket paths
         rows = [
             bench_plan(),
             *bench_publisher(Path(tmp)),

@@ -304,7 +304,9 @@ def bench_rss(tmp: Path) -> list[Row]:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="bench-telemetry-", dir="/tmp"
+    ) as tmp:  # short socket paths
         rows = [
             *bench_sampling(),
             *bench_scrape(Path(tmp), dcgm=True),

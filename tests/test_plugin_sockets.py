@@ -104,3 +104,10 @@ def test_distinct_pods_get_distinct_shortened_dra_sockets() -> None:
 def test_a_plugin_directory_too_long_for_any_dra_socket_name_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"PLUGINS_DIRECTORY_PATH.*Unix socket path limit"):
         dra_socket_name(plugin_dir=Path("/" + "p" * 90), pod_uid=UID)
+
+
+def test_without_a_pod_uid_a_registration_path_too_long_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"REGISTRAR_DIRECTORY_PATH.*Unix socket path limit"):
+        registration_socket_name(
+            registrar_dir=Path("/" + "r" * 90), driver_name="gpu.nvidia.com", pod_uid=None
+        )

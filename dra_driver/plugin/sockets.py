@@ -46,7 +46,14 @@ def _fits(path: Path) -> bool:
 def registration_socket_name(*, registrar_dir: Path, driver_name: str, pod_uid: str | None) -> str:
     """File name of the registration socket (see the module docstring for the chain)."""
     if not pod_uid:
-        return f"{driver_name}-reg.sock"
+        name = f"{driver_name}-reg.sock"
+        if _fits(registrar_dir / name):
+            return name
+        raise ConfigError(
+            "--kubelet-registrar-directory-path (KUBELET_REGISTRAR_DIRECTORY_PATH)",
+            f"{str(registrar_dir / name)!r} exceeds the {UNIX_PATH_MAX - 1}-byte Unix socket "
+            "path limit (without a pod UID the name is not shortened, as in the Go helper)",
+        )
     uid_hash = hashlib.sha256(pod_uid.encode()).digest()[:8]
     both_hash = hashlib.sha256(driver_name.encode() + b"\x00" + pod_uid.encode()).digest()[:16]
     candidates = [
