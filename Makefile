@@ -64,12 +64,14 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-## make bench: every benchmark's table (builds the native gRPC caller the prepare bench uses)
+## make bench: every benchmark's table (builds the native gRPC caller the prepare bench uses);
+## SHORT=1: each in its short mode (few iterations, no target judged: what CI runs), BENCH=prepare
+## only the benches named
 bench: $(STAMP) $(HOOK)
 	-@bash hack/build-bench-caller.sh $(TOOLS)/bin/dra-kubelet-caller
 	# the agent's own .pyc files, as the image has them (the editable install has none)
 	$(BIN)/python -OO -m compileall -q dra_driver > /dev/null
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(if $(SHORT),--short) $(BENCH)
 
 ## make proto: regenerate dra_driver/_proto from proto/dra with the pinned generators
 proto: $(STAMP)

@@ -33,14 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver.kube import KubeClient
 from tests.claimdata import allocated_claim
 
 CLAIMS = 50
-BATCHES = 30
-PER_BATCH = 100
-WARMUP = 300
+BATCHES = scaled(30, 2)
+PER_BATCH = scaled(100, 10)
+WARMUP = scaled(300, 10)
 MIN_GAIN_MS = 0.1
 NAMESPACE = "ns1"
 

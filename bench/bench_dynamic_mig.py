@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver.devices import NodeDevices, node_devices
 from dra_driver.publish.slices import build_slices
 from dra_driver.publish.syncplan import plan_sync
@@ -29,7 +29,7 @@ from dra_driver.sim.nvml import discover_simulated
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"
 SPEC = "h100:8:mig"
-RUNS = 30
+RUNS = scaled(30, 3)
 TARGET_MS = 20.0
 
 

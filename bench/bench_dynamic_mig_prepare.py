@@ -36,14 +36,14 @@ from bench.bench_prepare import (
     _timed,
     _unprepare_request,
 )
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver.prepare import device_targets
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 
 SIMULATE = "a100-40gb:8:mig"
 PROFILES = ("1g.5gb", "2g.10gb", "3g.20gb")
-ROUNDS = 150
+ROUNDS = scaled(150, 6)
 API_LATENCY_MS = 0.5
 
 
@@ -55,7 +55,7 @@ def main() -> int:
         if t.dynamic is not None and t.dynamic.profile.name in PROFILES
     )
     claims = _Claims()
-    warm = claims.make("warm", names, 8)
+    warm = claims.make("warm", names, scaled(8, 2))
     measured = claims.make("dyn", names, ROUNDS)
     from bench.bench_prepare import _API_SERVER  # noqa: PLC0415
 

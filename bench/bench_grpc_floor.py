@@ -53,10 +53,10 @@ from bench.kubeletcaller import (
     concurrent_in_turns,
     sequences_in_turns,
 )
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver.sim.localapi import AGENT_INTERPRETER_ENV, FakeKubeApi
 
-ROUNDS = 3  # concurrency-16 runs per level, taking turns; the median is reported
+ROUNDS = scaled(3, 1)  # concurrency-16 runs per level, taking turns; the median is reported
 
 
 @contextlib.contextmanager
@@ -120,7 +120,7 @@ def _measure(work: _Workload, floors: dict[str, tuple[_Caller, int]], api_pid: i
         rates = [rate for rate, _ in runs[level]]
         cpu = [cpu_ms["agent"] for _, cpu_ms in runs[level]]
         rows += [
-            Row(f"{level}: prepare p50 (192 in sequence; the agent's target <= 1.5 ms)",
+            Row(f"{level}: prepare p50 ({len(work.seq)} in sequence; the agent's target <= 1.5 ms)",
                 statistics.median(prep), "ms", ""),
             Row(f"{level}: prepare p99", _pct(prep, 0.99), "ms", ""),
             Row(f"{level}: unprepare p50 (the agent's target <= 0.5 ms)",

@@ -30,7 +30,7 @@ STEPS = (
     ("interpreter (python -c pass)", ()),
     ("ssl + urllib3 (TLS, HTTP)", ("ssl", "urllib3")),
     ("grpc (C core) + protobuf", ("grpc", "google.protobuf")),
-    ("generated DRA/health/registration messages", ("dra_driver.plugin.server",)),
+    ("generated DRA/health/registration messages", ("dra_driver.plugin.kubelet",)),
     ("kubernetes client: configuration, rest, in-cluster loader", ("dra_driver.kube",)),
     ("pynvml + discovery", ("pynvml", "dra_driver.gpus.nvml")),
     ("the rest of the agent", ("dra_driver.node.agent", "dra_driver.cli")),

@@ -25,14 +25,14 @@ import time
 from typing import Any
 
 from bench.mpsnode import mps_node, need_root, ref
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid, opaque
 
 SPEC = "h100:8"
 GPUS = 8
-RUNS = 20
-SHARES_PER_GPU = 8
+RUNS = scaled(20, 3)
+SHARES_PER_GPU = scaled(8, 2)
 TARGET_S = 0.150
 
 

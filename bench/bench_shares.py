@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.mpsnode import mps_node, need_root, ref
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver import cdi
 from dra_driver.prepare import Preparer, device_targets
 from dra_driver.sharing.shares import parse_mode
@@ -76,7 +76,7 @@ def _exclusive_preparer(tmp: Path, store: ClaimStore) -> Preparer:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_shares", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=300, help="prepares of each kind")
+    parser.add_argument("--rounds", type=int, default=scaled(300, 10), help="prepares of each kind")
     args = parser.parse_args(argv)
     if not need_root("bench_shares"):
         return 1

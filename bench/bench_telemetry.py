@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench.bench_publish import AGENT_SPEC, _rss_mib, wait_for
-from bench.table import Row, print_table
+from bench.table import Row, print_table, scaled
 from dra_driver.gpus import nvml
 from dra_driver.gpus.readings import NvmlReader
 from dra_driver.node.http_server import GZIP_LEVEL
@@ -42,6 +42,12 @@ from dra_driver.sim.nvml import simulated_nvml
 from dra_driver.telemetry.sampler import Telemetry
 
 NODE = "bench-node"
+PASSES = scaled(200, 10)  # sampling passes per measurement (5 measurements; 1 short)
+MEASUREMENTS = scaled(5, 1)
+SCRAPES = scaled(200, 10)
+WARMUP = scaled(20, 2)
+CPU_RUNS = scaled(20, 2)
+RSS_RUNS = scaled(3, 1)
 
 
 def bench_sampling() -> list[Row]:
@@ -55,21 +61,21 @@ def bench_sampling() -> list[Row]:
             telemetry.sample()
             calls = len(node.library.calls)
             passes, reads = [], []
-            for _ in range(5):
+            for _ in range(MEASUREMENTS):
                 started = time.process_time()
-                for _ in range(200):
+                for _ in range(PASSES):
                     telemetry.sample()
-                passes.append((time.process_time() - started) / 200 * 1000)
+                passes.append((time.process_time() - started) / PASSES * 1000)
                 started = time.process_time()
-                for _ in range(200):
+                for _ in range(PASSES):
                     reader.read(telemetry.targets)
-                reads.append((time.process_time() - started) / 200 * 1000)
+                reads.append((time.process_time() - started) / PASSES * 1000)
         finally:
             reader.close()
     pass_ms = statistics.median(passes)
     return [
         Row(
-            "sampling pass, 8 simulated H100: CPU per pass (median of 5 x 200)",
+            f"sampling pass, 8 simulated H100: CPU per pass (median of {MEASUREMENTS} x {PASSES})",
             pass_ms,
             "ms",
             "<= 4 ms",
@@ -144,21 +150,22 @@ def bench_scrape(tmp: Path, *, dcgm: bool) -> list[Row]:
     problem = ""
     try:
         up = wait_for(lambda: _answers(port) or proc.poll() is not None, 30)
+        up = up and proc.poll() is None
         # the first sample is there when its timestamp is
         sampled = up and wait_for(lambda: b"last_sample_timestamp" in _body(port), 30)
         if not sampled:
             problem = f"the agent did not serve telemetry (exit code {proc.poll()})"
         else:
-            for _ in range(20):  # warm-up: connections, the server's threads
+            for _ in range(WARMUP):  # warm-up: connections, the server's threads
                 _scrape(port)
-            for _ in range(200):
+            for _ in range(SCRAPES):
                 elapsed, body = _scrape(port)
                 times.append(elapsed)
             kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             try:
-                for i in range(220):  # the first 20: warm-up
+                for i in range(WARMUP + SCRAPES):  # the first WARMUP: warm-up
                     elapsed, gzipped = _scrape(port, kept)
-                    if i >= 20:
+                    if i >= WARMUP:
                         gzip_times.append(elapsed)
             finally:
                 kept.close()
@@ -172,7 +179,8 @@ def bench_scrape(tmp: Path, *, dcgm: bool) -> list[Row]:
     series = "with DCGM series (default)" if dcgm else "--dcgm-metrics false"
     return [
         Row(
-            f"GET /metrics, agent with 64 simulated GPUs, {series}, over HTTP (median of 200)",
+            f"GET /metrics, agent with 64 simulated GPUs, {series}, over HTTP "
+            f"(median of {SCRAPES})",
             median_ms,
             "ms",
             "<= 5 ms",
@@ -182,7 +190,7 @@ def bench_scrape(tmp: Path, *, dcgm: bool) -> list[Row]:
         Row("  exposition size", len(body) / 1024, "KiB", ""),
         Row(
             f"GET /metrics with gzip, 64 simulated GPUs, {series}, one kept connection "
-            "(median of 200)",
+            f"(median of {SCRAPES})",
             gzip_median_ms,
             "ms",
             "<= 5 ms",
@@ -209,7 +217,7 @@ def _median_p99_ms(times: list[float]) -> tuple[float, float]:
 def _gzip_cpu_ms(text: bytes) -> float:
     """CPU of one gzip of ``text`` as node/http_server.py compresses it, median of 20."""
     costs = []
-    for _ in range(20):
+    for _ in range(CPU_RUNS):
         started = time.process_time()
         gzip.compress(text, compresslevel=GZIP_LEVEL, mtime=0)
         costs.append((time.process_time() - started) * 1000)
@@ -225,10 +233,13 @@ def _answers(port: int) -> bool:
 
 
 def _body(port: int) -> bytes:
+    """The exposition; empty while the agent does not answer."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         connection.request("GET", "/metrics")
         return connection.getresponse().read()
+    except OSError:
+        return b""
     finally:
         connection.close()
 
@@ -242,7 +253,7 @@ def _format_cpu_ms(*, dcgm: bool) -> float:
         try:
             telemetry.sample()
             costs = []
-            for i in range(20):
+            for i in range(CPU_RUNS):
                 change = {("gpu-0", 13): i}
                 telemetry.set_health_providers(xid_counts=lambda c=change: c)  # a change
                 started = time.process_time()
@@ -263,7 +274,7 @@ def bench_rss(tmp: Path) -> list[Row]:
         api.add_node(NODE)
         rss: list[float] = []
         try:
-            for _ in range(3):
+            for _ in range(RSS_RUNS):
                 args = ["--metrics-port", str(free_port())] if metrics_on else []
                 proc = _agent(tmp, api, spec=AGENT_SPEC, extra=args, in_cluster=True)
                 try:
@@ -282,8 +293,8 @@ def bench_rss(tmp: Path) -> list[Row]:
                     break
         finally:
             api.stop()
-        value = statistics.median(rss) if len(rss) == 3 else float("inf")
-        name = f"agent RSS in-cluster, 8 simulated H100 (2 MIG), {label}, median of 3"
+        value = statistics.median(rss) if len(rss) == RSS_RUNS else float("inf")
+        name = f"agent RSS in-cluster, 8 simulated H100 (2 MIG), {label}, median of {RSS_RUNS}"
         rows.append(
             Row(name, value, "MiB", "<= 60 MiB", value <= 60)
             if metrics_on
@@ -293,7 +304,9 @@ def bench_rss(tmp: Path) -> list[Row]:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="bench-telemetry-", dir="/tmp"
+    ) as tmp:  # short socket paths
         rows = [
             *bench_sampling(),
             *bench_scrape(Path(tmp), dcgm=True),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from bench.table import scaled
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver.prepare import device_targets
 from dra_driver.sim.fakedriver import simulated_inventory
@@ -74,9 +75,10 @@ class _Workload:
     warm: list[v1.Claim]
     seq: list[v1.Claim]
     conc: list[v1.Claim]
-    cycles: list[v1.Claim]
+    cycles: list[v1.Claim]  # the first ``settle`` before RSS is read, then the rest
     python: list[v1.Claim]  # the comparison run through a Python client
     batch: int  # claims prepared before they are unprepared again (each on its own device)
+    settle: int  # cycles run before the RSS growth over the rest is measured
 
 
 def _start(
@@ -108,11 +110,12 @@ def _workload(claims: _Claims) -> _Workload:
     gpus = [n for n in names if "-mig-" not in n]
     return _Workload(
         warm=claims.make("warm", gpus, len(gpus)),
-        seq=claims.make("seq", gpus, 192),
-        conc=claims.make("conc", names[:200], 200),  # 200 distinct devices
-        cycles=claims.make("cycle", gpus, 1088),
-        python=claims.make("python", gpus, 192),
+        seq=claims.make("seq", gpus, scaled(192, 32)),
+        conc=claims.make("conc", names[:200], scaled(200, 32)),  # distinct devices
+        cycles=claims.make("cycle", gpus, scaled(1088, 48)),
+        python=claims.make("python", gpus, scaled(192, 16)),
         batch=len(gpus),
+        settle=scaled(88, 16),
     )
 
 

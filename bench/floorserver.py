@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import grpc
 
@@ -30,14 +30,19 @@ from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
 from dra_driver.plugin.dra import V1Servicer
 from dra_driver.plugin.services import _GRPC_WORKERS, _serve
-from dra_driver.prepare import ClaimRef, Outcome, Preparer
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint, ClaimRecord, PreparedDevice
+from dra_driver.prepare import ClaimRef, Outcome
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_COMPLETED,
+    Checkpoint,
+    ClaimRecord,
+    PreparedDevice,
+)
 
 LEVELS = ("grpc", "get", "record")
 
 
 class FloorPreparer:
-    """The part of Preparer the servicer calls, doing only what LEVEL names."""
+    """A prepare.ClaimPreparer, as the servicer is given one, doing only what LEVEL names."""
 
     def __init__(
         self, level: str, *, claims: KubeClient | None, checkpoint: Checkpoint | None
@@ -101,11 +106,11 @@ def main(argv: list[str]) -> int:
         checkpoint = Checkpoint(state_dir / "checkpoint.json")
         checkpoint.open()
     preparer = FloorPreparer(level, claims=claims, checkpoint=checkpoint)
-    # the agent's server (plugin/server.py _start_dra_server) and servicer
+    # the agent's server (plugin/services.py serve_dra) and servicer
     server = grpc.server(
         ThreadPoolExecutor(max_workers=_GRPC_WORKERS, thread_name_prefix="dra-grpc")
     )
-    v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(cast(Preparer, preparer)), server)
+    v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(preparer), server)
     _serve(server, socket)
     print("ready", flush=True)
     sys.stdin.read()

@@ -1,8 +1,28 @@
-"""The one table format every benchmark prints."""
+"""The one table format every benchmark prints, and the short mode every benchmark has.
+
+Short mode (``BENCH_SHORT=1``, ``python -m bench --short``, what CI runs through
+tests/test_bench_short.py): each bench runs its whole path with few iterations, so that a bench
+that cannot run any more fails CI; its table is printed, but no target is judged (a few samples
+on a shared CI machine say nothing about a target), and the exit status says only whether it ran.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
+
+SHORT_ENV = "BENCH_SHORT"
+
+
+def short_mode() -> bool:
+    """True when the benches run in their short mode (``BENCH_SHORT=1``)."""
+    return os.environ.get(SHORT_ENV, "") == "1"
+
+
+def scaled(full: int, short: int) -> int:
+    """``full`` iterations, or ``short`` in short mode."""
+    return short if short_mode() else full
 
 
 @dataclass(frozen=True)
@@ -17,8 +37,11 @@ class Row:
 
 
 def print_table(title: str, rows: list[Row]) -> bool:
-    """Print ``rows`` as an aligned table; return True when every row with a target passed. The
-    column "floor (same run)" is there when a row names one."""
+    """Print ``rows`` as an aligned table; return True when every row with a target passed and
+    every value was measured (a value that is not finite, inf for a run that failed, is a
+    failure in every mode). The column "floor (same run)" is there when a row names one. In
+    short mode no target is judged: the verdict column says so."""
+    short = short_mode()
     with_floor = any(r.floor for r in rows)
     header = ("measurement", "value", *(("floor (same run)",) if with_floor else ()), "target",
               "verdict")  # fmt: skip
@@ -28,14 +51,25 @@ def print_table(title: str, rows: list[Row]) -> bool:
             f"{r.value:,.3f} {r.unit}".rstrip(),
             *((r.floor,) if with_floor else ()),
             r.target,
-            "" if r.ok is None else ("ok" if r.ok else "MISSED"),
+            _verdict(r, short=short),
         )
         for r in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    print(title)
+    print(f"{title} [short mode: few iterations, targets not judged]" if short else title)
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for c in cells:
         print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)))
-    return all(r.ok is not False for r in rows)
+    measured = all(math.isfinite(r.value) for r in rows)
+    return measured and (short or all(r.ok is not False for r in rows))
+
+
+def _verdict(row: Row, *, short: bool) -> str:
+    if not math.isfinite(row.value):
+        return "NOT MEASURED"
+    if row.ok is None:
+        return ""
+    if short:
+        return "not judged"
+    return "ok" if row.ok else "MISSED"

@@ -573,8 +573,8 @@ def devices_main(argv: Sequence[str]) -> int:
     from contextlib import ExitStack  # noqa: PLC0415
 
     from dra_driver.devices import table  # noqa: PLC0415
-    from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk  # noqa: PLC0415
-    from dra_driver.node.agent import Discovery, published_devices  # noqa: PLC0415
+    from dra_driver.mig.dynamic import ManagedMig  # noqa: PLC0415
+    from dra_driver.node.agent import Discovery, first_devices  # noqa: PLC0415
     from dra_driver.publish import slices  # noqa: PLC0415
 
     try:
@@ -587,16 +587,11 @@ def devices_main(argv: Sequence[str]) -> int:
             consumable_shares=args.consumable_shares,
             mig_mode=args.mig_mode,
         )
-        with ExitStack() as stack:
-            inventory = Discovery(config, stack).discover()
         mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name, warn=False)
-        recorded = (
-            recorded_device_names_on_disk(config.checkpoint_path)
-            if config.mig_mode == "dynamic"
-            else frozenset()
-        )
+        with ExitStack() as stack:  # the agent's own pipeline (node/agent.py first_devices)
+            _, node_devices = first_devices(config, Discovery(config, stack), mig)
         pool = slices.build_slices(
-            published_devices(mig.node_devices(inventory, recorded=recorded), config),
+            node_devices,
             driver_name=config.driver_name,
             node_name=config.node_name,
         )

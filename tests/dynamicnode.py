@@ -24,7 +24,7 @@ from dra_driver.mig import modeswitch
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.prepare.checkpoint import Checkpoint
+from dra_driver.prepare.state.checkpoint import Checkpoint
 from dra_driver.sim.fakedriver import make_fake_driver
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from tests.claimdata import ClaimStore

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dra_driver import cdi
-from dra_driver.prepare.checkpoint import Checkpoint, ClaimLocks
+from dra_driver.prepare.state.checkpoint import Checkpoint, ClaimLocks
 
 
 class NodeStorage(NamedTuple):

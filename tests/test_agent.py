@@ -561,20 +561,15 @@ def test_a_mig_device_re_created_under_its_name_reaches_prepare() -> None:
     assert calls == [("plugin", inventory)]
 
 
-class RecordedNames:
-    """Stands in for the plugin's preparer: the device names its checkpoint records now."""
+class PluginWithCheckpoint(Recorder):
+    """Stands in for the NodePlugin: the device names its state records now."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls: list[tuple[str, object]]) -> None:
+        super().__init__(calls, "plugin", None)
         self.names: frozenset[str] = frozenset()
 
     def recorded_device_names(self) -> frozenset[str]:
         return self.names
-
-
-class PluginWithCheckpoint(Recorder):
-    def __init__(self, calls: list[tuple[str, object]]) -> None:
-        super().__init__(calls, "plugin", None)
-        self.preparer = RecordedNames()
 
 
 def test_dynamic_mig_devices_the_driver_creates_and_destroys_write_no_slice(
@@ -591,7 +586,7 @@ def test_dynamic_mig_devices_the_driver_creates_and_destroys_write_no_slice(
     publisher = Recorder(calls, "publisher", None)
 
     def rediscover(found: Inventory, recorded: set[str]) -> _NodeState:
-        plugin.preparer.names = frozenset(recorded)
+        plugin.names = frozenset(recorded)
         return _rediscover(
             Rediscovered(found),  # type: ignore[arg-type]
             config,

@@ -114,14 +114,17 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _import_time_statements(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run when the module is imported: not those in functions
-    (they run when called) nor under ``if TYPE_CHECKING:`` (never at run time)."""
+    """The import statements of the module's own body: those that run when it is imported, and
+    those under ``if TYPE_CHECKING:`` too (they never run, but a type named from a module that
+    imports this one is the same tangle, held together only by the guard); not those in
+    functions (a deliberate late import, run when called)."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _import_time_statements(node.body)
             yield from _import_time_statements(node.orelse)
         else:  # class bodies, if/try/with/for/while/match blocks: they run at import time
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
@@ -232,17 +235,28 @@ def describe(cycle: list[str], edges: Edges) -> str:
     )
 
 
+# The one cycle left, through TYPE_CHECKING imports only: the simulated NVML library hands itself
+# to its parts (devices, health, MIG, readings), which name its class for their annotations and
+# reach each other through it. Breaking it means each part naming only what it uses of the
+# others; left to the sim/ work (issue 34 changes these modules). The test fails when it is gone
+# too, so that this line goes with it.
+KNOWN_CYCLES = [
+    ["dra_driver.sim.nvml.devices", "dra_driver.sim.nvml.library", "dra_driver.sim.nvml.devices"]
+]
+
+
 def test_no_import_cycle_inside_the_package() -> None:
     edges = import_time_edges(PACKAGE)
     found = cycles(edges)
-    assert not found, "import cycles (module, line of its import of the next):\n" + "\n".join(
-        describe(cycle, edges) for cycle in found
+    assert found == KNOWN_CYCLES, (
+        "import cycles (module, line of its import of the next):\n"
+        + "\n".join(describe(cycle, edges) for cycle in found)
     )
 
 
 def test_the_cycle_check_names_a_cycle(tmp_path: Path) -> None:
-    """The check above finds and names a cycle; imports in functions and under TYPE_CHECKING,
-    which do not run at import time, make none."""
+    """The check above finds and names a cycle, one through an import under TYPE_CHECKING too;
+    imports in functions make none."""
     package = tmp_path / "loop"
     package.mkdir()
     (package / "__init__.py").write_text("from loop import a\n")
@@ -252,10 +266,61 @@ def test_the_cycle_check_names_a_cycle(tmp_path: Path) -> None:
     (package / "d.py").write_text(
         "from typing import TYPE_CHECKING\n\n"
         "if TYPE_CHECKING:\n    from loop import e\n\n\n"
-        "def later() -> None:\n    from loop import e\n"
+        "def later() -> None:\n    from loop import f\n"
     )
     (package / "e.py").write_text("from loop import d\n")
+    (package / "f.py").write_text("from loop import d\n")
     edges = import_time_edges(package)
     found = cycles(edges)
-    assert found == [["loop.a", "loop.b", "loop.c", "loop.a"]]
+    assert found == [["loop.a", "loop.b", "loop.c", "loop.a"], ["loop.d", "loop.e", "loop.d"]]
     assert describe(found[0], edges) == ("loop.a (l.3) -> loop.b (l.1) -> loop.c (l.1) -> loop.a")
+
+
+_SAYS_PURE = re.compile(r"(?:^|[.:;]\s+)Pure(?:[.:]|\s+\(|\s+data\b|\s+rendering\b)", re.MULTILINE)
+
+
+def says_pure(docstring: str) -> bool:
+    """Whether a module docstring says the whole module is pure ("Pure.", "Pure: no NVML ...",
+    "Pure (bytes <-> records)", "Pure data"); not "Pure after the scan" or "Pure text building
+    plus write()", which speak of a part, nor "overlay is pure", which speaks of a function."""
+    return bool(_SAYS_PURE.search(docstring))
+
+
+def pure_contract_modules(config: str) -> set[str]:
+    """The source modules of .importlinter's pure contract."""
+    section = config.split("[importlinter:contract:pure]", 1)[1].split("\n[", 1)[0]
+    listed = section.split("source_modules =", 1)[1]
+    modules = set()
+    for line in listed.splitlines()[1:]:
+        if not line.startswith("    ") or line.strip().startswith("#"):
+            break
+        modules.add(line.strip())
+    return modules
+
+
+def test_every_module_that_says_it_is_pure_is_held_to_it_by_the_pure_contract() -> None:
+    listed = pure_contract_modules((REPO / ".importlinter").read_text())
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if any(part in GENERATED for part in path.parts):
+            continue
+        name = module_name(path, PACKAGE)
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        covered = any(name == m or name.startswith(f"{m}.") for m in listed)
+        if says_pure(doc) and not covered:
+            missing.append(name)
+    assert not missing, (
+        f"modules that say they are pure but are not in the pure contract: {missing}"
+    )
+
+
+def test_the_pure_check_reads_the_docstrings_and_the_contract() -> None:
+    assert says_pure("Device names. Pure.")
+    assert says_pure("The sampler.\n\nPure: no NVML.")
+    assert not says_pure("Reading marks is I/O; :func:`overlay` is pure.")
+    assert not says_pure("Found once at start. Pure after the scan.")
+    config = (
+        "[importlinter:contract:pure]\nsource_modules =\n    a.b\n    a.c\n# why\n"
+        "forbidden_modules =\n    grpc\n"
+    )
+    assert pure_contract_modules(config) == {"a.b", "a.c"}

@@ -19,7 +19,7 @@ from bench.kubeletcaller import (
 )
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 from tests.test_plugin_server import kube, plugin, v1_claim  # noqa: F401 - shared fixtures
@@ -48,7 +48,7 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_native_calls_get_the_answers_a_python_client_gets(
     binary: Path,
     kubeapi: FakeKubeApi,
-    plugin: KubeletPlugin,  # noqa: F811 - the fixture imported above
+    plugin: NodePlugin,  # noqa: F811 - the fixture imported above
 ) -> None:
     claims = [
         v1_claim(kubeapi.add_claim(allocated_claim(name=f"c{i}", devices=[f"gpu-{i}"])))
@@ -88,7 +88,7 @@ def test_native_calls_get_the_answers_a_python_client_gets(
 
 def test_a_failed_call_stops_the_bench_with_the_grpc_status(
     binary: Path,
-    plugin: KubeletPlugin,  # noqa: F811 - the fixture imported above
+    plugin: NodePlugin,  # noqa: F811 - the fixture imported above
 ) -> None:
     caller = _NativeCaller(binary, str(plugin.paths.dra))
     try:

@@ -22,7 +22,7 @@ from bench.kubeletcaller import concurrent_in_turns, sequences_in_turns
 from bench.table import print_table
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, Checkpoint
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, Checkpoint
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 

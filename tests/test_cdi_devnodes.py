@@ -17,6 +17,7 @@ from dra_driver import cdi
 from dra_driver.cdi import devnodes
 from dra_driver.cdi.devnodes import NodeFacts, ProcFacts, node_facts
 from dra_driver.errors import CdiError
+from dra_driver.prepare.repair import Repair
 from dra_driver.sim.fakedriver import (
     CAPS_MAJOR,
     NVIDIA_PARAMS,
@@ -290,10 +291,31 @@ def test_a_graphics_claim_gets_nvidia_modeset_made_when_its_module_is_loaded(
 def test_files_not_scanned_from_a_driver_root_never_make_nodes(tmp_path: Path) -> None:
     fake = make_fake_driver(tmp_path, device_nodes=False)
     files = cdi.DriverFiles(dev_root=tmp_path, proc_root=fake.proc_root)  # no dev_root_here
-    device = cdi.ClaimDevice(name="gpu-0", nodes=(files.node("/dev/nvidia0"),))
-    cdi.ensure_claim_nodes(files, [device], frozenset({"compute"}))
+    files.ensure_claim_nodes(["/dev/nvidia0"], frozenset({"compute"}))
     assert not (tmp_path / "dev").exists()
     scanned = cdi.find_driver_files(
         driver_root=fake.root, driver_version=None, proc_root=fake.proc_root
     )
     assert scanned.dev_root_here == Path("/")  # no dev/ under the root: the host's /dev
+
+
+@root_only
+def test_the_nodes_every_claim_gets_are_checked_once_per_reconcile_pass_not_per_prepare(
+    env: Env,
+) -> None:
+    """nvidiactl and the uvm nodes do not depend on the claim: the first prepare makes them,
+    the next prepares check only their own devices' nodes, and after a reconcile pass (or a
+    re-discovery) the next prepare checks them again."""
+    dev = env.tmp / "driver-root/dev"
+    first = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
+    env.preparer.prepare(env.ref(first))
+    (dev / "nvidia-uvm").unlink()
+    (dev / "nvidia1").unlink()
+    second = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
+    env.preparer.prepare(env.ref(second))
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the claim's own node: checked every time
+    assert not (dev / "nvidia-uvm").exists()  # a shared one: not on this prepare
+    Repair(env.preparer).reconcile()
+    third = env.store.add(allocated_claim(name="c3", devices=["gpu-2"]))
+    env.preparer.prepare(env.ref(third))
+    assert _rdev(dev / "nvidia-uvm") == (UVM_MAJOR, 0, 0o666)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,

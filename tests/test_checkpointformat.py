@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dra_driver.errors import CheckpointCorrupt
-from dra_driver.prepare.checkpointformat import (
+from dra_driver.prepare.state.checkpointformat import (
     apply_entries,
     claim_member,
     decode,
@@ -18,7 +18,7 @@ from dra_driver.prepare.checkpointformat import (
     parse_journal,
     record_json,
 )
-from dra_driver.prepare.checkpointrecords import (
+from dra_driver.prepare.state.checkpointrecords import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from dra_driver.prepare.checkpointlocks import ClaimLocks
+from dra_driver.prepare.state.checkpointlocks import ClaimLocks
 
 
 def _hold_claim_lock(

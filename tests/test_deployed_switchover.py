@@ -12,7 +12,7 @@ import grpc
 
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
-from dra_driver.prepare.checkpoint import read_state
+from dra_driver.prepare.state.checkpoint import read_state
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 from tests.test_deployed import (  # noqa: F401 - the module's fixtures and skip marks

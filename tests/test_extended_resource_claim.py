@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from dra_driver.devices.classes import default_device_classes
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.scheduling.explanation import allocate
 from tests.claimdata import allocated_claim
 from tests.simulatedslices import simulated_slices

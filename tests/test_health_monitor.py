@@ -24,7 +24,7 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.health.decisions import HealthPolicy
 from dra_driver.health.monitor import HealthMonitor
 from dra_driver.kube import KubeClient
-from dra_driver.plugin.server import node_event_reporter
+from dra_driver.kube.events import node_event_reporter
 from dra_driver.publish.publisher import Backoff, Publisher
 from dra_driver.sim.faults import SimulatedFault
 from dra_driver.sim.localapi import FakeKubeApi

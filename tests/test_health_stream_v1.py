@@ -27,9 +27,9 @@ from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.errors import ConfigError
 from dra_driver.health.decisions import DeviceHealth
 from dra_driver.kube import KubeClient
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import V1alpha1HealthServicer, V1HealthServicer
-from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.sim.kubelethealth import (
     KUBELET_1_36,
     V1,
@@ -54,7 +54,7 @@ STATES = {
 
 
 @pytest.fixture
-def watched(tmp_path: Path, kube: KubeClient) -> Iterator[KubeletPlugin]:  # noqa: F811
+def watched(tmp_path: Path, kube: KubeClient) -> Iterator[NodePlugin]:  # noqa: F811
     plugin = start_plugin(tmp_path, kube, health_interval_s=0.2, health=lambda: STATES)
     yield plugin
     plugin.stop()
@@ -68,9 +68,7 @@ def watches() -> Iterator[list[KubeletHealthWatch]]:
         watch.stop()
 
 
-def watch(
-    plugin: KubeletPlugin, started: list[KubeletHealthWatch], **kw: Any
-) -> KubeletHealthWatch:
+def watch(plugin: NodePlugin, started: list[KubeletHealthWatch], **kw: Any) -> KubeletHealthWatch:
     w = KubeletHealthWatch(plugin.paths.registration, **kw).start()
     started.append(w)
     return w
@@ -109,7 +107,7 @@ def test_the_kubelet_prefers_v1_whatever_the_plugins_order() -> None:
 
 
 def test_get_info_advertises_both_versions_and_each_kubelet_gets_its_own(
-    watched: KubeletPlugin, watches: list[KubeletHealthWatch]
+    watched: NodePlugin, watches: list[KubeletHealthWatch]
 ) -> None:
     with channel(watched.paths.registration) as ch:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
@@ -128,7 +126,7 @@ def test_get_info_advertises_both_versions_and_each_kubelet_gets_its_own(
 
 
 def test_both_versions_stream_the_same_states_with_the_timeout_set(
-    watched: KubeletPlugin,
+    watched: NodePlugin,
 ) -> None:
     with channel(watched.paths.dra) as ch:
         v1_stream = health_v1_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
@@ -152,7 +150,7 @@ def test_both_versions_stream_the_same_states_with_the_timeout_set(
 
 
 def test_a_healthy_device_is_re_sent_every_interval_and_never_goes_unknown(
-    watched: KubeletPlugin, watches: list[KubeletHealthWatch]
+    watched: NodePlugin, watches: list[KubeletHealthWatch]
 ) -> None:
     kubelet = watch(watched, watches)
     assert kubelet.wait_for(lambda: len(kubelet.arrivals) >= 6, 5)

@@ -1,5 +1,5 @@
 """metrics.py: the registry on prometheus_client, then the driver's metrics end to end: a real
-KubeletPlugin over real Unix sockets, claims from the local API server, scraped over real HTTP and
+NodePlugin over real Unix sockets, claims from the local API server, scraped over real HTTP and
 read back with prometheus_client's parser."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dra_driver.errors import (
 from dra_driver.kube import KubeClient
 from dra_driver.metrics import CONTENT_TYPE, CollectedGauge, DriverMetrics, Registry, render
 from dra_driver.node.http_server import HttpServer, metrics_server
-from dra_driver.plugin.server import KubeletPlugin
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.prepare import ERROR_TYPES, error_type
 from dra_driver.sim.localapi import FakeKubeApi, free_port
 from tests import exposition
@@ -251,7 +251,7 @@ class Served:
         self.metrics = DriverMetrics(
             self.registry, driver_name=DRIVER, node_name="node1", error_types=ERROR_TYPES
         )
-        self.plugin: KubeletPlugin = start_plugin(tmp, kube, metrics=self.metrics)
+        self.plugin: NodePlugin = start_plugin(tmp, kube, metrics=self.metrics)
         self.http: HttpServer = metrics_server(self.registry, port=0, host="127.0.0.1")
         self.http.start()
 

@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from dra_driver.devices import node_devices
-from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
-from dra_driver.prepare.checkpoint import PREPARE_STARTED, Checkpoint, ClaimRecord, PreparedDevice
+from dra_driver.mig.dynamic import ManagedMig
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimRecord,
+    PreparedDevice,
+)
+from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
 from dra_driver.sim.nvml import discover_simulated
 
 DRIVER = "gpu.nvidia.com"

@@ -18,12 +18,14 @@ from dra_driver.gpus.info import GpuInfo
 from dra_driver.mig.instance_step import MigInstanceStep
 from dra_driver.mig.instances import DynamicMig, overlaps
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
     PreparedDevice,
 )
+from dra_driver.prepare.state.nodestate import recorded_device_names
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.dynamicnode import DynamicNode, open_node
 
@@ -167,10 +169,10 @@ def test_a_gpu_with_an_instance_the_driver_did_not_create_is_refused_and_never_t
     same = env.store.add(allocated_claim(name="c2", devices=[ONE_G_AT_0]))
     with pytest.raises(MigFailed, match="did not create"):
         env.preparer.prepare(env.ref(same))
-    env.preparer.reconcile()
+    Repair(env.preparer).reconcile()
     env.preparer.unprepare(env.ref(same))
     assert env.instances() == foreign
-    assert env.preparer.recorded_device_names() == frozenset()
+    assert recorded_device_names(env.checkpoint.snapshot().values()) == frozenset()
 
 
 def test_processes_stop_repartitioning(env: Env) -> None:
@@ -189,10 +191,13 @@ def test_processes_stop_repartitioning(env: Env) -> None:
     with pytest.raises(MigFailed, match="processes run in it \\(PIDs 77\\)"):
         env.preparer.unprepare(env.ref(claim))
     assert list(env.instances()) == [THREE_G_AT_4]  # kept, and still named by the record
-    assert THREE_G_AT_4 in env.preparer.recorded_device_names()
+    assert THREE_G_AT_4 in recorded_device_names(env.checkpoint.snapshot().values())
     env.node.library.end_processes(mig.uuid)
     env.preparer.unprepare(env.ref(claim))  # the kubelet's retry
-    assert env.instances() == {} and env.preparer.recorded_device_names() == frozenset()
+    assert (
+        env.instances() == {}
+        and recorded_device_names(env.checkpoint.snapshot().values()) == frozenset()
+    )
 
 
 def _record(env: Env, claim: dict[str, Any], phase: str) -> None:
@@ -241,7 +246,7 @@ def test_a_claim_left_prepare_started_is_rolled_back_with_its_half_made_instance
     _record(env, claim, PREPARE_STARTED)
     _half_made(env, 9, 4, 4)
     assert env.instances() == {THREE_G_AT_4: (1, None)}
-    done = env.preparer.reconcile()
+    done = Repair(env.preparer).reconcile()
     assert done["rolled_back"] == 1
     assert env.instances() == {} and env.checkpoint.get(claim["metadata"]["uid"]) is None
     env.preparer.prepare(env.ref(claim))  # the kubelet's retry prepares it from scratch
@@ -255,16 +260,16 @@ def test_a_prepared_claim_whose_instance_is_gone_or_half_made_is_completed_again
     uid = claim["metadata"]["uid"]
     env.preparer.prepare(env.ref(claim))
     env.rediscover()
-    assert env.preparer.reconcile()["specs_rewritten"] == 0  # all as it should be
+    assert Repair(env.preparer).reconcile()["specs_rewritten"] == 0  # all as it should be
     gpu = env.gpu()
     env.manager.destroy(gpu.uuid, profile_id=9, start=4, name=THREE_G_AT_4)  # a GPU reset
     env.specs.remove(uid)
-    assert env.preparer.reconcile()["specs_rewritten"] == 1
+    assert Repair(env.preparer).reconcile()["specs_rewritten"] == 1
     gi, ci = env.instances()[THREE_G_AT_4]
     assert ci is not None and env.spec_nodes(uid) == cap_nodes(env, gi, ci)
     env.manager.destroy(gpu.uuid, profile_id=9, start=4, name=THREE_G_AT_4)
     _half_made(env, 9, 4, 4)
-    env.preparer.reconcile()
+    Repair(env.preparer).reconcile()
     assert env.instances()[THREE_G_AT_4][1] is not None
 
 
@@ -272,8 +277,11 @@ def test_reconcile_destroys_the_instance_of_a_claim_deleted_in_the_api(env: Env)
     claim = env.store.add(allocated_claim(name="c1", devices=[THREE_G_AT_4]))
     env.preparer.prepare(env.ref(claim))
     del env.store.claims[("default", "c1")]
-    assert env.preparer.reconcile()["unprepared_gone"] == 1
-    assert env.instances() == {} and env.preparer.recorded_device_names() == frozenset()
+    assert Repair(env.preparer).reconcile()["unprepared_gone"] == 1
+    assert (
+        env.instances() == {}
+        and recorded_device_names(env.checkpoint.snapshot().values()) == frozenset()
+    )
 
 
 def test_instances_and_claims_survive_an_agent_restart(tmp_path: Path) -> None:
@@ -284,7 +292,7 @@ def test_instances_and_claims_survive_an_agent_restart(tmp_path: Path) -> None:
         made = first.instances()
     with open_env(tmp_path, store) as again:  # a new simulated library reads the state file
         assert again.instances() == made
-        again.preparer.reconcile()
+        Repair(again.preparer).reconcile()
         assert again.instances() == made
         again.preparer.unprepare(again.ref(claim))
         assert again.instances() == {}

@@ -23,7 +23,8 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
@@ -165,9 +166,9 @@ def test_processes_keep_the_gpu_out_of_mig_mode_until_they_end(env: Env) -> None
     env.preparer.unprepare(env.ref(claim))  # succeeds: the record is gone, the GPU is not back
     assert env.checkpoint.get(claim["metadata"]["uid"]) is None
     assert env.mig_mode(0) == (False, False) and env.marked() == {env.uuid(0)}
-    assert env.preparer.reconcile()["mig_modes_restored"] == 0  # still running: left marked
+    assert Repair(env.preparer).reconcile()["mig_modes_restored"] == 0  # still running: left marked
     env.node.library.end_processes(env.uuid(0))
-    assert env.preparer.reconcile()["mig_modes_restored"] == 1
+    assert Repair(env.preparer).reconcile()["mig_modes_restored"] == 1
     assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
 
 
@@ -203,7 +204,7 @@ def test_a_claim_left_prepare_started_is_rolled_back_into_mig_mode(env: Env) -> 
     DynamicMig(env.manager).leave_mig_mode(gpu, WHOLE, env.mig_off, recorded=frozenset)
     assert env.mig_mode(0) == (False, False)
 
-    assert env.preparer.reconcile()["rolled_back"] == 1
+    assert Repair(env.preparer).reconcile()["rolled_back"] == 1
 
     assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
     assert env.checkpoint.get(uid) is None
@@ -221,7 +222,7 @@ def test_a_mark_no_claim_stands_for_puts_the_gpu_back_at_the_next_repair(tmp_pat
         # the restarted agent's discovery shows the partitionable GPU (from the mark)
         assert env.preparer.targets["gpu-0"].leaves_mig
         assert env.mig_mode(0) == (False, False)
-        assert env.preparer.reconcile()["mig_modes_restored"] == 1
+        assert Repair(env.preparer).reconcile()["mig_modes_restored"] == 1
         assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
 
 
@@ -233,13 +234,13 @@ def test_a_prepared_whole_gpu_survives_a_restart_and_is_completed_if_put_back(
         claim = store.add(allocated_claim(name="whole", devices=[WHOLE]))
         (device,) = env.preparer.prepare(env.ref(claim))
     with open_env(tmp_path, store) as env:
-        assert env.preparer.reconcile()["mig_modes_restored"] == 0
+        assert Repair(env.preparer).reconcile()["mig_modes_restored"] == 0
         assert env.mig_mode(0) == (False, False)  # the claim still holds it
         assert env.preparer.prepare(env.ref(claim)) == (device,)
         # put back into MIG mode behind the agent's back (or an unprepare killed after it):
         # the claim is completed again
         env.manager.set_mig_mode(env.uuid(0), True, why="by hand")
-        env.preparer.reconcile()
+        Repair(env.preparer).reconcile()
         assert env.mig_mode(0) == (False, False) and env.marked() == {env.uuid(0)}
         env.preparer.unprepare(env.ref(claim))
         assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()

@@ -25,7 +25,8 @@ from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.mig import modeswitch, ondemand_step
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.checkpoint import PREPARE_STARTED, ClaimRecord, PreparedDevice
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import PREPARE_STARTED, ClaimRecord, PreparedDevice
 from dra_driver.sim.nvml import simulated_nvml
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.dynamicnode import DynamicNode, open_node
@@ -169,7 +170,7 @@ def test_a_whole_gpu_claim_after_placements_takes_the_gpu_back_out_without_a_mar
     env.node.library.put_process(gpu.uuid, 4242)  # on the full GPU: MIG mode stays on
     env.preparer.unprepare(env.ref(small))
     assert env.mig_mode(0) == (True, True) and env.turned_on() == {0}
-    assert env.preparer.reconcile()["mig_modes_turned_off"] == 0  # still running
+    assert Repair(env.preparer).reconcile()["mig_modes_turned_off"] == 0  # still running
     env.node.library.end_processes(gpu.uuid)
 
     whole = env.claim("whole", "gpu-0")
@@ -213,7 +214,7 @@ def test_a_claim_left_prepare_started_is_rolled_back_out_of_mig_mode(
     if mode_changed:
         env.manager.set_mig_mode(gpu.uuid, True, why="the killed prepare")
 
-    done = env.preparer.reconcile()
+    done = Repair(env.preparer).reconcile()
 
     assert done["rolled_back"] == 1
     assert env.mig_mode(0) == (False, False) and env.turned_on() == set()
@@ -236,7 +237,7 @@ def test_a_mark_no_claim_stands_for_is_repaired_at_the_restart(
             env.manager.set_mig_mode(gpu.uuid, False, why="the killed unprepare")
     with open_env(tmp_path, store) as env:
         assert env.turned_on() == {0}
-        done = env.preparer.reconcile()
+        done = Repair(env.preparer).reconcile()
         assert done["mig_modes_turned_off"] == (0 if mode_changed else 1)
         assert env.mig_mode(0) == (False, False) and env.turned_on() == set()
 
@@ -249,12 +250,12 @@ def test_a_prepared_claim_survives_a_restart_and_its_gpu_is_put_back_in_mig_mode
         claim = env.claim("c", placement(env.gpu(0), "3g.40gb", 4))
         (device,) = env.preparer.prepare(env.ref(claim))
     with open_env(tmp_path, store) as env:
-        assert env.preparer.reconcile()["mig_modes_turned_off"] == 0
+        assert Repair(env.preparer).reconcile()["mig_modes_turned_off"] == 0
         assert env.mig_mode(0) == (True, True)  # the claim still holds its MIG device
         # taken out of MIG mode behind the agent's back (its instance gone with it)
         DynamicMig(env.manager).destroy(env.gpu(0), device.device)
         env.manager.set_mig_mode(env.uuid(0), False, why="by hand")
-        env.preparer.reconcile()
+        Repair(env.preparer).reconcile()
         assert env.mig_mode(0) == (True, True)
         assert [m.placement.start for m in env.gpu(0).mig_instances] == [4]
         env.preparer.unprepare(env.ref(claim))

@@ -29,7 +29,8 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
 from dra_driver.sharing.mpsdaemon import MpsDaemons
 from dra_driver.sharing.shares import DISABLED, SharesMode
@@ -493,7 +494,7 @@ def test_a_restarted_agent_adopts_the_running_daemon_instead_of_starting_another
     assert [r.verb for r in creates] == ["create"]
     # the agent dies (no cleanup) and a new one starts: its first reconcile adopts the daemon
     restarted = env.restart()
-    done = restarted.reconcile()
+    done = Repair(restarted).reconcile()
     assert done["mps_daemons_adopted"] == 1 and done["mps_daemons_removed"] == 0
     assert env.kubelet.running() == {(NAMESPACE, f"mps-{uid}"): pid}  # the same process
     assert env.kubelet.starts[(NAMESPACE, f"mps-{uid}")] == 1
@@ -505,14 +506,14 @@ def test_a_restarted_agent_adopts_the_running_daemon_instead_of_starting_another
     ]
     # a second pass leaves a daemon with a Deployment alone
     calls = len(env.daemon_calls(uid))
-    assert restarted.reconcile()["mps_daemons_adopted"] == 0
+    assert Repair(restarted).reconcile()["mps_daemons_adopted"] == 0
     assert len(env.daemon_calls(uid)) == calls
     # preparing the claim again (the kubelet does after a restart) is answered from the record
     restarted.prepare(env.ref(claim))
     assert env.kubelet.starts[(NAMESPACE, f"mps-{uid}")] == 1
     # a Deployment deleted behind the agent's back is created again at the next pass
     env.kube.delete_deployment(namespace=NAMESPACE, name=f"mps-{uid}")
-    assert restarted.reconcile()["mps_daemons_adopted"] == 1
+    assert Repair(restarted).reconcile()["mps_daemons_adopted"] == 1
     assert env.deployments() == [f"mps-{uid}"]
     restarted.unprepare(env.ref(claim))
     env.assert_nothing_left()
@@ -528,7 +529,7 @@ def test_reconcile_removes_a_daemon_no_recorded_claim_owns(env: Env) -> None:
     env.api.put("deployments", {"metadata": {"name": "other", "namespace": NAMESPACE,
                 "labels": {"app": "x"}}, "spec": {"template": {"spec": {}}}})  # fmt: skip
     (env.mps_base / "README").write_text("not an owner\n")
-    done = env.restart().reconcile()
+    done = Repair(env.restart()).reconcile()
     assert done["mps_daemons_removed"] == 1
     env.wait_no_process()
     assert env.deployments() == ["other"]

@@ -34,7 +34,8 @@ from dra_driver.kube import KubeClient
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.node.wiring import prepare_steps
 from dra_driver.prepare import ClaimRef, Preparer, device_targets
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
 from dra_driver.sharing.mpsdaemon import MpsDaemons
 from dra_driver.sharing.shares import DISABLED, SharesMode, parse_mode, shareable
@@ -292,12 +293,12 @@ def test_reconcile_keeps_the_mps_client_edits_in_the_spec_of_a_dynamic_mig_devic
         env.preparer.prepare(env.ref(claim))
         path = env.preparer.specs.path_for(uid)
         before = path.read_bytes()
-        assert env.preparer.reconcile()["specs_rewritten"] == 0
+        assert Repair(env.preparer).reconcile()["specs_rewritten"] == 0
         assert path.read_bytes() == before
         (cdi_device,) = json.loads(before)["devices"]
         assert cdi_device["containerEdits"]["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
         path.unlink()  # a lost spec is written again the same, client edits included
-        assert env.preparer.reconcile()["specs_rewritten"] == 1
+        assert Repair(env.preparer).reconcile()["specs_rewritten"] == 1
         assert path.read_bytes() == before
         env.preparer.unprepare(env.ref(claim))
 

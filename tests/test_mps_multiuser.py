@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dra_driver.errors import ConfigDecodeError, ConfigNotSupported
+from dra_driver.prepare.repair import Repair
 from dra_driver.sharing import mps
 from tests.claimdata import allocated_claim
 from tests.test_mps import NAMESPACE, Env, mps_config, mps_node
@@ -139,7 +140,7 @@ def test_a_multi_user_claim_runs_its_daemon_with_the_flag_and_unprepares_cleanly
     assert record.devices[0].config["sharing"]["mpsConfig"]["multiUser"] is True
     # a restarted agent adopts the multi-user daemon: no second start
     preparer = env.restart()
-    preparer.reconcile()
+    Repair(preparer).reconcile()
     assert [c for c in env.daemon_calls(uid) if c.startswith("start")] == [f"start -M {h1},{h2}"]
     preparer.unprepare(env.ref(claim))
     env.assert_nothing_left()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from dra_driver.errors import ConfigNotSupported
+from dra_driver.prepare.repair import Repair
 from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid
 from tests.test_mps import NAMESPACE, Env, mounts_under, mps_config, mps_node
@@ -102,7 +103,7 @@ def test_a_restarted_agent_adopts_a_shared_daemon_and_reconcile_keeps_it(env: En
     env.preparer.prepare(env.ref(claim))
     pid = env.kubelet.running()[(NAMESPACE, f"mps-{owner}")]
     restarted = env.restart()
-    done = restarted.reconcile()
+    done = Repair(restarted).reconcile()
     # kept (not an orphan of no claim), adopted (asked to answer), not started again
     assert done["mps_daemons_removed"] == 0
     assert done["share_daemons_acquired"] == 1
@@ -123,7 +124,7 @@ def test_reconcile_removes_a_shared_daemon_whose_last_share_is_gone(env: Env) ->
     env.preparer.prepare(env.ref(claim))
     # the record goes (an unprepare killed before it released the daemon)
     env.preparer.checkpoint.transact(lambda claims: claims.discard(uid))
-    done = env.restart().reconcile()
+    done = Repair(env.restart()).reconcile()
     assert done["mps_daemons_removed"] == 1
     env.assert_nothing_left()
 

@@ -23,9 +23,9 @@ from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import KubeClient
 from dra_driver.node.agent import Discovery
 from dra_driver.node.config import Config
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.plugin.server import KubeletPlugin
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.test_plugin_server import inventory, make_config, start_plugin
 
@@ -131,7 +131,7 @@ def test_a_loop_that_ended_by_an_exception_is_dead() -> None:
     assert heartbeat_problems([Heartbeat("fine", stall_s=1), beat]) == [beat.problem()]
 
 
-def probe_server(plugin: KubeletPlugin, **checks: Any) -> ProbeServer:
+def probe_server(plugin: NodePlugin, **checks: Any) -> ProbeServer:
     probes = ProbeServer(
         SocketChecker(
             registration_socket=plugin.paths.registration,
@@ -158,15 +158,15 @@ def test_a_stuck_reconcile_pass_fails_liveness_until_it_ends(
         reconcile_interval_s=0.02,
     )
     plugin.start()
-    assert plugin.preparer is not None
+    assert plugin.state.repair is not None
     release = threading.Event()
-    real = plugin.preparer.reconcile
+    real = plugin.state.repair.reconcile
 
     def hanging() -> dict[str, int]:
         release.wait(10)
         return real()
 
-    plugin.preparer.reconcile = hanging  # type: ignore[method-assign]
+    plugin.state.repair.reconcile = hanging  # type: ignore[method-assign]
     plugin.reconcile_heartbeat.stall_s = 0.2
     probes = probe_server(plugin, liveness=[lambda: heartbeat_problems(plugin.heartbeats)])
     try:
@@ -188,7 +188,7 @@ def test_a_stuck_reconcile_pass_fails_liveness_until_it_ends(
 # -- readiness ---------------------------------------------------------------------------------
 
 
-def notify(plugin: KubeletPlugin, *, registered: bool, error: str = "") -> None:
+def notify(plugin: NodePlugin, *, registered: bool, error: str = "") -> None:
     with grpc.insecure_channel(f"unix://{plugin.paths.registration}") as channel:
         reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
             reg.RegistrationStatus(plugin_registered=registered, error=error), timeout=5

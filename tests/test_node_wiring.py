@@ -56,8 +56,8 @@ def test_simulated_gpus_make_device_nodes_only_inside_a_simulated_driver_install
     # simulated install with its own dev/ (GPU operator layout), never in the node's /dev, where
     # no driver module gives them numbers (cdi/devnodes.py); a real node makes them in its /dev.
     from dra_driver.node.config import Config  # noqa: PLC0415
-    from dra_driver.node.wiring import plugin_settings  # noqa: PLC0415
-    from dra_driver.plugin.server import KubeletPlugin  # noqa: PLC0415
+    from dra_driver.node.wiring import state_settings  # noqa: PLC0415
+    from dra_driver.prepare.state.nodestate import PrepareState  # noqa: PLC0415
     from dra_driver.sim.nvml import discover_simulated  # noqa: PLC0415
 
     def dev_root_made_in(driver_root: Path, simulate: str | None) -> Path | None:
@@ -70,13 +70,13 @@ def test_simulated_gpus_make_device_nodes_only_inside_a_simulated_driver_install
             cdi_root=tmp_path / "cdi",
             cdi_hook="none",
         )
-        plugin = KubeletPlugin(
-            settings=plugin_settings(config),
+        state = PrepareState(
+            settings=state_settings(config),
             inventory=discover_simulated("h100:1", node_name="node1"),
             claims=None,  # type: ignore[arg-type]  # not started: no claim is read
             steps=lambda state: [],
         )
-        return plugin.driver_files().dev_root_here
+        return state.driver_files().dev_root_here
 
     assert dev_root_made_in(Path("/"), "h100:1") is None
     assert dev_root_made_in(Path("/"), None) == Path("/")

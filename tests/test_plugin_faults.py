@@ -27,7 +27,7 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.pluginregistration_v1 import api_pb2 as reg
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
-from dra_driver.prepare import checkpoint
+from dra_driver.prepare.state import checkpoint
 from dra_driver.sim.fakedriver import (
     NVIDIA_SMI_HANG,
     NVIDIA_SMI_HANGING,

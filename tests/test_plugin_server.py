@@ -1,4 +1,4 @@
-"""KubeletPlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
+"""NodePlugin end to end: real gRPC over real Unix sockets in tmp_path, claims fetched by the
 real Kubernetes client from the local API server (dra_driver/sim/localapi/), real files."""
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from dra_driver.errors import ConfigError
 from dra_driver.fsutil import in_memory_fs
 from dra_driver.gpus.info import Inventory
 from dra_driver.kube import KubeClient
+from dra_driver.kube.events import node_event_reporter
 from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.node.config import Config
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
 from dra_driver.plugin.health_stream import HealthStates
-from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
 from dra_driver.prepare.limits import MAX_CLAIMS_PER_REQUEST
+from dra_driver.prepare.repair import Repair
 from dra_driver.sharing.shares import ShareEnforcer
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory, write_capability
 from dra_driver.sim.localapi import FakeKubeApi
@@ -78,7 +80,7 @@ def start_plugin(
     health: HealthStates | None = None,
     consumable_shares: str = "disabled",
     share_enforcer: ShareEnforcer | None = None,
-) -> KubeletPlugin:
+) -> NodePlugin:
     plugin = kubelet_plugin(
         config=make_config(tmp, pod_uid=pod_uid, consumable_shares=consumable_shares),
         share_enforcer=share_enforcer,
@@ -104,7 +106,7 @@ def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
 
 
 @pytest.fixture
-def plugin(tmp_path: Path, kube: KubeClient) -> Iterator[KubeletPlugin]:
+def plugin(tmp_path: Path, kube: KubeClient) -> Iterator[NodePlugin]:
     p = start_plugin(tmp_path, kube)
     yield p
     p.stop()
@@ -120,10 +122,10 @@ def v1_claim(claim: dict[str, object]) -> v1.Claim:
     return v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
-def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlugin) -> None:
+def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: NodePlugin) -> None:
     assert (
         plugin.paths.registration
-        == plugin.settings.kubelet_registrar_directory_path / "gpu.nvidia.com-reg.sock"
+        == plugin.settings.plugin_data_dir.parents[1] / "registry/gpu.nvidia.com-reg.sock"
     )
     assert plugin.paths.dra == plugin.settings.plugin_data_dir / "dra.sock"
     with channel(plugin.paths.registration) as ch:
@@ -140,7 +142,7 @@ def test_get_info_names_driver_endpoint_and_versions_v1_first(plugin: KubeletPlu
 
 
 def test_registration_status_is_recorded_and_a_refusal_logged(
-    plugin: KubeletPlugin, caplog: pytest.LogCaptureFixture
+    plugin: NodePlugin, caplog: pytest.LogCaptureFixture
 ) -> None:
     with channel(plugin.paths.registration) as ch:
         stub = reg_grpc.RegistrationStub(ch)
@@ -209,7 +211,7 @@ def test_prepare_over_v1_and_v1beta1_gives_the_same_answer(
 
 
 def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+    plugin: NodePlugin, kubeapi: FakeKubeApi
 ) -> None:
     claim = kubeapi.add_claim(allocated_claim(name="c1"))
     with channel(plugin.paths.dra) as ch:
@@ -237,7 +239,7 @@ def test_unprepare_over_grpc_succeeds_for_prepared_unknown_and_deleted_claims(
 
 
 def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+    plugin: NodePlugin, kubeapi: FakeKubeApi
 ) -> None:
     good = kubeapi.add_claim(allocated_claim(name="good", devices=["gpu-2"]))
     elsewhere = kubeapi.add_claim(
@@ -267,7 +269,7 @@ def test_one_bad_claim_gets_its_own_error_and_the_others_prepare(
     ],
 )
 def test_a_claim_the_api_server_answers_with_garbage_fails_alone(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi, body: bytes
+    plugin: NodePlugin, kubeapi: FakeKubeApi, body: bytes
 ) -> None:
     """Issue 37: a claim whose JSON is nested 10,000 deep raised RecursionError out of the
     batch (gRPC said UNKNOWN and the good claims got no answer); a 200 with a body that is not
@@ -286,7 +288,7 @@ def test_a_claim_the_api_server_answers_with_garbage_fails_alone(
     assert "UID None" not in error
 
 
-def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
+def test_empty_request_gets_an_empty_answer(plugin: NodePlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stub = v1_grpc.DRAPluginStub(ch)
         assert (
@@ -299,7 +301,7 @@ def test_empty_request_gets_an_empty_answer(plugin: KubeletPlugin) -> None:
 
 
 def test_a_batch_of_the_most_claims_a_request_may_carry_gets_an_answer_each(
-    plugin: KubeletPlugin, kubeapi: FakeKubeApi
+    plugin: NodePlugin, kubeapi: FakeKubeApi
 ) -> None:
     most = MAX_CLAIMS_PER_REQUEST
     claims = []
@@ -332,7 +334,7 @@ def test_a_batch_of_the_most_claims_a_request_may_carry_gets_an_answer_each(
     assert list(plugin.settings.cdi_root.glob("*.json")) == []
 
 
-def test_health_stream_lists_every_device_and_repeats(plugin: KubeletPlugin) -> None:
+def test_health_stream_lists_every_device_and_repeats(plugin: NodePlugin) -> None:
     with channel(plugin.paths.dra) as ch:
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
             health.NodeWatchResourcesRequest(), timeout=5
@@ -393,11 +395,12 @@ def short_tmp() -> Iterator[Path]:
 def test_rolling_update_instances_serve_side_by_side_and_share_state(
     short_tmp: Path, kube: KubeClient, kubeapi: FakeKubeApi
 ) -> None:
-    old = start_plugin(short_tmp, kube, pod_uid=new_uid())
+    old_uid = new_uid()
+    old = start_plugin(short_tmp, kube, pod_uid=old_uid)
     new = start_plugin(short_tmp, kube, pod_uid=new_uid())
     try:
-        assert old.paths.registration.name == f"gpu.nvidia.com-{old.settings.pod_uid}-reg.sock"
-        assert old.paths.dra.name == f"dra-{old.settings.pod_uid}.sock"
+        assert old.paths.registration.name == f"gpu.nvidia.com-{old_uid}-reg.sock"
+        assert old.paths.dra.name == f"dra-{old_uid}.sock"
         assert old.paths.dra != new.paths.dra and old.paths.registration != new.paths.registration
         assert all(len(str(p)) < 108 for p in (old.paths.dra, old.paths.registration))
         claim = kubeapi.add_claim(allocated_claim(name="c1", devices=["gpu-5"]))
@@ -422,6 +425,49 @@ def test_rolling_update_instances_serve_side_by_side_and_share_state(
     finally:
         old.stop()
         new.stop()
+
+
+def test_on_a_kubelet_root_as_long_as_microk8s_the_agent_serves_a_shortened_dra_socket(
+    short_tmp: Path, kube: KubeClient
+) -> None:
+    """MicroK8s's kubelet root (/var/snap/microk8s/common/var/lib/kubelet, docs/install.md) and
+    the pod UID the chart sets make dra-<podUID>.sock 110 bytes: the kubelet learns the shorter
+    name from GetInfo and reaches the DRA service there."""
+    microk8s_root = "/var/snap/microk8s/common/var/lib/kubelet"
+    root = short_tmp / ("k" * (len(microk8s_root) - len(str(short_tmp)) - 1))
+    assert len(str(root)) == len(microk8s_root)
+    uid = new_uid()
+    config = replace(
+        make_config(short_tmp, pod_uid=uid),
+        kubelet_registrar_directory_path=root / "plugins_registry",
+        kubelet_plugins_directory_path=root / "plugins",
+    )
+    assert len(str(config.plugin_data_dir / f"dra-{uid}.sock")) == 110
+    plugin = kubelet_plugin(
+        config=config,
+        inventory=inventory(),
+        claims=kube,
+        proc_root=short_tmp / "proc",
+        boot_id_path=short_tmp / "boot_id",
+    )
+    plugin.start()
+    try:
+        assert plugin.paths.dra.parent == config.plugin_data_dir
+        assert len(str(plugin.paths.dra)) < 108
+        with channel(plugin.paths.registration) as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
+        assert info.endpoint == str(plugin.paths.dra)
+        with channel(Path(info.endpoint)) as ch:
+            answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(
+                    claims=[v1.Claim(namespace="default", name="gone", uid=new_uid())]
+                ),
+                timeout=5,
+            )
+        assert [r.error for r in answer.claims.values()] == [""]
+    finally:
+        plugin.stop()
+    assert not plugin.paths.dra.exists()
 
 
 def test_damaged_checkpoint_is_moved_aside_reported_and_rebuilt(
@@ -507,11 +553,11 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
         boot_id_path=tmp_path / "boot_id",
         reconcile_interval_s=0.02,
     )
-    caplog.set_level(logging.ERROR, logger="dra_driver.plugin.server")
+    caplog.set_level(logging.ERROR, logger="dra_driver.prepare.state.nodestate")
     plugin.start()
     try:
-        assert plugin.preparer is not None
-        real = plugin.preparer.reconcile
+        assert plugin.state.repair is not None
+        real = plugin.state.repair.reconcile
         passes: list[str] = []
 
         def reconcile() -> dict[str, int]:
@@ -520,7 +566,7 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
                 raise RuntimeError("a bug in one pass")
             return real()
 
-        plugin.preparer.reconcile = reconcile  # type: ignore[method-assign]
+        plugin.state.repair.reconcile = reconcile  # type: ignore[method-assign]
         deadline = time.monotonic() + 5
         while len(passes) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -536,7 +582,7 @@ def test_the_reconcile_loop_survives_an_unexpected_error(
 MIG_SPEC = "a100-40gb:1:mig=3g.20gb+2g.10gb"
 
 
-def prepare(plugin: KubeletPlugin, claim: dict[str, object]) -> v1.NodePrepareResourceResponse:
+def prepare(plugin: NodePlugin, claim: dict[str, object]) -> v1.NodePrepareResourceResponse:
     with channel(plugin.paths.dra) as ch:
         answer = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
             v1.NodePrepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
@@ -544,7 +590,7 @@ def prepare(plugin: KubeletPlugin, claim: dict[str, object]) -> v1.NodePrepareRe
     return answer.claims[claim["metadata"]["uid"]]  # type: ignore[index]
 
 
-def spec_nodes(plugin: KubeletPlugin, uid: str) -> list[str]:
+def spec_nodes(plugin: NodePlugin, uid: str) -> list[str]:
     spec = json.loads(plugin.specs.path_for(uid).read_bytes())
     return [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
 
@@ -650,7 +696,7 @@ def test_a_prepared_device_that_disappears_is_reported_and_its_claim_can_be_unpr
         uid = claim["metadata"]["uid"]
         assert prepare(plugin, claim).error == ""
         assert registry.sample_value(**missing, driver="gpu.nvidia.com") == 0
-        with caplog.at_level(logging.WARNING, logger="dra_driver.plugin.server"):
+        with caplog.at_level(logging.WARNING, logger="dra_driver.prepare.state.nodestate"):
             plugin.set_inventory(simulated_inventory("h100:4", node_name="node1"))
             plugin.set_inventory(simulated_inventory("h100:5", node_name="node1"))  # still gone
         (warning,) = [r for r in caplog.records if "no longer has" in r.getMessage()]
@@ -664,7 +710,7 @@ def test_a_prepared_device_that_disappears_is_reported_and_its_claim_can_be_unpr
         # reconcile rewrites a lost spec with the devices that are left, and does not fail
         plugin.specs.path_for(uid).unlink()
         assert plugin.preparer is not None
-        assert plugin.preparer.reconcile()["specs_rewritten"] == 1
+        assert Repair(plugin.preparer).reconcile()["specs_rewritten"] == 1
         assert spec_nodes(plugin, uid) == ["/dev/nvidia1"]
         with channel(plugin.paths.dra) as ch:
             answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
@@ -689,7 +735,7 @@ def test_a_claim_left_with_no_device_at_all_does_not_break_reconcile(
         for claim in (gone, kept):
             plugin.specs.path_for(claim["metadata"]["uid"]).unlink()
         assert plugin.preparer is not None
-        done = plugin.preparer.reconcile()  # no spec can be made for "gone": skipped
+        done = Repair(plugin.preparer).reconcile()  # no spec can be made for "gone": skipped
         assert done["specs_rewritten"] == 1
         assert plugin.specs.claim_uids() == {kept["metadata"]["uid"]}
     finally:

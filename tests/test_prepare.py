@@ -28,14 +28,17 @@ from dra_driver.errors import (
     PrepareError,
 )
 from dra_driver.node.wiring import prepare_steps
-from dra_driver.prepare import ClaimRef, Preparer, checkpoint, device_targets
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state import checkpoint
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
     ClaimRecord,
     PreparedDevice,
 )
+from dra_driver.prepare.state.nodestate import prepared_devices_by_type, recorded_device_names
 from dra_driver.sharing.shares import DISABLED, ShareEnforcer, SharesMode
 from dra_driver.sharing.timeslice import NvidiaSmi, TimeSlicer
 from dra_driver.sim.fakedriver import (
@@ -516,7 +519,10 @@ def test_a_claim_the_api_cannot_show_is_an_api_error(env: Env) -> None:
 
 
 def test_prepared_devices_are_counted_by_type_once_each(env: Env) -> None:
-    assert env.preparer.prepared_devices_by_type() == {"gpu": 0, "mig": 0}
+    assert prepared_devices_by_type(env.checkpoint.snapshot().values(), env.preparer.targets) == {
+        "gpu": 0,
+        "mig": 0,
+    }
     both = env.store.add(allocated_claim(name="c1", devices=["gpu-0", MIG_3G]))
     env.preparer.prepare(env.ref(both))
     admin = allocated_claim(name="admin", devices=["gpu-0"])
@@ -524,7 +530,10 @@ def test_prepared_devices_are_counted_by_type_once_each(env: Env) -> None:
     env.preparer.prepare(env.ref(env.store.add(admin)))
     one = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
     env.preparer.prepare(env.ref(one))
-    assert env.preparer.prepared_devices_by_type() == {"gpu": 2, "mig": 1}
+    assert prepared_devices_by_type(env.checkpoint.snapshot().values(), env.preparer.targets) == {
+        "gpu": 2,
+        "mig": 1,
+    }
     # a claim still being prepared holds nothing yet
     uid = one["metadata"]["uid"]
     record = env.checkpoint.get(uid)
@@ -534,9 +543,15 @@ def test_prepared_devices_are_counted_by_type_once_each(env: Env) -> None:
             uid, record.__class__(**{**record.__dict__, "phase": PREPARE_STARTED})
         )
     )
-    assert env.preparer.prepared_devices_by_type() == {"gpu": 1, "mig": 1}
+    assert prepared_devices_by_type(env.checkpoint.snapshot().values(), env.preparer.targets) == {
+        "gpu": 1,
+        "mig": 1,
+    }
     env.preparer.unprepare(env.ref(both))
-    assert env.preparer.prepared_devices_by_type() == {"gpu": 1, "mig": 0}  # the admin claim
+    assert prepared_devices_by_type(env.checkpoint.snapshot().values(), env.preparer.targets) == {
+        "gpu": 1,
+        "mig": 0,
+    }  # the admin claim
     # devices this node no longer has (a GPU gone since the claim was prepared): typed by name
     gone = ClaimRecord(
         uid=new_uid(),
@@ -549,7 +564,10 @@ def test_prepared_devices_are_counted_by_type_once_each(env: Env) -> None:
         ),
     )
     env.checkpoint.transact(lambda claims: claims.__setitem__(gone.uid, gone))
-    assert env.preparer.prepared_devices_by_type() == {"gpu": 2, "mig": 1}
+    assert prepared_devices_by_type(env.checkpoint.snapshot().values(), env.preparer.targets) == {
+        "gpu": 2,
+        "mig": 1,
+    }
 
 
 def test_empty_batch_gives_an_empty_answer(env: Env) -> None:
@@ -588,7 +606,7 @@ def test_reconcile_rolls_back_half_done_prepares_and_removes_orphaned_specs(env:
     env.specs.write(orphan, b'{"cdiVersion":"0.5.0"}')
     unrelated = env.tmp / "cdi" / "other-vendor.json"
     unrelated.write_text("{}")
-    done = env.preparer.reconcile()
+    done = Repair(env.preparer).reconcile()
     assert done["rolled_back"] == 1 and done["orphan_specs_removed"] == 1
     assert env.specs.claim_uids() == set()
     assert env.checkpoint.snapshot() == {}
@@ -617,12 +635,12 @@ def test_reconcile_removes_temp_files_of_crashed_writes_but_not_of_writes_in_fli
     thread.start()
     try:
         assert holding.wait(5)
-        assert env.preparer.reconcile()["temp_files_removed"] == 1
+        assert Repair(env.preparer).reconcile()["temp_files_removed"] == 1
         assert not leftover.exists() and in_flight.exists()
     finally:
         release.set()
         thread.join()
-    assert env.preparer.reconcile()["temp_files_removed"] == 1
+    assert Repair(env.preparer).reconcile()["temp_files_removed"] == 1
     assert not in_flight.exists()
 
 
@@ -634,7 +652,7 @@ def test_reconcile_unprepares_claims_deleted_or_replaced_in_the_api(env: Env) ->
         env.preparer.prepare(env.ref(c))
     env.store.delete(deleted)
     env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))  # same name, new UID
-    assert env.preparer.reconcile()["unprepared_gone"] == 2
+    assert Repair(env.preparer).reconcile()["unprepared_gone"] == 2
     assert env.specs.claim_uids() == {kept["metadata"]["uid"]}
 
 
@@ -657,9 +675,9 @@ def test_reconcile_unprepares_claims_no_pod_can_use_and_keeps_the_others(env: En
         raise KubeUnavailable("API server unreachable", verb="get", resource="resourceclaims")
 
     env.store.get_resource_claim = unavailable  # type: ignore[method-assign]
-    assert env.preparer.reconcile()["unprepared_gone"] == 0
+    assert Repair(env.preparer).reconcile()["unprepared_gone"] == 0
     env.store.get_resource_claim = real_get  # type: ignore[method-assign]
-    assert env.preparer.reconcile()["unprepared_gone"] == 3
+    assert Repair(env.preparer).reconcile()["unprepared_gone"] == 3
     assert set(env.checkpoint.snapshot()) == {claims["kept"]["metadata"]["uid"]}
     assert env.specs.claim_uids() == {claims["kept"]["metadata"]["uid"]}
 
@@ -758,12 +776,12 @@ def test_the_pods_of_prepared_claims_are_known_without_requests_of_their_own(env
         claim["status"]["reservedFor"].append(
             {"apiGroup": "example.com", "resource": "jobs", "name": "j", "uid": new_uid()}
         )
-        again.preparer.reconcile()
+        Repair(again.preparer).reconcile()
         assert again.preparer.claim_pods() == {uid: ("pod-0", "pod-1")}
         # Unprepared by the other instance: forgotten at the next reconcile.
         env.preparer.unprepare(env.ref(claim))
         assert env.preparer.claim_pods() == {}
-        again.preparer.reconcile()
+        Repair(again.preparer).reconcile()
         assert again.preparer.claim_pods() == {}
     finally:
         again.preparer.close()
@@ -778,7 +796,7 @@ def test_after_a_reboot_nothing_counts_as_prepared(env: Env) -> None:
     again = build_env(env.tmp, env.store)
     try:
         assert again.checkpoint.snapshot() == {}
-        again.preparer.reconcile()
+        Repair(again.preparer).reconcile()
         assert again.specs.claim_uids() == set()
     finally:
         again.preparer.close()
@@ -796,7 +814,7 @@ def test_damaged_checkpoint_is_rebuilt_from_the_cdi_specs(env: Env) -> None:
     again = build_env(env.tmp, env.store)
     try:
         assert again.checkpoint.snapshot() == {}
-        assert again.preparer.rebuild_from_specs() == 2
+        assert Repair(again.preparer).rebuild_from_specs() == 2
         assert list((env.tmp / "plugin").glob("gpu-dra-checkpoint.json.corrupt-*"))
         # the rebuilt claims still hold their devices ...
         thief = again.store.add(allocated_claim(name="thief", devices=["gpu-0"]))
@@ -812,8 +830,8 @@ def test_specs_from_before_the_boot_are_not_rebuilt_as_prepared(env: Env) -> Non
     claim = env.store.add(allocated_claim(name="a", devices=["gpu-0"]))
     env.preparer.prepare(env.ref(claim))
     env.checkpoint.transact(lambda claims: claims.discard(claim["metadata"]["uid"]))
-    assert env.preparer.rebuild_from_specs(booted_at_s=time.time() + 60) == 0
-    env.preparer.reconcile()
+    assert Repair(env.preparer).rebuild_from_specs(booted_at_s=time.time() + 60) == 0
+    Repair(env.preparer).reconcile()
     assert env.specs.claim_uids() == set()
 
 
@@ -875,7 +893,7 @@ def test_a_mig_placement_that_does_not_exist_fails_only_its_claim_saying_why(
 
 
 def test_recorded_device_names_are_every_device_of_every_recorded_claim(env: Env) -> None:
-    assert env.preparer.recorded_device_names() == frozenset()
+    assert recorded_device_names(env.checkpoint.snapshot().values()) == frozenset()
     first = env.store.add(allocated_claim(name="c1", devices=["gpu-0", MIG_3G]))
     env.preparer.prepare(env.ref(first))
     started = ClaimRecord(
@@ -892,6 +910,10 @@ def test_recorded_device_names_are_every_device_of_every_recorded_claim(env: Env
     )  # fmt: skip
     env.checkpoint.transact(lambda claims: claims.__setitem__(started.uid, started))
 
-    assert env.preparer.recorded_device_names() == {"gpu-0", MIG_3G, "gpu-4-mig-1g5gb-19-6"}
+    assert recorded_device_names(env.checkpoint.snapshot().values()) == {
+        "gpu-0",
+        MIG_3G,
+        "gpu-4-mig-1g5gb-19-6",
+    }
     env.preparer.unprepare(env.ref(first))
-    assert env.preparer.recorded_device_names() == {"gpu-4-mig-1g5gb-19-6"}
+    assert recorded_device_names(env.checkpoint.snapshot().values()) == {"gpu-4-mig-1g5gb-19-6"}

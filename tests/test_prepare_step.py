@@ -28,7 +28,13 @@ from dra_driver.prepare import (
     Step,
     device_targets,
 )
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord, Claims
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    ClaimRecord,
+    Claims,
+)
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
 from tests.claimdata import ClaimStore, allocated_claim
 from tests.nodestorage import open_node_storage
@@ -225,7 +231,7 @@ def test_a_step_with_nothing_to_do_is_not_called_again_for_the_claim(env: Env) -
 
 
 def test_reconcile_asks_every_step_and_adds_up_their_counters(env: Env) -> None:
-    done = env.preparer.reconcile()
+    done = Repair(env.preparer).reconcile()
     assert env.calls == ["a.reconcile", "b.reconcile"]
     assert done["a_repaired"] == 1 and done["b_repaired"] == 1 and done["shared_counter"] == 2
     assert done["rolled_back"] == 0  # the core's own counters are there too
@@ -236,6 +242,6 @@ def test_a_missing_spec_is_written_again_with_the_steps_edits(env: Env) -> None:
     uid = claim["metadata"]["uid"]
     env.preparer.prepare(env.ref(claim))
     env.specs.path_for(uid).unlink()
-    assert env.preparer.reconcile()["specs_rewritten"] == 1
+    assert Repair(env.preparer).reconcile()["specs_rewritten"] == 1
     # Recording steps have no plan for a recorded claim (Step.recorded's default): no edits.
     assert env.env_of(uid) == []

@@ -17,7 +17,8 @@ import pytest
 
 from dra_driver.errors import ConfigNotSupported, DeviceConflict, PrepareError
 from dra_driver.prepare import ClaimRef
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing.shares import parse_mode
 from tests.claimdata import allocated_claim, new_uid
 from tests.shareenforcer import RecordingEnforcer
@@ -313,9 +314,9 @@ def test_a_restarted_agent_acquires_the_daemons_of_recorded_shares(
     again = RecordingEnforcer()
     second = build_env(tmp_path, first.store, consumable_shares=mode, share_enforcer=again)
     try:
-        assert second.preparer.reconcile()["share_daemons_acquired"] == 1
+        assert Repair(second.preparer).reconcile()["share_daemons_acquired"] == 1
         assert again.verbs() == [("acquire", "shares-gpu-3")]
-        assert second.preparer.reconcile()["share_daemons_acquired"] == 0
+        assert Repair(second.preparer).reconcile()["share_daemons_acquired"] == 0
     finally:
         second.preparer.close()
 
@@ -325,7 +326,7 @@ def test_a_lost_checkpoint_is_rebuilt_with_the_share_ids_of_the_specs(env: Env) 
     uid = claim["metadata"]["uid"]
     env.preparer.prepare(env.ref(claim))
     env.checkpoint.transact(lambda claims: claims.discard(uid))
-    assert env.preparer.rebuild_from_specs() == 1
+    assert Repair(env.preparer).rebuild_from_specs() == 1
     record = env.checkpoint.get(uid)
     assert record is not None
     assert [(d.device, d.share_id) for d in record.devices] == [("gpu-0", share_of(claim))]

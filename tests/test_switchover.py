@@ -20,16 +20,22 @@ import pytest
 from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
+from dra_driver.kube.events import node_event_reporter
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
     PreparedDevice,
     read_state,
 )
-from dra_driver.prepare.switchover import NVIDIA_MPS_KEY, NVIDIA_NAMESPACE, migrate_own_checkpoint
+from dra_driver.prepare.state.switchover import (
+    NVIDIA_MPS_KEY,
+    NVIDIA_NAMESPACE,
+    migrate_own_checkpoint,
+)
 from dra_driver.sim.demo import DEMO_SIMULATE
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
@@ -153,7 +159,7 @@ def events(api: FakeKubeApi, reason: str) -> list[str]:
     return [e["message"] for e in api.objects("events") if e.get("reason") == reason]
 
 
-def unprepare(plugin: KubeletPlugin, claim: dict[str, Any]) -> None:
+def unprepare(plugin: NodePlugin, claim: dict[str, Any]) -> None:
     with channel(plugin.paths.dra) as ch:
         answer = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1_claim(claim)]), timeout=5
@@ -203,7 +209,7 @@ def test_a_completed_claim_is_adopted_keeps_its_spec_and_holds_its_gpu(
         # its GPU is not free
         other = kubeapi.add_claim(allocated_claim(name="other", devices=["gpu-0"]))
         assert "gpu-0" in prepare(plugin, other).error
-        plugin.preparer.reconcile()  # type: ignore[union-attr]
+        Repair(plugin.preparer).reconcile()  # type: ignore[union-attr]
         assert yaml_spec(tmp_path, uid).exists()  # an adopted claim's spec is owned
         unprepare(plugin, claim)
         assert not yaml_spec(tmp_path, uid).exists()
@@ -427,8 +433,9 @@ KILLED_ADOPTION = """
 import os, signal, sys
 from pathlib import Path
 from dra_driver import cdi
-from dra_driver.prepare import device_targets, switchover
-from dra_driver.prepare.checkpoint import Checkpoint
+from dra_driver.prepare import device_targets
+from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.checkpoint import Checkpoint
 from dra_driver.sim.fakedriver import simulated_inventory
 
 tmp = Path(sys.argv[1])

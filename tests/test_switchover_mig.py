@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
-from dra_driver.prepare import device_targets, switchover
+from dra_driver.mig.dynamic import ManagedMig
+from dra_driver.prepare import device_targets
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
 from tests.claimdata import allocated_claim
 from tests.test_mig_instance_step import THREE_G_AT_4, open_env
 from tests.test_switchover import nvidia_checkpoint, nvidia_spec, yaml_spec
@@ -55,7 +58,7 @@ def test_an_adopted_dynamic_mig_device_counts_as_ours_and_its_unprepare_destroys
             cdi_vendor="k8s.gpu.nvidia.com",
         )
         assert adoption.adopted == [uid], adoption.message()
-        env.preparer.reconcile()
+        Repair(env.preparer).reconcile()
         assert list(env.instances()) == [THREE_G_AT_4]  # in use by the running pod: kept
         env.preparer.unprepare(env.ref(claim))
         assert env.instances() == {}  # destroyed as our own

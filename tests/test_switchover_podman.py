@@ -16,7 +16,7 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.kube import KubeClient
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.prepare.checkpoint import read_state
+from dra_driver.prepare.state.checkpoint import read_state
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim

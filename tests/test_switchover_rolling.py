@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 
 from dra_driver.kube import KubeClient
+from dra_driver.kube.events import node_event_reporter
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.plugin.server import KubeletPlugin, node_event_reporter
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
     read_state,
 )
-from dra_driver.prepare.switchover import sole_user
+from dra_driver.prepare.state.switchover import sole_user
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, new_uid
 from tests.test_plugin_server import inventory, make_config, prepare, start_plugin
@@ -45,7 +46,7 @@ def kube(kubeapi: FakeKubeApi) -> Any:
     client.close()
 
 
-def old_release_agent(tmp: Path, kube: KubeClient) -> KubeletPlugin:
+def old_release_agent(tmp: Path, kube: KubeClient) -> NodePlugin:
     """The previous release's agent: the same plugin with its checkpoint at checkpoint.json
     (a checkpoint there is its own, so it neither moves nor adopts anything)."""
     plugin = kubelet_plugin(
@@ -57,8 +58,8 @@ def old_release_agent(tmp: Path, kube: KubeClient) -> KubeletPlugin:
         boot_id_path=tmp / "boot_id",
     )
     legacy = plugin.settings.plugin_data_dir / "checkpoint.json"
-    plugin.settings = dataclasses.replace(plugin.settings, checkpoint_path=legacy)
-    plugin.checkpoint = Checkpoint(legacy, boot_id_path=tmp / "boot_id")
+    plugin.state.settings = dataclasses.replace(plugin.settings, checkpoint_path=legacy)
+    plugin.state.checkpoint = Checkpoint(legacy, boot_id_path=tmp / "boot_id")
     plugin.start()
     return plugin
 
@@ -87,7 +88,7 @@ def test_old_and_new_agents_share_the_old_names_then_the_new_one_moves_them(
         assert prepare(new, c2).error == ""
         assert "gpu-0" in prepare(new, rival0).error  # the new agent sees the old one's claim
         assert "gpu-1" in prepare(old, rival1).error  # and the old one sees the new one's
-        new._reconcile_pass()  # the old agent still runs: nothing moves
+        new.state._reconcile_pass()  # the old agent still runs: nothing moves
         assert new.checkpoint.path == legacy and not ours.exists()
         unprepare(new, c1)  # prepared by the old agent, unprepared by the new one
         assert set(read_state(legacy)[1]) == uids(c2)
@@ -95,7 +96,7 @@ def test_old_and_new_agents_share_the_old_names_then_the_new_one_moves_them(
         old.stop()  # the rolling update removes the old pod
     try:
         assert set(read_state(legacy)[1]) == uids(c2)  # its clean stop kept the new one's claim
-        new._reconcile_pass()
+        new.state._reconcile_pass()
         assert new.checkpoint.path == ours
         assert not legacy.exists() and not (plugin_dir / "checkpoint.journal").exists()
         assert not (plugin_dir / "checkpoint.lock").exists()
@@ -122,7 +123,7 @@ def test_an_old_agent_killed_beside_the_new_one_is_noticed_and_its_claims_kept(
     try:
         assert new.checkpoint.path == plugin_dir / "checkpoint.json"
         assert prepare(new, c2).error == ""
-        old._dra_server.stop(0).wait()  # type: ignore[union-attr]
+        old.kubelet._dra_server.stop(0).wait()  # type: ignore[union-attr]
         os.close(old.checkpoint._journal_fd)  # kill -9: its files close, nothing is folded
         os.close(old.checkpoint._lock_fd)
     finally:

@@ -22,7 +22,7 @@ from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
 from dra_driver.heartbeat import Heartbeat
 from dra_driver.metrics import DriverMetrics, Registry
 from dra_driver.node.http_server import metrics_server
-from dra_driver.prepare.checkpoint import ClaimRecord, PreparedDevice
+from dra_driver.prepare.state.checkpoint import ClaimRecord, PreparedDevice
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from dra_driver.telemetry.sampler import (

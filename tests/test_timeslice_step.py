@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from dra_driver.errors import TimeSliceFailed
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED
 from dra_driver.sharing.timeslice import NvidiaSmi
 from dra_driver.sim.fakedriver import (
     NVIDIA_SMI_FAIL,
@@ -73,7 +74,7 @@ def test_a_time_slicing_claim_sets_its_gpus_interval_and_unprepare_restores_defa
     assert fake(env).time_slices() == {uuid: 0}
     assert marked(env) == set()
     # reconcile has nothing to do: every GPU is where the claims (none) want it
-    assert env.preparer.reconcile()["time_slices_set"] == 0
+    assert Repair(env.preparer).reconcile()["time_slices_set"] == 0
     assert len(fake(env).nvidia_smi_calls()) == 2
 
 
@@ -127,7 +128,7 @@ def test_a_failing_nvidia_smi_is_the_claims_error_and_nothing_is_left_behind(env
         f"compute-policy -i {uuid} --set-timeslice 0",
     ]
     (fake(env).nvidia_smi_dir / NVIDIA_SMI_FAIL).unlink()
-    assert env.preparer.reconcile()["time_slices_set"] == 1
+    assert Repair(env.preparer).reconcile()["time_slices_set"] == 1
     assert fake(env).time_slices() == {uuid: 0}
     assert marked(env) == set()
 
@@ -192,7 +193,7 @@ def test_a_claim_left_prepare_started_is_rolled_back_and_its_gpu_restored(env: E
     env.specs.remove(uid)
     restarted = build_env(env.tmp, env.store)
     try:
-        done = restarted.preparer.reconcile()
+        done = Repair(restarted.preparer).reconcile()
         assert done["rolled_back"] == 1
         assert fake(env).time_slices() == {gpu_uuid(env, "gpu-0"): 0}
         assert restarted.checkpoint.snapshot() == {}
@@ -212,10 +213,12 @@ def test_after_a_restart_reconcile_sets_what_the_claims_ask_once(env: Env) -> No
     (fake(env).nvidia_smi_dir / NVIDIA_SMI_STATE).unlink()  # and say the GPUs were reset
     restarted = build_env(env.tmp, env.store)
     try:
-        assert restarted.preparer.reconcile()["time_slices_set"] == 2
+        assert Repair(restarted.preparer).reconcile()["time_slices_set"] == 2
         assert fake(env).time_slices() == {gpu_uuid(env, "gpu-0"): 2, gpu_uuid(env, "gpu-1"): 0}
         calls = len(fake(env).nvidia_smi_calls())
-        assert restarted.preparer.reconcile()["time_slices_set"] == 0  # known: nothing to run
+        assert (
+            Repair(restarted.preparer).reconcile()["time_slices_set"] == 0
+        )  # known: nothing to run
         assert len(fake(env).nvidia_smi_calls()) == calls
         assert marked(env) == {gpu_uuid(env, "gpu-0")}
     finally:

@@ -14,7 +14,7 @@ the driver uses, so callers write ``cdi.CdiSpecDir``, ``cdi.DriverFiles``, ...
 
 from __future__ import annotations
 
-from dra_driver.cdi.devnodes import ensure_claim_nodes, ensure_device_nodes
+from dra_driver.cdi.devnodes import ensure_device_nodes
 from dra_driver.cdi.driverfiles import (
     BASE,
     CONTAINER_LIB_DIR,
@@ -58,7 +58,6 @@ __all__ = [
     "cdi_device_id",
     "cdi_device_name",
     "device_names_in_spec",
-    "ensure_claim_nodes",
     "ensure_device_nodes",
     "file_kind",
     "find_driver_files",

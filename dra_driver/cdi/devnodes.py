@@ -2,7 +2,8 @@
 makes them.
 
 Place in the flow: prepare (prepare/preparer.py), after a claim's steps and before its spec is
-written, hands the spec's device nodes to :func:`ensure_claim_nodes`. A node that cannot be made
+written, hands the spec's device nodes to driverfiles.py's ``DriverFiles.ensure_claim_nodes``,
+which has them made here. A node that cannot be made
 fails that claim with an error naming the node: never a spec without it (a container runtime
 given such a spec starts the container without the node, or refuses it at CreateContainer).
 
@@ -41,16 +42,11 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dra_driver.errors import CdiError
-
-if TYPE_CHECKING:  # attribute access only: driverfiles imports this module
-    from dra_driver.cdi.driverfiles import DriverFiles
-    from dra_driver.cdi.spec import ClaimDevice
 
 log = logging.getLogger("dra_driver.cdi")
 
@@ -234,20 +230,6 @@ def module_loaded(modules: str, name: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Making the nodes
-
-
-def ensure_claim_nodes(
-    files: DriverFiles, devices: Sequence[ClaimDevice], capabilities: frozenset[str]
-) -> None:
-    """Make every device node missing that a claim's spec will name: its devices' own and those
-    the ``capabilities`` give every claim. Nothing when ``files`` came without the dev root's
-    place here (``dev_root_here`` None: files not scanned from a driver root). Raises CdiError
-    naming each node that cannot be made."""
-    if files.dev_root_here is None:
-        return
-    paths = [n.path for d in devices for n in d.nodes]
-    paths += files.node_paths(capabilities)
-    ensure_device_nodes(paths, dev_root=files.dev_root_here, proc_root=files.proc_root)
 
 
 def ensure_device_nodes(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,6 +252,21 @@ class DriverFiles:
             )
             edits["hooks"] = hooks
         return edits
+
+    def ensure_claim_nodes(
+        self, paths: Iterable[str], capabilities: frozenset[str], *, shared: bool = True
+    ) -> None:
+        """Make every device node missing that a claim's spec will name (devnodes.py): its
+        devices' own ``paths`` and, with ``shared``, those the ``capabilities`` give every claim
+        (the caller may check those once for many claims). Nothing when these files came
+        without the dev root's place here (``dev_root_here`` None: not scanned from a driver
+        root). Raises CdiError naming each node that cannot be made."""
+        if self.dev_root_here is None:
+            return
+        wanted = list(paths)
+        if shared:
+            wanted += self.node_paths(capabilities)
+        devnodes.ensure_device_nodes(wanted, dev_root=self.dev_root_here, proc_root=self.proc_root)
 
     def node_paths(self, capabilities: frozenset[str]) -> list[str]:
         """The device nodes every claim with ``capabilities`` gets (container paths)."""

@@ -25,7 +25,7 @@ from dra_driver.fsutil import fsync_dir, in_memory_fs, write_all
 class PendingSpec:
     """A spec written to its temp file but not yet synced and renamed (see CdiSpecDir.begin)."""
 
-    def __init__(self, *, fd: int, temp: Path, final: Path) -> None:
+    def __init__(self, *, fd: int, temp: str | Path, final: Path) -> None:
         self.final = final
         self._fd = fd
         self._temp = temp
@@ -57,7 +57,7 @@ class PendingSpec:
         if not self._done:
             self._done = True
             with contextlib.suppress(OSError):
-                self._temp.unlink(missing_ok=True)
+                os.unlink(self._temp)
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
@@ -73,7 +73,7 @@ class _Spare:
     size: int
 
 
-def _open_locked(path: Path) -> int | None:
+def _open_locked(path: str | Path) -> int | None:
     """``path`` opened read-write with the exclusive flock that marks a spare as its holder's;
     None (nothing left open) when another open file holds that lock."""
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -139,10 +139,14 @@ class CdiSpecDir:
         self.in_memory = in_memory_fs(self.root)
 
     def path_for(self, claim_uid: str) -> Path:
+        return self.root / f"{self._stem(claim_uid)}.json"
+
+    def _stem(self, claim_uid: str) -> str:
+        """The claim's spec file name without its suffix."""
         if not CLAIM_UID.match(claim_uid):
             # the UID is part of a file name: refuse anything that could climb out of the dir
             raise CdiError(f"claim UID {claim_uid!r} is not a lowercase UUID")
-        return self.root / f"{self._prefix}{claim_uid}.json"
+        return f"{self._prefix}{claim_uid}"
 
     def foreign_path(self, claim_uid: str) -> Path:
         """Where NVIDIA's driver keeps the claim's spec (``.yaml``, docs/migration.md): a claim
@@ -170,13 +174,15 @@ class CdiSpecDir:
         """Write ``content`` to a temp file; the caller then calls ``sync()`` (from any thread)
         and ``commit()``, or ``abort()``. Splitting the write lets the slow part (the fsync)
         overlap other work without the rest of the write leaving the caller's thread."""
-        final = self.path_for(claim_uid)
+        name = f"{self._stem(claim_uid)}.json"
+        final = self.root / name
         with self._spares_lock:
             spare = self._spares.pop() if self._spares else None
+        temp: str | Path
         if spare is not None:
             fd, temp = spare.fd, spare.path  # opened at offset 0 when it became a spare
         else:
-            temp = self.root / f".{final.name}.{secrets.token_hex(4)}.tmp"
+            temp = f"{self.root}/.{name}.{secrets.token_hex(4)}.tmp"
             try:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except OSError as exc:
@@ -204,9 +210,11 @@ class CdiSpecDir:
         """Delete the spec of ``claim_uid`` (keep it as a spare while there is room), and the
         ``.yaml`` one NVIDIA's driver wrote for an adopted claim; False when there was none (not
         an error)."""
-        path = self.path_for(claim_uid)
+        # strings, not Paths: this runs on every unprepare, where Path's parsing showed up
+        base = f"{self.root}/{self._stem(claim_uid)}"
+        path = f"{base}.json"
         try:
-            self.foreign_path(claim_uid).unlink()
+            os.unlink(f"{base}.yaml")
             foreign = True
         except FileNotFoundError:
             foreign = False
@@ -214,7 +222,7 @@ class CdiSpecDir:
             raise CdiError(f"cannot remove CDI spec of claim {claim_uid}: {exc}") from exc
         try:
             if not self._keep_as_spare(path):
-                path.unlink()
+                os.unlink(path)
         except FileNotFoundError:
             if foreign and sync_dir:
                 self.sync()
@@ -225,7 +233,7 @@ class CdiSpecDir:
             self.sync()
         return True
 
-    def _keep_as_spare(self, spec: Path) -> bool:
+    def _keep_as_spare(self, spec: str) -> bool:
         """Rename ``spec`` to a new spare of ours; False (nothing done) when the pool is full.
         FileNotFoundError when there is no such spec."""
         with self._spares_lock:

@@ -7,9 +7,9 @@ dynamic mode leaves static because a MIG device on them was made by someone else
 
 Which MIG devices count as the driver's own (``managed_mig``):
 
-* every device name recorded in the checkpoint, in either phase
-  (``Preparer.recorded_device_names``): prepare records a claim before it creates its MIG device
-  and unprepare destroys it before the record goes;
+* every device name recorded in the checkpoint, in either phase (node/ passes them in as
+  ``recorded``, from prepare/state: ``recorded_device_names``): prepare records a claim before
+  it creates its MIG device and unprepare destroys it before the record goes;
 * and, so that the window between dropping a record and the MIG device disappearing does not flip
   a GPU to static and back, a MIG device that counted as the driver's own in the previous pass
   and still exists keeps counting until it is gone.
@@ -18,14 +18,13 @@ Published devices of a partitionable GPU do not depend on which of its placement
 placement device has no ``uuid``), so MIG devices appearing and disappearing change nothing that
 is published: no slice is written.
 
-Before the plugin has opened the checkpoint (the first publication),
-:func:`recorded_device_names_on_disk` reads it without changing anything.
+Discovery reads none of prepare's files: before the state is opened (the first publication),
+node/ has prepare/state's ``recorded_device_names_on_disk`` read them without changing anything.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from dra_driver.devices import (
     MigMode,
@@ -36,54 +35,9 @@ from dra_driver.devices import (
     node_devices,
     unmanaged_mig_devices,
 )
-from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
-from dra_driver.prepare import switchover
-from dra_driver.prepare.checkpoint import BOOT_ID_PATH, read_boot_id, read_state
 
 log = logging.getLogger(__name__)
-
-
-def recorded_device_names_on_disk(
-    checkpoint_path: Path, *, boot_id_path: Path = BOOT_ID_PATH
-) -> frozenset[str]:
-    """Every device name the checkpoint at ``checkpoint_path`` records, read-only, and those
-    the ``checkpoint.json`` beside it records for this boot: NVIDIA's, whose claims the plugin
-    adopts when it opens (their MIG devices are then its own), or an earlier release's, shared
-    while its agent still runs (prepare/switchover.py).
-
-    A missing checkpoint records nothing, and so does one from an earlier boot (the plugin
-    discards it; MIG devices that exist now were made since, by someone else). A damaged one
-    counts as recording nothing here: the plugin sets it aside and reports it when it opens it,
-    and the next discovery pass asks the plugin (``Preparer.recorded_device_names``).
-    """
-    own = _own_names(checkpoint_path, boot_id_path=boot_id_path)
-    legacy = checkpoint_path.with_name(switchover.LEGACY_NAME)
-    if legacy == checkpoint_path:
-        return own
-    try:
-        return own | switchover.recorded_names(legacy, boot_id=read_boot_id(boot_id_path))
-    except (DraError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("cannot read checkpoint.json before the plugin opens it",
-                    extra={"path": str(legacy), "reason": str(exc)})  # fmt: skip
-        return own
-
-
-def _own_names(checkpoint_path: Path, *, boot_id_path: Path) -> frozenset[str]:
-    try:
-        boot_id, claims = read_state(checkpoint_path)
-        if boot_id != read_boot_id(boot_id_path):
-            return frozenset()
-    except FileNotFoundError:
-        return frozenset()
-    except (DraError, OSError, ValueError, KeyError) as exc:
-        log.warning(
-            "cannot read the checkpoint before the plugin opens it; treating no MIG device as "
-            "the driver's own until the next discovery pass",
-            extra={"path": str(checkpoint_path), "reason": str(exc)},
-        )
-        return frozenset()
-    return frozenset(d.device for record in claims.values() for d in record.devices)
 
 
 class ManagedMig:

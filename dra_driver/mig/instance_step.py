@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 from dra_driver.errors import DeviceConflict, ForeignMigInstances, MigFailed
 from dra_driver.mig import instances
-from dra_driver.prepare.checkpoint import ClaimRecord, Claims
 from dra_driver.prepare.plan import ClaimPlan, owner
+from dra_driver.prepare.state.checkpoint import ClaimRecord, Claims
 from dra_driver.prepare.step import NodeState, Step
 from dra_driver.prepare.targets import DeviceTarget
 

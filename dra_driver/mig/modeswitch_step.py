@@ -23,8 +23,8 @@ from dra_driver.errors import MigFailed
 from dra_driver.gpus.info import GpuInfo
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.mig.modeswitch import MigOffMarks
-from dra_driver.prepare.checkpoint import ClaimRecord
 from dra_driver.prepare.plan import ClaimPlan
+from dra_driver.prepare.state.checkpoint import ClaimRecord
 from dra_driver.prepare.step import NodeState, Step
 from dra_driver.prepare.targets import DeviceTarget
 

@@ -1,7 +1,7 @@
 """The node agent: starts and supervises discovery, publishing, the kubelet plugin and probes.
 
 Flow: discover GPUs (NVML, or simulated GPUs installed as pynvml's library) -> devices ->
-Publisher (ResourceSlices) and KubeletPlugin (registration + DRA sockets) -> probes and
+Publisher (ResourceSlices) and NodePlugin (prepare state, registration + DRA sockets) -> probes and
 Prometheus metrics (``--metrics-port``, off by default), with per-device telemetry sampled every
 ``--telemetry-interval`` (telemetry/sampler.py; its health and XID series come from the
 HealthMonitor).
@@ -32,13 +32,11 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from dra_driver import devices
-from dra_driver.claimstatus.reporter import ClaimStatusReporter
 from dra_driver.errors import (
     CdiError,
     ConfigError,
     DiscoveryError,
     DraError,
-    KubeError,
     NoGpusFound,
     PublishError,
 )
@@ -46,22 +44,19 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.health.decisions import HealthPolicy
 from dra_driver.health.monitor import HealthMonitor
-from dra_driver.heartbeat import Heartbeat, heartbeat_problems
-from dra_driver.kube import EventType, KubeClient
-from dra_driver.mig.dynamic import ManagedMig, recorded_device_names_on_disk
-from dra_driver.node import cpuaffinity, log
+from dra_driver.heartbeat import Heartbeat
+from dra_driver.kube import KubeClient
+from dra_driver.mig.dynamic import ManagedMig
+from dra_driver.node import cpuaffinity, log, parts
 from dra_driver.node.config import Config
-from dra_driver.node.http_server import HttpServer, metrics_server
-from dra_driver.node.probes import ProbeServer, SocketChecker
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.shutdown import ShutdownDeadline
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.plugin.server import KubeletPlugin
-from dra_driver.prepare import ERROR_TYPES
+from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sharing import shares
 
 if TYPE_CHECKING:
-    from dra_driver import metrics
     from dra_driver.sim.nvml import SimulatedNvmlLibrary
     from dra_driver.telemetry.holders import GetPod
     from dra_driver.telemetry.sampler import Telemetry
@@ -194,17 +189,8 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         # From the start: a SIGTERM during start-up stops cleanly too (simulated GPUs' files).
         stack.enter_context(_stop_on_signals(stop, deadline))
         discovery = Discovery(config, stack)
-        inventory = discovery.discover()
         mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
-        node_devices = published_devices(
-            mig.node_devices(
-                inventory,
-                recorded=recorded_device_names_on_disk(config.checkpoint_path)
-                if config.mig_mode == "dynamic"
-                else frozenset(),
-            ),
-            config,
-        )
+        inventory, node_devices = first_devices(config, discovery, mig)
         logger.info(
             "discovered GPUs",
             extra={
@@ -214,21 +200,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             },
         )
         kube = KubeClient.from_config(kubeconfig=config.kubeconfig)
-
-        def report_event(reason: str, message: str, *, event_type: EventType = "Warning") -> None:
-            try:
-                node = kube.get_node(config.node_name)
-                kube.create_event(
-                    node_name=config.node_name,
-                    node_uid=str(node.get("metadata", {}).get("uid", "")),
-                    reason=reason,
-                    message=message,
-                    event_type=event_type,
-                    namespace=config.pod_namespace,
-                )
-            except KubeError as exc:
-                logger.warning("could not post an Event on the Node", extra={"reason": str(exc)})
-
+        report_event = parts.node_events(kube, config)
         publisher = Publisher(
             kube,
             driver_name=config.driver_name,
@@ -242,22 +214,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             events=report_event,
             check_interval_s=config.health_check_interval_s,
         )
-        driver_metrics: metrics.DriverMetrics | None = None
-        scrapes: HttpServer | None = None
-        registry: metrics.Registry | None = None
-        if config.metrics_port:
-            from dra_driver import metrics  # noqa: PLC0415  (prometheus_client only when on)
-
-            registry = metrics.Registry()
-            driver_metrics = metrics.DriverMetrics(
-                registry,
-                driver_name=config.driver_name,
-                node_name=config.node_name,
-                error_types=ERROR_TYPES,
-            )
-            # Bound before anything is served: a port in use fails the start with a clear error.
-            scrapes = metrics_server(registry, port=config.metrics_port)
-            stack.callback(scrapes.stop)
+        endpoint = parts.metrics_endpoint(config, stack)
         plugin = kubelet_plugin(
             config=config,
             inventory=inventory,
@@ -265,13 +222,16 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             deployments=kube,
             static_gpus=frozenset(mig.left_static()),
             report_event=report_event,
-            metrics=driver_metrics,
+            metrics=endpoint.driver if endpoint else None,
             health=monitor.states,
         )
         monitor.subscribe(plugin.health_changed)
+        readiness = [part.readiness_problems for part in (plugin, publisher, discovery, monitor)]
         if config.claim_status:
-            reporter = _claim_status_reporter(config, kube, plugin, driver_metrics)
-            plugin.claim_observer = reporter
+            reporter = parts.claim_status_reporter(
+                config, kube, lambda: plugin.state.inventory, endpoint.driver if endpoint else None
+            )
+            plugin.kubelet.claim_observer = reporter
             stack.callback(reporter.stop)  # after plugin.stop (callbacks run last-in first)
         with _stop_on_signals(stop, deadline):
             # Health first: a GPU already unhealthy is tainted in the first slices written.
@@ -282,7 +242,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             plugin.start()
             stack.callback(plugin.stop)
             telemetry = None
-            if registry is not None:
+            if endpoint is not None:
                 telemetry = _start_telemetry(
                     config, inventory, plugin, discovery, stack, get_pod=kube.get_pod
                 )
@@ -290,49 +250,26 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     states=lambda: {name: h.status for name, h in monitor.states().items()},
                     xid_counts=monitor.xid_counts,
                 )
-                registry.register_formatted(telemetry)
-                from dra_driver.node.healthmetrics import HealthMetrics  # noqa: PLC0415
-
-                readiness = (plugin, publisher, discovery, monitor)
-                registry.register_formatted(
-                    HealthMetrics(
-                        node_name=config.node_name,
-                        conditions=monitor.conditions,
-                        states=monitor.states,
-                        readiness=[part.readiness_problems for part in readiness],
-                    )
-                )
-            if driver_metrics is not None and scrapes is not None:
-                driver_metrics.set_published_devices(len(node_devices.devices))
-                scrapes.start()
-                stack.callback(scrapes.stop)  # before plugin.stop: scrapes read its checkpoint
+                endpoint.registry.register_formatted(telemetry)
+                parts.register_health_metrics(endpoint, config, monitor, readiness)
+                endpoint.driver.set_published_devices(len(node_devices.devices))
+                endpoint.server.start()
+                stack.callback(endpoint.server.stop)  # before plugin.stop: scrapes read its state
             rediscovery = Heartbeat("rediscovery", stall_s=REDISCOVERY_STALL_S)
-            if config.healthcheck_port:
-                sampling = (telemetry.heartbeat,) if telemetry and telemetry.heartbeat else ()
-                loops = (
+            sampling = (telemetry.heartbeat,) if telemetry and telemetry.heartbeat else ()
+            parts.start_probes(
+                config,
+                stack,
+                plugin=plugin,
+                loops=(
                     *publisher.heartbeats,
                     *plugin.heartbeats,
                     rediscovery,
                     monitor.heartbeat,
                     *sampling,
-                )
-                probes = ProbeServer(
-                    SocketChecker(
-                        registration_socket=plugin.paths.registration,
-                        dra_socket=plugin.paths.dra,
-                        driver_name=config.driver_name,
-                    ),
-                    port=config.healthcheck_port,
-                    liveness=[lambda: heartbeat_problems(loops)],
-                    readiness=[
-                        plugin.readiness_problems,
-                        publisher.readiness_problems,
-                        discovery.readiness_problems,
-                        monitor.readiness_problems,
-                    ],
-                )
-                probes.start()
-                stack.callback(probes.stop)
+                ),
+                readiness=readiness,
+            )
             logger.info(
                 "serving",
                 extra={
@@ -359,14 +296,30 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
                     if telemetry is not None and applied.inventory is not state.inventory:
                         telemetry.set_inventory(applied.inventory)
                     state = applied
-                    if driver_metrics is not None:
-                        driver_metrics.set_published_devices(len(state.node_devices.devices))
+                    if endpoint is not None:
+                        endpoint.driver.set_published_devices(len(state.node_devices.devices))
     logger.info("stopped")
     return 0
 
 
 _M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
 MALLOC_ARENAS = 2
+
+
+def first_devices(
+    config: Config, discovery: Discovery, mig: ManagedMig
+) -> tuple[Inventory, devices.NodeDevices]:
+    """The first publication's pipeline, the agent's and ``gpu-dra devices``'s alike: discovery
+    -> the devices ``--mig-mode`` makes of it (dynamic: the MIG devices prepare's state records
+    count as the driver's own, read without opening it) -> shareable as
+    ``--consumable-shares`` says. Raises DiscoveryError as Discovery.discover does."""
+    inventory = discovery.discover()
+    recorded = (
+        recorded_device_names_on_disk(config.checkpoint_path)
+        if config.mig_mode == "dynamic"
+        else frozenset()
+    )
+    return inventory, published_devices(mig.node_devices(inventory, recorded=recorded), config)
 
 
 def published_devices(node_devices: devices.NodeDevices, config: Config) -> devices.NodeDevices:
@@ -417,7 +370,7 @@ def _limit_malloc_arenas() -> None:
 def _start_telemetry(
     config: Config,
     inventory: Inventory,
-    plugin: KubeletPlugin,
+    plugin: NodePlugin,
     discovery: Discovery,
     stack: ExitStack,
     *,
@@ -499,7 +452,7 @@ def _rediscover(
     current: _NodeState,
     *,
     publisher: Publisher,
-    plugin: KubeletPlugin,
+    plugin: NodePlugin,
     monitor: HealthMonitor | None = None,
     mig: ManagedMig | None = None,
 ) -> _NodeState:
@@ -517,11 +470,7 @@ def _rediscover(
     mig = mig or ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name)
     try:
         inventory = keep_unanswering_gpus(current.inventory, discovery.discover())
-        recorded = (
-            plugin.preparer.recorded_device_names()
-            if mig.mig_mode == "dynamic" and plugin.preparer is not None
-            else frozenset()
-        )
+        recorded = plugin.recorded_device_names() if mig.mig_mode == "dynamic" else frozenset()
         fresh = _NodeState(
             inventory, published_devices(mig.node_devices(inventory, recorded=recorded), config)
         )
@@ -571,23 +520,3 @@ def _rediscover(
 
 
 __all__ = ["Discovery", "health_policy", "keep_unanswering_gpus", "run_agent"]
-
-
-def _claim_status_reporter(
-    config: Config,
-    kube: KubeClient,
-    plugin: KubeletPlugin,
-    driver_metrics: metrics.DriverMetrics | None,
-) -> ClaimStatusReporter:
-    """The started writer of prepared claims' status.devices (claimstatus/, --claim-status)."""
-
-    def count(result: str) -> None:
-        if driver_metrics is not None:
-            writes = driver_metrics.claim_status_writes
-            writes.labels(config.node_name, config.driver_name, result).inc()
-
-    reporter = ClaimStatusReporter(
-        client=kube, driver_name=config.driver_name, inventory=lambda: plugin.inventory, count=count
-    )
-    reporter.start()
-    return reporter

@@ -1,8 +1,9 @@
 """Which prepare steps this node runs, and the kubelet plugin that serves them, built from the
 agent's Config.
 
-Flow position: node/agent.py -> here -> plugin.server.KubeletPlugin (given its settings and a
-step factory) -> prepare.Preparer (calls the factory with what the steps may read of it).
+Flow position: node/agent.py -> here -> nodeplugin.NodePlugin: prepare.state.PrepareState (given
+its settings and a step factory; it builds the prepare.Preparer, which calls the factory with
+what the steps may read of it), served by plugin.kubelet.KubeletPlugin.
 
 The steps, in prepare order (the preparer undoes them in reverse): the whole-GPU MIG-mode
 switch, MIG mode on demand and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's
@@ -22,11 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dra_driver.kube.events import EventReporter
+from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.plugin.health_stream import HealthStates
-from dra_driver.plugin.server import DEFAULT_RECONCILE_INTERVAL_S, EventReporter, KubeletPlugin
-from dra_driver.plugin.settings import PluginSettings
+from dra_driver.plugin.kubelet import KubeletPlugin
 from dra_driver.prepare import ClaimSource, NodeState, Step, StepFactory
-from dra_driver.prepare.checkpoint import BOOT_ID_PATH
+from dra_driver.prepare.state.checkpoint import BOOT_ID_PATH
+from dra_driver.prepare.state.nodestate import DEFAULT_RECONCILE_INTERVAL_S, PrepareState
+from dra_driver.prepare.state.settings import StateSettings
 from dra_driver.sharing import shares
 from dra_driver.sharing.mps_step import MpsStep
 from dra_driver.sharing.share_step import ShareStep, device_by_uuid
@@ -148,22 +152,20 @@ def config_steps(
     return build
 
 
-def plugin_settings(config: Config) -> PluginSettings:
-    """What the kubelet plugin needs of ``config``."""
-    return PluginSettings(
+def state_settings(config: Config) -> StateSettings:
+    """What prepare's state needs of ``config``."""
+    return StateSettings(
         node_name=config.node_name,
         driver_name=config.driver_name,
         cdi_vendor=config.cdi_vendor,
         nvidia_driver_root=config.nvidia_driver_root,
         driver_root_in_container=config.driver_root_in_container,
-        kubelet_registrar_directory_path=config.kubelet_registrar_directory_path,
         plugin_data_dir=config.plugin_data_dir,
         checkpoint_path=config.checkpoint_path,
         cdi_root=config.cdi_root,
         cdi_hook=config.cdi_hook,
         hook_dir=config.hook_dir,
         mig_mode=config.mig_mode,
-        pod_uid=config.pod_uid,
         unprepare_on_exit=config.unprepare_on_exit,
         nvidia_namespace=config.nvidia_namespace,
         simulated_gpus=config.simulate is not None,
@@ -185,24 +187,36 @@ def kubelet_plugin(
     health_interval_s: float | None = None,
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
     static_gpus: frozenset[str] = frozenset(),
-) -> KubeletPlugin:
-    """The kubelet plugin of ``config``, its settings and steps wired (``deployments``: the
-    API the MPS daemons are Deployments in; ``share_enforcer``: instead of MPS's;
-    ``health_interval_s``: tests only, instead of ``--health-report-interval``); the rest as
-    KubeletPlugin takes it."""
-    return KubeletPlugin(
-        settings=plugin_settings(config),
+) -> NodePlugin:
+    """Prepare's state of ``config``, its settings and steps wired, and the kubelet plugin that
+    serves it (``deployments``: the API the MPS daemons are Deployments in;
+    ``share_enforcer``: instead of MPS's; ``health_interval_s``: tests only, instead of
+    ``--health-report-interval``); the rest as PrepareState and KubeletPlugin take it.
+    Raises ConfigError when a socket path cannot be made short enough."""
+    state = PrepareState(
+        settings=state_settings(config),
         inventory=inventory,
         claims=claims,
         steps=config_steps(config, deployments=deployments, share_enforcer=share_enforcer),
         report_event=report_event,
         metrics=metrics,
-        health=health,
         proc_root=proc_root,
         boot_id_path=boot_id_path,
-        health_interval_s=(
-            config.health_report_interval_s if health_interval_s is None else health_interval_s
-        ),
         reconcile_interval_s=reconcile_interval_s,
         static_gpus=static_gpus,
     )
+    kubelet = KubeletPlugin(
+        preparer=state,
+        driver_name=config.driver_name,
+        pool=config.node_name,
+        registrar_dir=config.kubelet_registrar_directory_path,
+        plugin_dir=config.plugin_data_dir,
+        pod_uid=config.pod_uid,
+        device_names=state.device_names,
+        metrics=metrics,
+        health=health,
+        health_interval_s=(
+            config.health_report_interval_s if health_interval_s is None else health_interval_s
+        ),
+    )
+    return NodePlugin(state=state, kubelet=kubelet)

@@ -1,8 +1,8 @@
 """The kubelet-facing side of the node agent: registration and DRA gRPC services on Unix sockets.
 
-``server.KubeletPlugin`` is the entry point: it opens the checkpoint, repairs leftover state,
-starts the DRA service (v1, v1beta1, health stream) on ``dra.sock`` and then the registration
-service the kubelet discovers. The work itself happens in ``dra_driver.prepare``. The plugin
-builds nothing feature-specific: ``settings.PluginSettings`` and the preparer's steps come from
-``node/wiring.py``.
+``kubelet.KubeletPlugin`` serves a ``prepare.ClaimPreparer`` it is given (node/ opens prepare's
+state, prepare/state/, and hands it over) and the health it is fed: ``dra.sock`` (the DRA
+services, ``dra``, and the health stream, ``health_stream``, on one server: ``services``), then
+the registration socket the kubelet discovers (``registration``), named by ``sockets``. It knows
+sockets, registration and gRPC; it builds nothing and imports no wing.
 """

@@ -1,4 +1,4 @@
-"""The DRA node services v1 and v1beta1 (spec B): gRPC messages <-> prepare.Preparer.
+"""The DRA node services v1 and v1beta1 (spec B): gRPC messages <-> a prepare.ClaimPreparer.
 
 Both versions have the same semantics; v1beta1 has no ``share_id``. Every claim of a request gets
 an entry in the answer (the kubelet treats a missing entry as an error), per-claim failures go in
@@ -23,7 +23,7 @@ from dra_driver._proto.dra_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.dra_v1beta1 import api_pb2 as v1beta1_pb2
 from dra_driver._proto.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dra_driver.prepare import ClaimRef, Preparer
+from dra_driver.prepare import ClaimPreparer, ClaimRef
 
 if TYPE_CHECKING:
     from dra_driver.metrics import DriverMetrics, RequestMetrics
@@ -60,7 +60,7 @@ class _Servicer:
 
     def __init__(
         self,
-        preparer: Preparer,
+        preparer: ClaimPreparer,
         metrics: DriverMetrics | None = None,
         observer: ClaimObserver | None = None,
     ) -> None:

@@ -28,13 +28,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver._proto.health_v1 import api_pb2 as v1_pb2
 from dra_driver._proto.health_v1 import api_pb2_grpc as v1_grpc
 from dra_driver._proto.health_v1alpha1 import api_pb2 as v1alpha1_pb2
 from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as v1alpha1_grpc
-from dra_driver.health.decisions import DeviceHealth
 from dra_driver.plugin.settings import DEFAULT_HEALTH_REPORT_INTERVAL_S, HEALTH_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -42,6 +41,28 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = DEFAULT_HEALTH_REPORT_INTERVAL_S
 MAX_MESSAGE = 1024  # the kubelet cuts longer messages (spec B.4)
 _STATUS = {"Healthy": "HEALTHY", "Unhealthy": "UNHEALTHY", "Unknown": "UNKNOWN"}
+
+
+class DeviceHealth(Protocol):
+    """What the stream reports of one device's health (health.decisions.DeviceHealth has it: the
+    plugin serves the health it is fed and imports no wing)."""
+
+    @property
+    def status(self) -> str: ...  # Healthy, Unhealthy or Unknown
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def changed_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class _Unwatched:
+    status: str
+    message: str
+    changed_s: float
+
 
 HealthStates = Callable[[], Mapping[str, DeviceHealth]]
 """Device name -> its health (``changed_s`` in Unix seconds): healthmonitor.HealthMonitor.states."""
@@ -98,9 +119,8 @@ class HealthFeed:
     def report(self) -> list[DeviceReport]:
         """Every current device with its health, in device-name order of ``device_names``."""
         states = self._health() if self._health is not None else {}
-        unwatched = DeviceHealth(
+        unwatched: DeviceHealth = _Unwatched(
             status="Unknown",
-            taints=(),
             message="the agent does not watch this device's health",
             changed_s=self._started_s,
         )

@@ -3,7 +3,7 @@
 ``dra.sock``: the DRA node service in v1 and v1beta1 (dra.py) and the health stream in v1 and
 v1alpha1 (health_stream.py), all on one server as the reference helper does. The registration
 socket: ``pluginregistration.Registration`` (registration.py), advertising every service above
-in the order the kubelet expects. server.KubeletPlugin starts dra.sock first, then registration.
+in the order the kubelet expects. kubelet.KubeletPlugin starts dra.sock first, then registration.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dra_driver.plugin import sockets
 from dra_driver.plugin.dra import ClaimObserver, V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import HealthFeed, V1alpha1HealthServicer, V1HealthServicer
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServicer
-from dra_driver.prepare import Preparer
+from dra_driver.prepare import ClaimPreparer
 
 if TYPE_CHECKING:
     from dra_driver.metrics import DriverMetrics
@@ -42,7 +42,7 @@ knows), then the health services (chosen apart)."""
 
 def serve_dra(
     *,
-    preparer: Preparer,
+    preparer: ClaimPreparer,
     metrics: DriverMetrics | None,
     health: HealthFeed,
     path: Path,

@@ -7,6 +7,12 @@ fits the 108-byte AF_UNIX limit (including the terminating NUL) of
 ``<driver>-<podUID>-reg.sock``, ``<driver>-<b64url(sha256(podUID))[:8 bytes]>-reg.sock``,
 ``dra-<b64url(sha256(driver NUL podUID))[:16 bytes]>-reg.sock`` (same chain as the Go helper's
 ``RollingUpdateRegistrarSocketFile``).
+
+The DRA service socket is shortened the same way when its full path would not fit (a long kubelet
+root such as MicroK8s's ``/var/snap/microk8s/common/var/lib/kubelet``): the first that fits of
+``dra-<podUID>.sock`` and ``dra-<b64url(sha256(podUID))[:8 bytes]>.sock``. The kubelet never
+derives this name: it connects to the endpoint the registration's ``GetInfo`` answer names (spec
+A.2, A.3), so a shorter unique name changes nothing for it.
 """
 
 from __future__ import annotations
@@ -40,7 +46,14 @@ def _fits(path: Path) -> bool:
 def registration_socket_name(*, registrar_dir: Path, driver_name: str, pod_uid: str | None) -> str:
     """File name of the registration socket (see the module docstring for the chain)."""
     if not pod_uid:
-        return f"{driver_name}-reg.sock"
+        name = f"{driver_name}-reg.sock"
+        if _fits(registrar_dir / name):
+            return name
+        raise ConfigError(
+            "--kubelet-registrar-directory-path (KUBELET_REGISTRAR_DIRECTORY_PATH)",
+            f"{str(registrar_dir / name)!r} exceeds the {UNIX_PATH_MAX - 1}-byte Unix socket "
+            "path limit (without a pod UID the name is not shortened, as in the Go helper)",
+        )
     uid_hash = hashlib.sha256(pod_uid.encode()).digest()[:8]
     both_hash = hashlib.sha256(driver_name.encode() + b"\x00" + pod_uid.encode()).digest()[:16]
     candidates = [
@@ -58,15 +71,28 @@ def registration_socket_name(*, registrar_dir: Path, driver_name: str, pod_uid: 
     )
 
 
+def dra_socket_name(*, plugin_dir: Path, pod_uid: str | None) -> str:
+    """File name of the DRA service socket (see the module docstring for the chain)."""
+    if not pod_uid:
+        candidates = ["dra.sock"]
+    else:
+        uid_hash = hashlib.sha256(pod_uid.encode()).digest()[:8]
+        candidates = [f"dra-{pod_uid}.sock", f"dra-{_b64(uid_hash)}.sock"]
+    for name in candidates:
+        if _fits(plugin_dir / name):
+            return name
+    raise ConfigError(
+        "--kubelet-plugins-directory-path (KUBELET_PLUGINS_DIRECTORY_PATH)",
+        f"{str(plugin_dir)!r} is too long: even {str(plugin_dir / candidates[-1])!r} "
+        f"exceeds the {UNIX_PATH_MAX - 1}-byte Unix socket path limit",
+    )
+
+
 def socket_paths(
     *, registrar_dir: Path, plugin_dir: Path, driver_name: str, pod_uid: str | None
 ) -> SocketPaths:
-    dra = plugin_dir / (f"dra-{pod_uid}.sock" if pod_uid else "dra.sock")
-    if not _fits(dra):
-        raise ConfigError(
-            "--kubelet-plugins-directory-path (KUBELET_PLUGINS_DIRECTORY_PATH)",
-            f"{str(dra)!r} exceeds the {UNIX_PATH_MAX - 1}-byte Unix socket path limit",
-        )
+    """Both sockets' paths; ConfigError when a directory is too long for any name."""
+    dra = plugin_dir / dra_socket_name(plugin_dir=plugin_dir, pod_uid=pod_uid)
     name = registration_socket_name(
         registrar_dir=registrar_dir, driver_name=driver_name, pod_uid=pod_uid
     )

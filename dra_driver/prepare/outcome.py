@@ -22,7 +22,7 @@ from dra_driver.errors import (
     ShareEnforcementFailed,
     TimeSliceFailed,
 )
-from dra_driver.prepare.checkpoint import PreparedDevice
+from dra_driver.prepare.state.checkpoint import PreparedDevice
 
 # What failed, as a short fixed label (the ``error_type`` of the error metrics); the first
 # class that matches wins, so subclasses come before their base.

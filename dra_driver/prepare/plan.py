@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dra_driver import cdi
+from dra_driver.cdi.driverfiles import DEFAULT_CAPABILITIES
+from dra_driver.cdi.spec import cdi_device_id
 from dra_driver.errors import ClaimNotFound, ConfigDecodeError, PrepareError
-from dra_driver.prepare.checkpoint import ClaimRecord, PreparedDevice
 from dra_driver.prepare.limits import check_claim, shown
+from dra_driver.prepare.state.checkpointrecords import ClaimRecord, PreparedDevice
 from dra_driver.prepare.targets import DeviceTarget
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class PlannedDevice:
     @property
     def capabilities(self) -> frozenset[str]:
         if self.config is None:
-            return cdi.DEFAULT_CAPABILITIES
+            return DEFAULT_CAPABILITIES
         from dra_driver.prepare.deviceconfig import driver_capabilities  # noqa: PLC0415
 
         return driver_capabilities(self.config)
@@ -245,7 +246,7 @@ def answer(device: PlannedDevice, *, claim_uid: str, cdi_vendor: str) -> Prepare
         pool=device.pool,
         device=device.target.name,
         cdi_device_ids=(
-            cdi.cdi_device_id(vendor=cdi_vendor, claim_uid=claim_uid, device_name=device.cdi_name),
+            cdi_device_id(vendor=cdi_vendor, claim_uid=claim_uid, device_name=device.cdi_name),
         ),
         share_id=None if device.share is None else device.share.share_id,
         admin_access=device.admin_access,
@@ -259,14 +260,14 @@ def recorded_capabilities(record: ClaimRecord) -> frozenset[str]:
     configs recorded per device (a claim rebuilt from its spec has none: the default)."""
     capabilities: set[str] = set()
     for device in record.devices:
-        config = cdi.DEFAULT_CAPABILITIES
+        config = DEFAULT_CAPABILITIES
         if device.config and "driverCapabilities" in device.config:
             from dra_driver.prepare.deviceconfig import decode, driver_capabilities  # noqa: PLC0415
 
             with contextlib.suppress(ConfigDecodeError):  # an older agent's: its default
                 config = driver_capabilities(decode(device.config))
         capabilities |= config
-    return frozenset(capabilities) or cdi.DEFAULT_CAPABILITIES
+    return frozenset(capabilities) or DEFAULT_CAPABILITIES
 
 
 def stale_reason(

@@ -4,8 +4,8 @@ node against the checkpoint (``reconcile``). It knows no feature: time slicing, 
 MIG are steps (step.py) that node/ hands it.
 
 Flow position: plugin/ (gRPC) -> here -> plan.py (the claim checked) -> the steps -> cdi/
-(spec files) + checkpoint.py (state). Repair (reconcile, the rebuild from specs) is repair.py's
-half of the class.
+(spec files) + state/checkpoint.py (state). Repair (reconcile, the rebuild from specs) is
+repair.py's class, which works on a Preparer.
 
 Prepare of one claim (spec C.7, nvidia-compat.md "Checkpoint"):
 1. Validate what the kubelet sent (the UID is a UUID, so it can safely name a file).
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dra_driver import cdi
 from dra_driver.errors import (
@@ -48,7 +48,22 @@ from dra_driver.errors import (
     KubeError,
     PrepareError,
 )
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.limits import batch_refusal
+from dra_driver.prepare.outcome import Outcome, error_type
+from dra_driver.prepare.plan import (
+    ClaimPlan,
+    ClaimRef,
+    ClaimSource,
+    PlannedDevice,
+    answer,
+    get,
+    owner,
+    plan_claim,
+    reserved_pods,
+    stale_reason,
+    validate_ref,
+)
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -58,26 +73,22 @@ from dra_driver.prepare.checkpoint import (
     Phase,
     PreparedDevice,
 )
-from dra_driver.prepare.limits import batch_refusal
-from dra_driver.prepare.outcome import Outcome, error_type
-from dra_driver.prepare.plan import (
-    ClaimPlan,
-    ClaimRef,
-    ClaimSource,
-    PlannedDevice,
-    answer,
-    owner,
-    plan_claim,
-    reserved_pods,
-    validate_ref,
-)
-from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.step import Step, StepFactory, no_steps, steps_of
 from dra_driver.prepare.targets import DeviceTarget, TargetSet
 
 log = logging.getLogger("dra_driver.prepare")  # the one logger of prepare, steps included
 
 _Planned = list[tuple[Step, Any]]  # the steps that apply to a claim, with their plans
+
+
+class ClaimPreparer(Protocol):
+    """What the kubelet plugin serves (plugin/kubelet.py): batches of claims prepared and
+    unprepared, one outcome per distinct claim UID, one bad claim never failing the others.
+    prepare/state's PrepareState is one (over a Preparer)."""
+
+    def prepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]: ...
+
+    def unprepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]: ...
 
 
 class _Node:
@@ -108,7 +119,7 @@ class _Node:
         return tuple(self._preparer._planning.values())
 
 
-class Preparer(Repair):
+class Preparer:
     """Prepares and unprepares claims; safe to call from many threads and two processes.
     ``steps`` builds the features' steps (node/ wires them; none: devices and driver files
     only)."""
@@ -162,6 +173,11 @@ class Preparer(Repair):
         return self._current.targets
 
     @property
+    def current(self) -> TargetSet:
+        """The current version of the devices (replaced whole by set_targets)."""
+        return self._current
+
+    @property
     def files(self) -> cdi.DriverFiles:
         """The driver files the current targets' device nodes were made from."""
         return self._current.files
@@ -181,20 +197,6 @@ class Preparer(Repair):
         if replace(files, mig_cap_minors=current.mig_cap_minors) != current:
             raise ValueError("set_targets: only the MIG capability minors of the files may change")
         self._current = TargetSet.build(targets, files)
-
-    def missing_devices(self) -> list[tuple[ClaimRecord, tuple[str, ...]]]:
-        """``PrepareCompleted`` claims holding devices this node no longer has (by the current
-        targets), each with those device names; read from the checkpoint, so claims another
-        instance prepared count too."""
-        targets = self._current.targets
-        missing = []
-        for record in self.checkpoint.snapshot().values():
-            if record.phase != PREPARE_COMPLETED:
-                continue
-            gone = tuple(sorted({d.device for d in record.devices} - targets.keys()))
-            if gone:
-                missing.append((record, gone))
-        return missing
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -271,7 +273,7 @@ class Preparer(Repair):
                 ):
                     return record.devices
                 # half done (or rebuilt without its claim): undo, then prepare from scratch
-                self._roll_back(record)
+                self.roll_back(record)
             claim = self._fetch(ref)
             plan = plan_claim(
                 ref,
@@ -297,9 +299,7 @@ class Preparer(Repair):
             # again); the kubelet hears of success only after both are durable.
             capabilities = frozenset().union(*(d.capabilities for d in plan.devices))
             try:
-                spec = self._encode_spec(
-                    ref.uid, plan.devices, capabilities, steps, make_nodes=True
-                )
+                spec = self.encode_spec(ref.uid, plan.devices, capabilities, steps, make_nodes=True)
             except BaseException:
                 self._roll_back_quietly(ref.uid)  # undo what the steps changed
                 raise
@@ -355,7 +355,7 @@ class Preparer(Repair):
         try:
             self.checkpoint.transact(op)
         except DeviceConflict as exc:
-            if not self._clear_stale(exc.holders):
+            if not self.clear_stale(exc.holders):
                 raise
             self.checkpoint.transact(op)
 
@@ -396,7 +396,7 @@ class Preparer(Repair):
 
         return op
 
-    def _encode_spec(
+    def encode_spec(
         self,
         claim_uid: str,
         devices: Iterable[PlannedDevice],
@@ -421,7 +421,13 @@ class Preparer(Repair):
                 spec = step.edit(step_plan, device, spec=spec)
             out.append(spec)
         if make_nodes:
-            cdi.ensure_claim_nodes(current.files, out, capabilities)
+            # the nodes every claim with these capabilities gets: once per version of the
+            # devices and per reconcile pass, not on every prepare (TargetSet.nodes_checked)
+            shared = capabilities not in current.nodes_checked
+            own = [node.path for device in out for node in device.nodes]
+            current.files.ensure_claim_nodes(own, capabilities, shared=shared)
+            if shared:
+                current.nodes_checked.add(capabilities)
         return self._spec_encoder.encode(claim_uid, out, capabilities)
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:
@@ -444,9 +450,10 @@ class Preparer(Repair):
         """Unprepare one claim. Unknown or already unprepared claims succeed."""
         validate_ref(ref, need_names=False)
         with self.locks.hold(ref.uid):
-            self._unprepare_locked(ref.uid)
+            self.unprepare_locked(ref.uid)
 
-    def _unprepare_locked(self, uid: str) -> None:
+    def unprepare_locked(self, uid: str) -> None:
+        """Unprepare ``uid``, its lock held by the caller (Repair; clear_stale)."""
         if self._keepers:
             record = self.checkpoint.get(uid)
             if record is not None and any(s.keeps_record(record) for s in self._keepers):
@@ -486,7 +493,7 @@ class Preparer(Repair):
                 step.restore(record)
             log.info("unprepared claim", extra={"claim_uid": uid})
 
-    def _roll_back(self, record: ClaimRecord) -> None:
+    def roll_back(self, record: ClaimRecord) -> None:
         """Undo a half-done prepare (lock held): the spec first, then the steps' release in
         reverse (a MigFailed keeps the record, for a later try), then the record, then the
         steps' restore in reverse."""
@@ -501,7 +508,7 @@ class Preparer(Repair):
         try:
             record = self.checkpoint.get(uid)
             if record is not None:
-                self._roll_back(record)
+                self.roll_back(record)
             else:
                 self.specs.remove(uid)
         except (CdiError, CheckpointError, PrepareError) as exc:
@@ -521,31 +528,52 @@ class Preparer(Repair):
             raise ClaimNotFound(f"ResourceClaim {ref.namespace}/{ref.name} does not exist")
         return claim
 
+    def clear_stale(self, holders: Iterable[str]) -> bool:
+        """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
+        server says no pod can use any more: a record whose unprepare was lost never blocks a
+        device. True when one was cleared. A holder being worked on right now is left alone."""
+        cleared = False
+        for uid in holders:
+            record = self.checkpoint.get(uid)
+            if record is None or not record.namespace:
+                continue
+            reason = self.stale_reason(record)
+            if reason is None:
+                continue
+            with self.locks.try_hold(uid) as held:
+                if held and self.checkpoint.get(uid) == record:
+                    log.warning(
+                        "unpreparing a stale claim that held a device another claim needs",
+                        extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
+                               "reason": reason},
+                    )  # fmt: skip
+                    self.unprepare_locked(uid)
+                    cleared = True
+        return cleared
+
+    def stale_reason(self, record: ClaimRecord) -> str | None:
+        """Why no pod on this node can use the prepared claim any more, by the API server
+        (plan.stale_reason); None while one may, or when the server cannot be asked (never
+        guess). Remembers the pods the claim is reserved for."""
+        try:
+            claim = self.claims.get_resource_claim(namespace=record.namespace, name=record.name)
+        except KubeError as exc:
+            log.warning(
+                "cannot check whether a prepared claim is still in use; will retry",
+                extra={"claim_uid": record.uid, "error": str(exc)},
+            )
+            return None
+        if claim is not None and get(claim, "metadata", "uid") == record.uid:
+            self._pods[record.uid] = reserved_pods(claim)
+        return stale_reason(record, claim, driver_name=self.driver_name, node_name=self.node_name)
+
+    def forget_pods_but(self, live: Mapping[str, ClaimRecord]) -> None:
+        """Forget the pods of claims no longer in ``live`` (the checkpoint's claims now)."""
+        for uid in list(self._pods):
+            if uid not in live:
+                self._pods.pop(uid, None)
+
     # -- state -------------------------------------------------------------------------------
-
-    def prepared_devices_by_type(self) -> dict[str, int]:
-        """How many of our devices ``PrepareCompleted`` claims hold, as ``{"gpu": n, "mig": m}``
-        (both keys always present). A device shared by admin-access claims counts once. Read
-        from the checkpoint, so it includes claims another instance prepared (rolling update);
-        a device this node no longer has is typed by its name."""
-        targets = self._current.targets
-        held: set[str] = set()
-        for record in self.checkpoint.snapshot().values():
-            if record.phase == PREPARE_COMPLETED:
-                held.update(d.device for d in record.devices)
-        counts = {"gpu": 0, "mig": 0}
-        for name in held:
-            target = targets.get(name)
-            counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
-        return counts
-
-    def recorded_device_names(self) -> frozenset[str]:
-        """Every device name in the checkpoint's claim records, in either phase. Read from the
-        checkpoint, so claims another instance recorded count too. In dynamic MIG mode these are
-        the MIG devices this driver created or is creating (mig/dynamic.py)."""
-        return frozenset(
-            d.device for record in self.checkpoint.snapshot().values() for d in record.devices
-        )
 
     def claim_pods(self) -> dict[str, tuple[str, ...]]:
         """Claim uid -> the pods its ``status.reservedFor`` named when this process last read the

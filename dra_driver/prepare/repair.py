@@ -2,39 +2,34 @@
 checkpoint (the preparer's ``reconcile``), and the prepared-claim state rebuilt from the CDI specs
 on disk after the checkpoint was lost (``rebuild_from_specs``).
 
-Flow position: plugin/ (at start, then every reconcile interval; after a damaged checkpoint was
-set aside) -> Preparer.reconcile / rebuild_from_specs (the :class:`Repair` half of the
-preparer) -> cdi/ + checkpoint.py, then each step's own reconcile.
+Flow position: prepare/state/nodestate.py (at start, then every reconcile interval; after a
+damaged checkpoint was set aside) -> :class:`Repair` (over the Preparer it repairs: its claims,
+specs and steps) -> cdi/ + the checkpoint, then each step's own reconcile.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from dra_driver import cdi
-from dra_driver.errors import CdiError, DraError, KubeError, PrepareError
-from dra_driver.prepare.checkpoint import (
+from dra_driver.errors import CdiError, DraError, PrepareError
+from dra_driver.prepare.plan import (
+    parse_share_device_name,
+    recorded_capabilities,
+    recorded_claim,
+)
+from dra_driver.prepare.preparer import Preparer
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
-    ClaimLocks,
     ClaimRecord,
     Claims,
     PreparedDevice,
 )
-from dra_driver.prepare.plan import (
-    ClaimSource,
-    PlannedDevice,
-    get,
-    parse_share_device_name,
-    recorded_capabilities,
-    recorded_claim,
-    reserved_pods,
-    stale_reason,
-)
 from dra_driver.prepare.step import Step
-from dra_driver.prepare.targets import DeviceTarget, TargetSet
+from dra_driver.prepare.targets import DeviceTarget
 
 log = logging.getLogger("dra_driver.prepare")  # the one logger of prepare, steps included
 
@@ -105,33 +100,16 @@ def rebuild_from_specs(
 
 
 class Repair:
-    """The repair half of prepare.Preparer (its state and its undo are the preparer's)."""
+    """Sets the node right against the checkpoint for ``preparer``: its claims, its specs, its
+    steps (all the preparer's; this class only repairs them, at start and on every pass of the
+    state's reconcile loop, prepare/state/nodestate.py)."""
 
-    driver_name: str
-    node_name: str
-    cdi_vendor: str
-    specs: cdi.CdiSpecDir
-    checkpoint: Checkpoint
-    locks: ClaimLocks
-    claims: ClaimSource
-    steps: tuple[Step, ...]
-    _pods: dict[str, tuple[str, ...]]
-    _current: TargetSet
-
-    def _roll_back(self, record: ClaimRecord) -> None:
-        raise NotImplementedError
-
-    def _unprepare_locked(self, uid: str) -> None:
-        raise NotImplementedError
-
-    def _encode_spec(
-        self,
-        claim_uid: str,
-        devices: Iterable[PlannedDevice],
-        capabilities: frozenset[str],
-        steps: list[tuple[Step, object]],
-    ) -> bytes:
-        raise NotImplementedError
+    def __init__(self, preparer: Preparer) -> None:
+        self._preparer = preparer
+        self.specs = preparer.specs
+        self.checkpoint = preparer.checkpoint
+        self.locks = preparer.locks
+        self.steps = preparer.steps
 
     def reconcile(self) -> dict[str, int]:
         """Repair the node's state; run at start and periodically. Returns what it did.
@@ -150,6 +128,8 @@ class Repair:
         """
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
                 "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
+        preparer = self._preparer
+        preparer.current.nodes_checked.clear()  # the next prepare checks the shared nodes again
         _, done["stale_spares_removed"] = self.specs.collect_spares()
         for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
             with self.locks.try_hold(uid) as held:
@@ -163,7 +143,7 @@ class Repair:
                 current = self.checkpoint.get(uid) if held else None
                 if current is not None and current.phase == PREPARE_STARTED:
                     try:
-                        self._roll_back(current)
+                        preparer.roll_back(current)
                     except PrepareError as exc:
                         log.error(
                             "cannot roll back a half-done prepare; will retry",
@@ -175,14 +155,14 @@ class Repair:
             with self.locks.try_hold(uid) as held:
                 if held and self.checkpoint.get(uid) is None and self.specs.remove(uid):
                     done["orphan_specs_removed"] += 1
-        targets = self._current.targets  # one version for the pass
+        targets = preparer.current.targets  # one version for the pass
         for uid, record in self.checkpoint.snapshot().items():
             if record.phase != PREPARE_COMPLETED:
                 continue
             with self.locks.try_hold(uid) as held:
                 if not held:
                     continue
-                reason = self._stale_reason(record) if record.namespace else None
+                reason = preparer.stale_reason(record) if record.namespace else None
                 if reason is None:
                     if self._rewrite_spec(record, targets):
                         done["specs_rewritten"] += 1
@@ -192,15 +172,12 @@ class Repair:
                     extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
                            "reason": reason},
                 )  # fmt: skip
-                self._unprepare_locked(uid)
+                preparer.unprepare_locked(uid)
                 done["unprepared_gone"] += 1
         for step in self.steps:
             for key, n in step.reconcile().items():
                 done[key] = done.get(key, 0) + n
-        live = self.checkpoint.snapshot()  # claims another instance unprepared
-        for uid in list(self._pods):
-            if uid not in live:
-                self._pods.pop(uid, None)
+        preparer.forget_pods_but(self.checkpoint.snapshot())  # another instance unprepared
         return done
 
     def _rewrite_spec(self, record: ClaimRecord, targets: Mapping[str, DeviceTarget]) -> bool:
@@ -225,50 +202,13 @@ class Repair:
             return False  # the step logged why; the next pass tries again
         if not claim.devices:
             return False
-        spec = self._encode_spec(record.uid, claim.devices, recorded_capabilities(record), steps)
+        spec = self._preparer.encode_spec(
+            record.uid, claim.devices, recorded_capabilities(record), steps
+        )
         if compare and spec == self.specs.read(record.uid):
             return False
         self.specs.write(record.uid, spec)
         return True
-
-    def _clear_stale(self, holders: Iterable[str]) -> bool:
-        """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
-        server says no pod can use any more: a record whose unprepare was lost never blocks a
-        device. True when one was cleared. A holder being worked on right now is left alone."""
-        cleared = False
-        for uid in holders:
-            record = self.checkpoint.get(uid)
-            if record is None or not record.namespace:
-                continue
-            reason = self._stale_reason(record)
-            if reason is None:
-                continue
-            with self.locks.try_hold(uid) as held:
-                if held and self.checkpoint.get(uid) == record:
-                    log.warning(
-                        "unpreparing a stale claim that held a device another claim needs",
-                        extra={"claim_uid": uid, "claim": f"{record.namespace}/{record.name}",
-                               "reason": reason},
-                    )  # fmt: skip
-                    self._unprepare_locked(uid)
-                    cleared = True
-        return cleared
-
-    def _stale_reason(self, record: ClaimRecord) -> str | None:
-        """Why no pod on this node can use the prepared claim any more, by the API server
-        (plan.stale_reason); None while one may, or when the server cannot be asked (never
-        guess). Remembers the pods the claim is reserved for."""
-        try:
-            claim = self.claims.get_resource_claim(namespace=record.namespace, name=record.name)
-        except KubeError as exc:
-            log.warning(
-                "cannot check whether a prepared claim is still in use; will retry",
-                extra={"claim_uid": record.uid, "error": str(exc)},
-            )
-            return None
-        if claim is not None and get(claim, "metadata", "uid") == record.uid:
-            self._pods[record.uid] = reserved_pods(claim)
-        return stale_reason(record, claim, driver_name=self.driver_name, node_name=self.node_name)
 
     def rebuild_from_specs(self, *, booted_at_s: float = 0.0) -> int:
         """After the checkpoint was lost: record every claim that has a spec of ours on disk
@@ -276,7 +216,7 @@ class Repair:
         return rebuild_from_specs(
             self.specs,
             self.checkpoint,
-            node_name=self.node_name,
-            cdi_vendor=self.cdi_vendor,
+            node_name=self._preparer.node_name,
+            cdi_vendor=self._preparer.cdi_vendor,
             booted_at_s=booted_at_s,
         )

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from dra_driver import cdi
-    from dra_driver.prepare.checkpoint import ClaimLocks, ClaimRecord, Claims
     from dra_driver.prepare.plan import ClaimPlan, PlannedDevice
+    from dra_driver.prepare.state.checkpoint import ClaimLocks, ClaimRecord, Claims
     from dra_driver.prepare.targets import DeviceTarget
 
 

@@ -12,11 +12,12 @@ prepared, and the slot is all the core needs to tell such a device from the othe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from dra_driver import cdi
+from dra_driver.cdi.driverfiles import DeviceNode, DriverFiles
+from dra_driver.cdi.spec import ClaimDevice, gpu_nodes, mig_nodes
 from dra_driver.devices import (
     gpu_device_name,
     mig_device_name,
@@ -77,10 +78,10 @@ class DeviceTarget:
         GPU's."""
         return self.gpu.uuid if self.mig is None else self.mig.uuid
 
-    def nodes(self, files: cdi.DriverFiles) -> tuple[cdi.DeviceNode, ...]:
+    def nodes(self, files: DriverFiles) -> tuple[DeviceNode, ...]:
         if self.mig is None:
-            return cdi.gpu_nodes(files, minor=self.gpu.minor)
-        return cdi.mig_nodes(
+            return gpu_nodes(files, minor=self.gpu.minor)
+        return mig_nodes(
             files,
             parent_minor=self.gpu.minor,
             gpu_instance_id=self.mig.gpu_instance_id,
@@ -146,19 +147,27 @@ def device_targets(
 class TargetSet:
     """One version of what prepare accepts: the devices, what a spec says of each (made once:
     the same for every claim that gets it) and the driver files their nodes were made from.
-    Never changed once built; Preparer.set_targets replaces it whole."""
+    Never changed once built; Preparer.set_targets replaces it whole.
+
+    ``nodes_checked``: the capability sets whose shared device nodes (the control nodes and the
+    driver files' nodes every claim with those capabilities gets, none of them the claim's own)
+    a prepare has found or made with this version of the devices; a prepare checks them only
+    while its set is not in here, so that per-claim work stays per claim. Reconcile empties it
+    on every pass, and a re-discovery builds a new TargetSet, so a node removed since (a driver
+    reload) is made again by the next prepare."""
 
     targets: Mapping[str, DeviceTarget]
-    spec_devices: Mapping[str, cdi.ClaimDevice]
-    files: cdi.DriverFiles
+    spec_devices: Mapping[str, ClaimDevice]
+    files: DriverFiles
+    nodes_checked: set[frozenset[str]] = field(default_factory=set, compare=False, hash=False)
 
     @classmethod
-    def build(cls, targets: Mapping[str, DeviceTarget], files: cdi.DriverFiles) -> TargetSet:
+    def build(cls, targets: Mapping[str, DeviceTarget], files: DriverFiles) -> TargetSet:
         return cls(
             targets=MappingProxyType(dict(targets)),
             spec_devices=MappingProxyType(
                 {
-                    name: cdi.ClaimDevice(name=name, nodes=t.nodes(files))
+                    name: ClaimDevice(name=name, nodes=t.nodes(files))
                     for name, t in targets.items()
                     if t.dynamic is None  # its nodes are those of the instance prepare makes
                 }
@@ -166,10 +175,10 @@ class TargetSet:
             files=files,
         )
 
-    def spec_device(self, target: DeviceTarget) -> cdi.ClaimDevice:
+    def spec_device(self, target: DeviceTarget) -> ClaimDevice:
         """What a spec says of ``target``: the current version's nodes of its name (after a
         swap since the claim was planned, a MIG device re-created under the same name, these
         are the device's nodes now; a name gone by then gets the target's own nodes). A
         dynamic MIG device's nodes are those of the instance its target carries."""
         device = None if target.dynamic else self.spec_devices.get(target.name)
-        return device or cdi.ClaimDevice(name=target.name, nodes=target.nodes(self.files))
+        return device or ClaimDevice(name=target.name, nodes=target.nodes(self.files))

@@ -30,10 +30,10 @@ from dra_driver.errors import (
     KubeError,
     MpsFailed,
 )
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, Claims
 from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, owner, strategy
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, ClaimRecord, Claims
+from dra_driver.prepare.state.switchover import NVIDIA_MPS_KEY
 from dra_driver.prepare.step import NodeState, Step
-from dra_driver.prepare.switchover import NVIDIA_MPS_KEY
 from dra_driver.prepare.targets import DeviceTarget
 from dra_driver.sharing import mps
 

@@ -30,8 +30,8 @@ from dra_driver.errors import (
     PrepareError,
     ShareEnforcementFailed,
 )
-from dra_driver.prepare.checkpoint import ClaimRecord, Claims
 from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, Share, strategy
+from dra_driver.prepare.state.checkpoint import ClaimRecord, Claims
 from dra_driver.prepare.step import NodeState, Step
 from dra_driver.prepare.targets import DeviceTarget
 from dra_driver.sharing import mps, shares

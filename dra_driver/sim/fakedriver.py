@@ -435,7 +435,8 @@ def make_fake_driver(
     proc_root = base / "proc"
     caps = proc_root / "driver/nvidia-caps"
     caps.mkdir(parents=True)
-    lines = [f"{name} {minor}" for name, minor in mig_capability_table().items()]
+    table = mig_capability_table(max(8, gpu_minors.stop))
+    lines = [f"{name} {minor}" for name, minor in table.items()]
     (caps / "mig-minors").write_text("\n".join(lines) + "\n")
     (proc_root / "devices").write_text(PROC_DEVICES)
     (proc_root / "driver/nvidia/params").parent.mkdir(parents=True)
@@ -480,11 +481,10 @@ def make_device_nodes(dev: Path, *, gpu_minors: range = range(8)) -> None:
         make_node(dev / name)
     for minor in gpu_minors:
         make_node(dev / f"nvidia{minor}")
-    table = mig_capability_table()
+    table = mig_capability_table(max(8, gpu_minors.stop))
     minors = [
         table[f"gpu{gpu}/gi{gi}/{ci}access"]
         for gpu in gpu_minors
-        if gpu < 8
         for gi in range(15)
         for ci in ("", "ci0/")
     ]

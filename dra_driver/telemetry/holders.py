@@ -23,7 +23,7 @@ from dra_driver.errors import DraError
 from dra_driver.telemetry.model import ClaimHolder, Holders, PodUse, PodUses
 
 if TYPE_CHECKING:
-    from dra_driver.prepare.checkpoint import ClaimRecord
+    from dra_driver.prepare.state.checkpointrecords import ClaimRecord
 
 log = logging.getLogger(__name__)
 

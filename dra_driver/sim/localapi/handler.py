@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from dra_driver.sim.localapi import claimstatus
@@ -33,10 +33,7 @@ from dra_driver.sim.localapi.resources import (
 from dra_driver.sim.localapi.routing import discovery, route_of, verb_of
 from dra_driver.sim.localapi.selectors import matches
 from dra_driver.sim.localapi.slices import admit_slice
-from dra_driver.sim.localapi.store import Event, Request
-
-if TYPE_CHECKING:
-    from dra_driver.sim.localapi.server import FakeKubeApi
+from dra_driver.sim.localapi.store import Event, Request, ServedApi
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the real generator's alphabet
 
@@ -59,7 +56,7 @@ class Server(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     """One connection's requests; ``FakeKubeApi.start`` binds a subclass to its server."""
 
-    api: FakeKubeApi
+    api: ServedApi
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes; with Nagle on, the body would wait for the
     # client's delayed ACK (~40 ms a request). Go's net/http turns Nagle off too.

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from dra_driver.sim.localapi.resources import (
@@ -17,12 +16,10 @@ from dra_driver.sim.localapi.resources import (
     Route,
     resource_info,
 )
-
-if TYPE_CHECKING:
-    from dra_driver.sim.localapi.server import FakeKubeApi
+from dra_driver.sim.localapi.store import ServedApi
 
 
-def discovery(path: str, api: FakeKubeApi) -> JsonDict | None:
+def discovery(path: str, api: ServedApi) -> JsonDict | None:
     """The discovery document at ``path``; None when ``path`` is not a discovery path."""
     versions = api.served_versions
     group_versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in versions]
@@ -54,7 +51,7 @@ def discovery(path: str, api: FakeKubeApi) -> JsonDict | None:
     return None
 
 
-def route_of(path: str, api: FakeKubeApi) -> Route:
+def route_of(path: str, api: ServedApi) -> Route:
     """The resource (and object, if named) that ``path`` names; 404 ApiError for a path this
     server does not serve."""
     parts = [unquote(p) for p in path.strip("/").split("/")]

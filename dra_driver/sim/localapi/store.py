@@ -4,8 +4,10 @@ history that watches replay, the injected faults, and the record of each request
 
 from __future__ import annotations
 
+import socket
+import threading
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from dra_driver.sim.localapi.resources import JsonDict
 
@@ -49,3 +51,38 @@ class State:
     history: list[Event] = field(default_factory=list)
     rv: int = 100
     compacted_rv: int = 0
+
+
+class ServedApi(Protocol):
+    """What the request handler (handler.py) and the router (routing.py) use of the server they
+    serve: server.FakeKubeApi, which binds a handler class to itself at start. Named here, beside
+    the state it holds, so that neither needs server.py, which imports them."""
+
+    token: str | None
+    validate: bool
+    device_status: bool
+    get_latency_s: float
+    get_seconds: list[float]
+    requests: list[Request]
+    connections_accepted: int
+    _state: State
+    _cond: threading.Condition
+    _connections: set[socket.socket]
+    _closing: bool
+    _send_s: float
+    _status_owners: dict[tuple[str, str, str], dict[tuple[str, str, str, str], str]]
+
+    @property
+    def served_versions(self) -> tuple[str, ...]: ...
+
+    def resources_served(self, version: str) -> tuple[str, ...]: ...
+
+    def _store(
+        self, resource: str, key: tuple[str, str, str], obj: JsonDict, kind: str
+    ) -> None: ...
+
+    def _remove(self, key: tuple[str, str, str]) -> JsonDict: ...
+
+    def _take_fault(self, verb: str, resource: str, name: str = "") -> Fault | None: ...
+
+    def _drop(self, obj: JsonDict) -> None: ...

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_driver.errors import CheckpointCorrupt
-from dra_driver.prepare.checkpointrecords import ClaimRecord
+from dra_driver.prepare.state.checkpointrecords import ClaimRecord
 
 VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: the snapshot-only format of earlier releases (no "seq")

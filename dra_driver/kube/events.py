@@ -1,6 +1,6 @@
-"""Kubernetes Events on our Node: how the plugin reports what an operator must see (a damaged
-checkpoint, a prepared device that is gone, adopted claims). server.KubeletPlugin takes an
-:class:`EventReporter`; :func:`node_event_reporter` makes one from the API client.
+"""Kubernetes Events on our Node: how the agent reports what an operator must see (a damaged
+checkpoint, a prepared device that is gone, adopted claims). prepare/state's PrepareState takes
+an :class:`EventReporter`; :func:`node_event_reporter` makes one from the API client.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from typing import Any, Generic, TypeVar
 from dra_driver.errors import CheckpointCorrupt, CheckpointError
 from dra_driver.fsutil import fsync_dir, write_all
 from dra_driver.prepare import setaside
-from dra_driver.prepare.checkpointformat import (
+from dra_driver.prepare.state.checkpointformat import (
     apply_entries,
     claim_member,
     decode,
@@ -61,8 +61,8 @@ from dra_driver.prepare.checkpointformat import (
     parse_journal,
     record_json,
 )
-from dra_driver.prepare.checkpointlocks import ClaimLocks
-from dra_driver.prepare.checkpointrecords import (
+from dra_driver.prepare.state.checkpointlocks import ClaimLocks
+from dra_driver.prepare.state.checkpointrecords import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,

@@ -2,7 +2,7 @@
 both called ``checkpoint.json``, sorted out at start, before the plugin serves (and, after a
 rolling update from an earlier release, once its agent is gone).
 
-Flow position: plugin/server.py (start) -> :func:`checkpoint_names` and :func:`stale_state`
+Flow position: nodestate.py (PrepareState.open) -> :func:`checkpoint_names` and :func:`stale_state`
 before the checkpoint is opened, :func:`adopt_nvidia_checkpoint` right after it (before the
 first reconcile); mig/dynamic.py reads :func:`recorded_names` before that ->
 checkpoint.py + cdi/. Format of NVIDIA's file, spec names and MPS Deployments:
@@ -50,7 +50,8 @@ from typing import Any, Literal
 from dra_driver import cdi
 from dra_driver.errors import CdiError, CheckpointError, PrepareError
 from dra_driver.fsutil import fsync_dir
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.plan import ClaimRef, get, plan_claim
+from dra_driver.prepare.state.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,
@@ -59,7 +60,6 @@ from dra_driver.prepare.checkpoint import (
     PreparedDevice,
     read_state,
 )
-from dra_driver.prepare.plan import ClaimRef, get, plan_claim
 from dra_driver.prepare.targets import DeviceTarget
 
 log = logging.getLogger("dra_driver.prepare")

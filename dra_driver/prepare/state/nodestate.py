@@ -1,87 +1,71 @@
-"""``KubeletPlugin``: the kubelet plugin of one node, from start to SIGTERM.
+"""``PrepareState``: the one owner of prepare's state on this node, from open to close.
 
-start() (spec A.3 order, checklist H):
+open() (spec A.3 order, checklist H; node/ opens it before the kubelet plugin serves):
 1. find the driver's files under the driver root (once; CDI specs are built from them);
-2. open the checkpoint; a damaged one is set aside, reported as a Node Event, and the state is
-   rebuilt from the CDI specs on disk; then ``reconcile`` repairs leftovers of a crash/reboot;
-3. serve DRA v1 + v1beta1 and the health stream v1 + v1alpha1 on ``dra.sock`` (services.py);
-4. only then serve registration on ``<driver>-reg.sock`` (the kubelet calls the DRA service as
-   soon as it registers us); both stay up for the life of the process;
-5. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs).
+2. open the checkpoint (on the names switchover.py chooses: NVIDIA's, an earlier release's
+   shared with its agent, or ours); a damaged one is set aside, reported as a Node Event, and
+   the state is rebuilt from the CDI specs on disk;
+3. build the Preparer (the steps node/wiring.py gives), adopt NVIDIA's prepared claims, then
+   ``reconcile`` repairs leftovers of a crash/reboot;
+4. re-run ``reconcile`` periodically (claims deleted from the API, orphaned specs), compact the
+   checkpoint and move it to its own name once an earlier release's agent is gone.
 
-The plugin builds nothing feature-specific: node/wiring.py gives it its settings and the
-preparer's steps (time slicing, MPS, shares, MIG).
+It is the ``ClaimPreparer`` the kubelet plugin serves (plugin/kubelet.py): prepare_batch and
+unprepare_batch go to its Preparer.
 
-The health stream reports each device's health from the ``health`` source (the agent's
-healthmonitor.HealthMonitor) every ``health_interval_s``, and at once when it calls
-:meth:`KubeletPlugin.health_changed` (health_stream.py).
+set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts in one step;
+prepared claims holding a device that is gone are reported (log, Warning Event
+``PreparedDeviceMissing`` on the Node, ``gpu_dra_prepared_devices_missing``). With ``metrics``
+(metrics.DriverMetrics), ``nvidia_dra_prepared_devices`` is read from the checkpoint at each
+scrape.
 
-set_inventory() (re-discovery changed the GPUs) swaps what prepare accepts and what the health
-stream lists in one step; prepared claims holding a device that is gone are reported (log,
-Warning Event ``PreparedDeviceMissing`` on the Node, ``gpu_dra_prepared_devices_missing``).
-readiness_problems() and heartbeats feed the probes (node/probes.py).
-
-With ``metrics`` (metrics.DriverMetrics), the DRA servicers count and time the kubelet's calls
-and ``nvidia_dra_prepared_devices`` is read from the checkpoint at each scrape.
-``device_holders()`` tells telemetry which claims (and pods) hold which device.
-
-stop() stops both servers and removes both socket files (the kubelet then deregisters us at
-once instead of after two failed 10 s probes).
+close() stops the reconcile loop, lists (or with ``unprepare_on_exit`` unprepares) the claims
+left prepared, and closes the checkpoint, moving it to its own name when it is alone on the old.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
-
-import grpc
 
 from dra_driver import cdi
 from dra_driver.cdi import hook as cdihook
 from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.heartbeat import Heartbeat
-from dra_driver.plugin import services, sockets
-from dra_driver.plugin.dra import ClaimObserver
-from dra_driver.plugin.events import EventReporter, node_event_reporter
-from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthFeed, HealthStates
-from dra_driver.plugin.registration import RegistrationServicer
-from dra_driver.plugin.settings import PluginSettings
+from dra_driver.kube.events import EventReporter
 from dra_driver.prepare import (
     ClaimRef,
     ClaimSource,
+    DeviceTarget,
     Preparer,
     StepFactory,
     device_targets,
     no_steps,
-    switchover,
 )
-from dra_driver.prepare.checkpoint import (
+from dra_driver.prepare.outcome import Outcome
+from dra_driver.prepare.repair import Repair
+from dra_driver.prepare.state import switchover
+from dra_driver.prepare.state.checkpoint import (
     BOOT_ID_PATH,
+    PREPARE_COMPLETED,
     Checkpoint,
     ClaimLocks,
     ClaimRecord,
     LoadReport,
+    read_boot_id,
+    read_state,
 )
+from dra_driver.prepare.state.settings import StateSettings
 
 if TYPE_CHECKING:
     from dra_driver.metrics import DriverMetrics
-    from dra_driver.telemetry.sampler import ClaimHolder
-
-# node_event_reporter and EventReporter live in events.py; named here too for the agent's wiring
-__all__ = [
-    "DEFAULT_RECONCILE_INTERVAL_S",
-    "EventReporter",
-    "KubeletPlugin",
-    "node_event_reporter",
-]
 
 log = logging.getLogger(__name__)
 
@@ -92,34 +76,110 @@ RECONCILE_STALL_S = 1800.0
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under proc_root, as cdi.find_driver_files reads it
 
 
-class KubeletPlugin:
-    """The registration and DRA services of one node, backed by prepare.Preparer.
+def missing_devices(
+    records: Iterable[ClaimRecord], targets: Mapping[str, DeviceTarget]
+) -> list[tuple[ClaimRecord, tuple[str, ...]]]:
+    """``PrepareCompleted`` claims holding devices this node no longer has (not in ``targets``),
+    each with those device names. Pure."""
+    missing = []
+    for record in records:
+        if record.phase != PREPARE_COMPLETED:
+            continue
+        gone = tuple(sorted({d.device for d in record.devices} - targets.keys()))
+        if gone:
+            missing.append((record, gone))
+    return missing
+
+
+def prepared_devices_by_type(
+    records: Iterable[ClaimRecord], targets: Mapping[str, DeviceTarget]
+) -> dict[str, int]:
+    """How many of our devices ``PrepareCompleted`` claims hold, as ``{"gpu": n, "mig": m}``
+    (both keys always present). A device shared by admin-access claims counts once; a device
+    this node no longer has is typed by its name. Pure."""
+    held: set[str] = set()
+    for record in records:
+        if record.phase == PREPARE_COMPLETED:
+            held.update(d.device for d in record.devices)
+    counts = {"gpu": 0, "mig": 0}
+    for name in held:
+        target = targets.get(name)
+        counts[target.type if target else ("mig" if "-mig-" in name else "gpu")] += 1
+    return counts
+
+
+def recorded_device_names(records: Iterable[ClaimRecord]) -> frozenset[str]:
+    """Every device name in the claim records, in either phase (read from the checkpoint, so
+    claims another instance recorded count too). In dynamic MIG mode these are the MIG devices
+    this driver created or is creating (mig/dynamic.py). Pure."""
+    return frozenset(d.device for record in records for d in record.devices)
+
+
+def recorded_device_names_on_disk(
+    checkpoint_path: Path, *, boot_id_path: Path = BOOT_ID_PATH
+) -> frozenset[str]:
+    """Every device name the checkpoint at ``checkpoint_path`` records, read-only, and those
+    the ``checkpoint.json`` beside it records for this boot: NVIDIA's, whose claims the plugin
+    adopts when it opens (their MIG devices are then its own), or an earlier release's, shared
+    while its agent still runs (switchover.py).
+
+    A missing checkpoint records nothing, and so does one from an earlier boot (the plugin
+    discards it; MIG devices that exist now were made since, by someone else). A damaged one
+    counts as recording nothing here: the plugin sets it aside and reports it when it opens it,
+    and the next discovery pass reads the opened state (:func:`recorded_device_names`).
+    """
+    own = _own_names(checkpoint_path, boot_id_path=boot_id_path)
+    legacy = checkpoint_path.with_name(switchover.LEGACY_NAME)
+    if legacy == checkpoint_path:
+        return own
+    try:
+        return own | switchover.recorded_names(legacy, boot_id=read_boot_id(boot_id_path))
+    except (DraError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("cannot read checkpoint.json before the plugin opens it",
+                    extra={"path": str(legacy), "reason": str(exc)})  # fmt: skip
+        return own
+
+
+def _own_names(checkpoint_path: Path, *, boot_id_path: Path) -> frozenset[str]:
+    try:
+        boot_id, claims = read_state(checkpoint_path)
+        if boot_id != read_boot_id(boot_id_path):
+            return frozenset()
+    except FileNotFoundError:
+        return frozenset()
+    except (DraError, OSError, ValueError, KeyError) as exc:
+        log.warning(
+            "cannot read the checkpoint before the plugin opens it; treating no MIG device as "
+            "the driver's own until the next discovery pass",
+            extra={"path": str(checkpoint_path), "reason": str(exc)},
+        )
+        return frozenset()
+    return frozenset(d.device for record in claims.values() for d in record.devices)
+
+
+class PrepareState:
+    """Prepare's state on one node: checkpoint, claim locks, CDI spec directory and the Preparer
+    over them; the ClaimPreparer the kubelet plugin serves.
 
     ``settings`` say where things are (node/wiring.py fills them from the agent's Config);
     ``steps`` builds the preparer's feature steps (node/wiring.py: none, devices and driver
     files only). ``claims`` is where ResourceClaims are read (kube.KubeClient).
     ``report_event`` posts a Warning Event on the Node (used when the checkpoint was damaged).
-    ``metrics``, when given, is updated by the DRA services. ``health`` gives each device's
-    health to the health stream (without it every device is reported UNKNOWN). ``proc_root``
-    and ``boot_id_path`` exist so tests can point them at fake files. ``claim_observer``, set
-    before ``start``, hears of each claim the DRA services prepared or unprepared.
+    ``metrics``, when given, reads the prepared devices at each scrape. ``proc_root`` and
+    ``boot_id_path`` exist so tests can point them at fake files.
     """
-
-    claim_observer: ClaimObserver | None = None
 
     def __init__(
         self,
         *,
-        settings: PluginSettings,
+        settings: StateSettings,
         inventory: Inventory,
         claims: ClaimSource,
         steps: StepFactory = no_steps,
         report_event: EventReporter | None = None,
         metrics: DriverMetrics | None = None,
-        health: HealthStates | None = None,
         proc_root: Path = Path("/proc"),
         boot_id_path: Path = BOOT_ID_PATH,
-        health_interval_s: float = DEFAULT_INTERVAL_S,
         reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
         static_gpus: frozenset[str] = frozenset(),
     ) -> None:
@@ -129,18 +189,10 @@ class KubeletPlugin:
         # GPUs in MIG mode that stay static under --mig-mode dynamic (foreign MIG devices;
         # dynamicmig.ManagedMig.left_static): prepare accepts their existing MIG devices.
         self.static_gpus = static_gpus
-        self.paths = sockets.socket_paths(
-            registrar_dir=settings.kubelet_registrar_directory_path,
-            plugin_dir=settings.plugin_data_dir,
-            driver_name=settings.driver_name,
-            pod_uid=settings.pod_uid,
-        )
         self._claims = claims
         self._report_event = report_event
         self.metrics = metrics
-        self._health_states = health
         self._proc_root = proc_root
-        self._health_interval_s = health_interval_s
         self._reconcile_interval_s = reconcile_interval_s
         self._stopping = threading.Event()
         self._boot_id_path = boot_id_path
@@ -149,19 +201,17 @@ class KubeletPlugin:
         self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock")
         self.specs = cdi.CdiSpecDir(settings.cdi_root, vendor=settings.cdi_vendor)
         self.preparer: Preparer | None = None
-        self.registration: RegistrationServicer | None = None
-        self._dra_server: grpc.Server | None = None
-        self._reg_server: grpc.Server | None = None
+        self.repair: Repair | None = None  # of the preparer, once opened
         self._reconciler: threading.Thread | None = None
         self._rebuild_needed = False
-        self._health: HealthFeed | None = None
         self.reconcile_heartbeat = Heartbeat("reconcile", stall_s=RECONCILE_STALL_S)
         self._missing_reported: set[tuple[str, str]] = set()  # (claim uid, device)
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Prepare state, then serve dra.sock, then the registration socket. Not re-entrant."""
+    def open(self) -> None:
+        """Open the state, build the Preparer, adopt, recover and reconcile; then reconcile
+        periodically. Not re-entrant."""
         cfg = self.settings
         files = self.driver_files()
         cfg.plugin_data_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +229,6 @@ class KubeletPlugin:
                 "the driver root mount",
                 extra={"scanned_at": str(cfg.driver_root_in_container)},
             )
-        cfg.kubelet_registrar_directory_path.mkdir(parents=True, exist_ok=True)
         self.specs.ensure()
         self.locks.open()
         legacy = cfg.plugin_data_dir / switchover.LEGACY_NAME  # NVIDIA's, or an earlier ours
@@ -201,32 +250,22 @@ class KubeletPlugin:
             claims=self._claims,
             steps=self._steps,
         )
+        self.repair = Repair(self.preparer)
         self._adopt(legacy, stale)
         self._recover(report)
         self._report_missing_devices()
         if self.metrics is not None:
             self.metrics.prepared_devices.set_collector(self._prepared_devices)
             self.metrics.prepared_devices_missing.set_collector(self._missing_devices)
-        self._start_dra_server()
-        self._start_registration_server()
         self._reconciler = threading.Thread(
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
         self._reconciler.start()
 
-    def stop(self, grace_s: float = 1.0) -> None:
-        """Stop serving and remove both sockets. Safe to call twice or before start()."""
+    def close(self) -> None:
+        """Stop reconciling, leave the prepared claims as the settings say, close the files.
+        Safe to call twice or before open(); call it once nothing is served any more."""
         self._stopping.set()
-        if self._health is not None:
-            self._health.wake()  # open health streams end now, not at their next report
-        for server, path in (
-            (self._reg_server, self.paths.registration),
-            (self._dra_server, self.paths.dra),
-        ):
-            if server is not None:
-                server.stop(grace_s).wait()
-            path.unlink(missing_ok=True)
-        self._reg_server = self._dra_server = None
         if self._reconciler is not None:
             self._reconciler.join(timeout=5)
             self._reconciler = None
@@ -239,34 +278,34 @@ class KubeletPlugin:
             switchover.migrate_own_checkpoint(self.checkpoint.path, self.settings.checkpoint_path)
         self.locks.close()
 
-    def serve_until_signal(self) -> None:
-        """start(), wait for SIGTERM or SIGINT, stop(). For the main thread only."""
-        done = threading.Event()
+    # -- the ClaimPreparer the kubelet plugin serves -------------------------------------
 
-        def handler(signum: int, frame: FrameType | None) -> None:
-            log.info("stopping on signal", extra={"signal": signal.Signals(signum).name})
-            done.set()
+    def prepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Prepare.prepare_batch; only after open()."""
+        assert self.preparer is not None
+        return self.preparer.prepare_batch(refs)
 
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.start()
-            done.wait()
-        finally:
-            self.stop()
-            for s, h in previous.items():
-                signal.signal(s, h)
+    def unprepare_batch(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Prepare.unprepare_batch; only after open()."""
+        assert self.preparer is not None
+        return self.preparer.unprepare_batch(refs)
+
+    def device_names(self) -> list[str]:
+        """The devices prepare accepts now, sorted (the health stream's list); empty before
+        open()."""
+        return [] if self.preparer is None else sorted(self.preparer.targets)
 
     def set_inventory(
         self, inventory: Inventory, *, static_gpus: frozenset[str] | None = None
     ) -> None:
-        """Make ``inventory`` (a re-discovery's) what prepare accepts and the health stream lists.
+        """Make ``inventory`` (a re-discovery's) what prepare accepts.
 
         The devices, their device nodes and the MIG capability minors (read again: a driver
         reload renumbers them) are built first and swapped into the preparer in one step, so a
-        prepare sees the old devices or the new ones, never a mix; open health streams get the
-        new list at once. Prepared claims holding a device that is gone now are reported. Before
-        start() only the inventory is kept. Raises CdiError when the capability table cannot be
-        read; the previous devices then stay. Called from one thread (the agent's re-discovery).
+        prepare sees the old devices or the new ones, never a mix. Prepared claims holding a
+        device that is gone now are reported. Before open() only the inventory is kept. Raises
+        CdiError when the capability table cannot be read; the previous devices then stay.
+        Called from one thread (the agent's re-discovery).
         """
         if static_gpus is not None:
             self.static_gpus = static_gpus
@@ -279,27 +318,12 @@ class KubeletPlugin:
             device_targets(inventory, self.settings.mig_mode, self.static_gpus), files
         )
         self.inventory = inventory
-        if self._health is not None:
-            self._health.wake()
         self._report_missing_devices()
-
-    def health_changed(self) -> None:
-        """A device's health changed: open health streams report now. Never blocks."""
-        if self._health is not None:
-            self._health.wake()
 
     @property
     def heartbeats(self) -> tuple[Heartbeat, ...]:
-        """The plugin's background loops, for ``/healthz`` (the gRPC servers are probed over
-        their sockets)."""
+        """The state's background loop, for ``/healthz``."""
         return (self.reconcile_heartbeat,)
-
-    def readiness_problems(self) -> list[str]:
-        """Empty once the kubelet registered the plugin; otherwise why not (for ``/readyz``)."""
-        if self.registration is None:
-            return ["kubelet: the registration socket is not served yet"]
-        problem = self.registration.readiness_problem()
-        return [] if problem is None else [problem]
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -307,7 +331,7 @@ class KubeletPlugin:
         """Log and post an Event for each prepared claim that newly holds a device this node no
         longer has (its containers lose that device; unprepare still works)."""
         assert self.preparer is not None
-        missing = self.preparer.missing_devices()
+        missing = missing_devices(self.checkpoint.snapshot().values(), self.preparer.targets)
         now = {(record.uid, name) for record, names in missing for name in names}
         for record, names in missing:
             new = [n for n in names if (record.uid, n) not in self._missing_reported]
@@ -326,21 +350,13 @@ class KubeletPlugin:
             )
         self._missing_reported = now
 
-    def device_holders(self) -> dict[str, tuple[ClaimHolder, ...]]:
-        """Device name -> the prepared claims holding it, with the pods they are reserved for
-        (telemetry's claim labels). Empty before start(); CheckpointError once stopped."""
-        from dra_driver.telemetry.sampler import holders_from_records  # noqa: PLC0415  (with metrics)
-
-        if self.preparer is None:
-            return {}
-        return holders_from_records(
-            self.checkpoint.snapshot().values(), pods=self.preparer.claim_pods()
-        )
-
     def _missing_devices(self) -> dict[tuple[str, ...], float]:
         """``gpu_dra_prepared_devices_missing`` at scrape time: (node, driver) -> n."""
         assert self.preparer is not None
-        names = {name for _, gone in self.preparer.missing_devices() for name in gone}
+        records = self.checkpoint.snapshot().values()
+        names = {
+            name for _, gone in missing_devices(records, self.preparer.targets) for name in gone
+        }
         return {(self.settings.node_name, self.settings.driver_name): float(len(names))}
 
     def _post_event(self, reason: str, message: str) -> None:
@@ -435,9 +451,9 @@ class KubeletPlugin:
                 log.warning("cannot post the adoption Event", extra={"error": str(exc)})
 
     def _recover(self, report: LoadReport) -> None:
-        assert self.preparer is not None
+        assert self.repair is not None
         if report.corrupt_moved_to is not None:
-            rebuilt = self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
+            rebuilt = self.repair.rebuild_from_specs(booted_at_s=self._booted_at_s())
             log.warning(
                 "rebuilt the prepared-claim state from the CDI specs on disk",
                 extra={"claims": rebuilt},
@@ -447,7 +463,7 @@ class KubeletPlugin:
                 "the node rebooted since the last checkpoint: prepared claims were dropped",
                 extra={"claims": report.discarded_after_reboot},
             )
-        done = self.preparer.reconcile()
+        done = self.repair.reconcile()
         log.info("reconciled prepared claims at start", extra=done)
 
     def _prepared_devices(self) -> dict[tuple[str, ...], float]:
@@ -456,7 +472,9 @@ class KubeletPlugin:
         cfg = self.settings
         return {
             (cfg.node_name, cfg.driver_name, device_type): float(n)
-            for device_type, n in self.preparer.prepared_devices_by_type().items()
+            for device_type, n in prepared_devices_by_type(
+                self.checkpoint.snapshot().values(), self.preparer.targets
+            ).items()
         }
 
     def _booted_at_s(self) -> float:
@@ -482,34 +500,6 @@ class KubeletPlugin:
         except KubeError as exc:
             log.warning("cannot post the checkpoint Event", extra={"error": str(exc)})
 
-    def _start_dra_server(self) -> None:
-        assert self.preparer is not None
-        preparer = self.preparer
-        self._health = HealthFeed(
-            pool=self.settings.node_name,
-            device_names=lambda: sorted(preparer.targets),  # the current devices, at each report
-            health=self._health_states,
-            stopping=self._stopping,
-            interval_s=self._health_interval_s,
-        )
-        self._dra_server = services.serve_dra(
-            preparer=preparer,
-            metrics=self.metrics,
-            health=self._health,
-            path=self.paths.dra,
-            observer=self.claim_observer,
-        )
-        log.info("serving DRA", extra={"socket": str(self.paths.dra)})
-
-    def _start_registration_server(self) -> None:
-        self.registration = RegistrationServicer(
-            driver_name=self.settings.driver_name,
-            endpoint=str(self.paths.dra),
-            versions=services.ADVERTISED_VERSIONS,
-        )
-        self._reg_server = services.serve_registration(self.registration, self.paths.registration)
-        log.info("serving registration", extra={"socket": str(self.paths.registration)})
-
     def _reconcile_loop(self) -> None:
         beat = self.reconcile_heartbeat
         with beat.running():
@@ -532,12 +522,12 @@ class KubeletPlugin:
             )
 
     def _reconcile_pass(self) -> None:
-        assert self.preparer is not None
+        assert self.preparer is not None and self.repair is not None
         try:
             if self._rebuild_needed:
                 self._rebuild_needed = False
-                self.preparer.rebuild_from_specs(booted_at_s=self._booted_at_s())
-            done = self.preparer.reconcile()
+                self.repair.rebuild_from_specs(booted_at_s=self._booted_at_s())
+            done = self.repair.reconcile()
             self.checkpoint.compact()  # off the prepare path
             self._relocate_checkpoint()
         except (CdiError, CheckpointError, KubeError, OSError) as exc:
