@@ -45,8 +45,10 @@ from dra_driver.errors import (
 from dra_driver.kube.connection import _decoded
 from dra_driver.plugin.registration import RegistrationServicer
 from dra_driver.prepare import ClaimRef
-from dra_driver.prepare.checkpoint import PREPARE_COMPLETED, ClaimRecord, PreparedDevice
-from dra_driver.prepare.checkpointformat import (
+from dra_driver.prepare.deviceconfig import decode
+from dra_driver.prepare.plan import plan_claim
+from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, ClaimRecord, PreparedDevice
+from dra_driver.prepare.state.checkpointformat import (
     claim_member,
     decode_snapshot,
     encode_journal_line,
@@ -54,8 +56,6 @@ from dra_driver.prepare.checkpointformat import (
     parse_journal,
     record_json,
 )
-from dra_driver.prepare.deviceconfig import decode
-from dra_driver.prepare.plan import plan_claim
 from dra_driver.prepare.targets import device_targets
 from dra_driver.quantity import QuantityError, parse_quantity
 from dra_driver.scheduling.cel import compile_selector

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.prepare import setaside
-from dra_driver.prepare.checkpoint import Checkpoint
+from dra_driver.prepare.state.checkpoint import Checkpoint
 
 NAMES = ("checkpoint.json", "checkpoint.journal")
 

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from dra_driver.scheduling.explain import main as explain_main
-from tests.cluster import DRIVER, Cluster, objects
+from dra_driver.sharing.mps import APP, APP_LABEL
+from tests.cluster import DRIVER, NAMESPACE, Cluster, objects
 from tests.test_examples_explain import expectation
 
 ORDER = ("Namespace", "ResourceClaimTemplate", "ResourceClaim", "Pod", "Deployment")
@@ -136,6 +137,32 @@ def cdi_specs(cluster: Cluster, node: str) -> dict[str, set[str]]:
         spec = yaml.safe_load(path.read_text())
         specs[path.name] = {f"{spec['kind']}={d['name']}" for d in spec.get("devices", [])}
     return specs
+
+
+def recorded_claims(cluster: Cluster, node: str) -> set[str]:
+    """The claim UIDs the node's agent has recorded as prepared: its checkpoint's snapshot with
+    the journal's later changes applied (the format: prepare/state/checkpointformat.py)."""
+    state = cluster.nodes[node].work / "k" / "plugins" / DRIVER
+    snapshot = state / "checkpoint.json"
+    claims: set[str] = set()
+    if snapshot.exists():
+        claims = set(json.loads(snapshot.read_text())["data"]["claims"])
+    journal = state / "checkpoint.journal"
+    if journal.exists():
+        for line in journal.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)["entry"]
+                claims |= set(entry.get("put", {}))
+                claims -= set(entry.get("del", []))
+    return claims
+
+
+def mps_deployments(cluster: Cluster) -> list[str]:
+    """The MPS control daemon Deployments the agents made that are still there."""
+    return [
+        d["metadata"]["name"]
+        for d in objects.items(cluster.control, "Deployment", NAMESPACE, f"{APP_LABEL}={APP}")
+    ]
 
 
 def explain(cluster: Cluster, source: Path, node: str) -> tuple[int, dict[str, Any]]:

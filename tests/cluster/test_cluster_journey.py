@@ -6,6 +6,7 @@ batch of prepares."""
 from __future__ import annotations
 
 import io
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,7 @@ def _taints(cluster: Cluster, node: str, device: str) -> list[dict[str, Any]]:
 
 
 def test_an_xid_taints_the_gpu_in_the_api_server_and_keeps_a_new_pod_off_it(
-    cluster: Cluster,
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     node = sorted(cluster.nodes)[0]
     uuid = _uuid(cluster, node, "gpu-1")
@@ -179,6 +180,13 @@ def test_an_xid_taints_the_gpu_in_the_api_server_and_keeps_a_new_pod_off_it(
             lambda: _scheduled_reason(cluster, "wants-gpu-1")[0] == "Unschedulable",
         )
         assert objects.pod_phase(cluster.control, "wants-gpu-1", "default") == "Pending"
+        # explain, reading the same slices, agrees: the taint rules the GPU out
+        source = tmp_path / "wants-gpu-1.yaml"
+        docs = [_claim("wants-gpu-1", selector), _pod("wants-gpu-1", claim="wants-gpu-1")]
+        source.write_text(yaml.safe_dump_all(docs))
+        rc, result = journey.explain(cluster, source, node)
+        assert rc == 1, result
+        assert "taint" in json.dumps(result).lower(), result
         # the GPU comes back: the agent lifts the taint and the scheduler places the pod on it
         append_fault(_inbox(cluster, node), SimulatedFault(kind="reset", gpu=1))
         objects.wait(
@@ -228,10 +236,21 @@ def test_the_agent_killed_in_a_batch_of_prepares_comes_back_and_every_pod_runs(
         assert len(set(devices)) == len(names), devices
         specs = journey.cdi_specs(cluster, node)
         assert len(set(specs) - set(before)) == len(names), sorted(specs)
+        uids = {
+            (objects.get(cluster.control, "ResourceClaim", n, "default") or {})["metadata"]["uid"]
+            for n in names
+        }
+        assert uids <= journey.recorded_claims(cluster, node)
     finally:
         _cleanup(cluster, names, names)
+    # nothing leaked: specs, checkpoint records, MPS daemons
     objects.wait(
         f"{node}'s CDI specs back to before the batch",
         lambda: journey.cdi_specs(cluster, node) == before,
         timeout_s=60,
     )
+    objects.wait(
+        "the batch's records gone from the checkpoint",
+        lambda: not uids & journey.recorded_claims(cluster, node),
+    )
+    assert journey.mps_deployments(cluster) == []
