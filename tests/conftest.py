@@ -17,6 +17,20 @@ def pytest_configure(config: pytest.Config) -> None:
     leakcheck.install(config)
 
 
+# The tiers that start Kubernetes itself hold a whole cluster (or an API server) for the
+# session: they run last, after the rest in whatever order pytest-randomly drew, so that their
+# processes do not run beside every other test. Their own order stays random.
+_LAST = ("tests/cluster/", "tests/integration/")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def last(item: pytest.Item) -> bool:
+        return any(part in item.nodeid for part in _LAST)
+
+    items[:] = [i for i in items if not last(i)] + [i for i in items if last(i)]
+
+
 @pytest.fixture
 def kubeapi(tmp_path: Path) -> Iterator[FakeKubeApi]:
     """A started local API server (all resource.k8s.io versions) with a kubeconfig for it at
