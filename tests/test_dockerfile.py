@@ -177,7 +177,7 @@ def test_the_image_has_the_pyc_files_of_the_charts_pythonoptimize() -> None:
     """The chart runs the agent with PYTHONOPTIMIZE=2 (tests/test_chart.py): the final stage
     compiles those .pyc files after installing, since pip compiles only the plain ones and the
     image forbids writing them at run time (PYTHONDONTWRITEBYTECODE)."""
-    final_runs = " ".join(of("RUN")[-1:])
+    final_runs = next(run for run in of("RUN") if " install --no-index" in run)
     install = final_runs.index(" install --no-index")
     assert final_runs.index("python3 -OO -m compileall", install) > install
     assert any("PYTHONDONTWRITEBYTECODE=1" in env for env in of("ENV"))

@@ -42,6 +42,7 @@ NEEDS = {
     "make demo": "nothing: tests/test_sim_demo.py runs the demo",
     "make test": "nothing: it is the test suite this test is part of",
     "~/.gpu-dra/bin/pip": "PyPI (setuptools to build the package)",
+    "gpu-dra-webhook": "a webhook Service's TLS files: tests/test_webhook.py runs the command",
 }
 
 

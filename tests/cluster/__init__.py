@@ -48,6 +48,7 @@ class Cluster:
     nodes: dict[str, HollowNode] = field(default_factory=dict)
     agents: dict[str, AgentPod] = field(default_factory=dict)
     mps: dict[str, MpsPodRuntime] = field(default_factory=dict)
+    simulate: str = ""  # the simulated GPUs the nodes have now
 
     def __post_init__(self) -> None:
         self.control = ControlPlane(bin=self.bin, work=self.work / "control")
@@ -101,6 +102,7 @@ class Cluster:
         return objects.wait(f"the DaemonSet's pod on {node}", probe, timeout_s=120)
 
     def start_agents(self, *, builds: Any, simulate: str, gpus: int) -> None:
+        self.simulate = simulate
         for name, node in self.nodes.items():
             pod = self.agent_pod(name)
             agent = AgentPod(node, pod).start(builds=builds, simulate=simulate, gpus=gpus)
@@ -127,14 +129,18 @@ class Cluster:
         agent is stopped (SIGTERM, as the kubelet stops a deleted Pod's container) and the new
         Pod's agent started."""
         old = {name: agent.pod["metadata"]["uid"] for name, agent in self.agents.items()}
+        swapped = simulate != self.simulate
         self.install_chart(*simulate_value(simulate), *values)
         for name, node in self.nodes.items():
             pod = self.agent_pod(name, not_uid=old[name])
             self.agents[name].stop()
+            if swapped:
+                _swap_gpus(node)
             self.agents[name] = AgentPod(node, pod, runs=self.agents[name].runs).start(
                 builds=builds, simulate=simulate, gpus=gpus
             )
             self.mps[name].node_pid = lambda a=self.agents[name]: a.process.pid
+        self.simulate = simulate
         for name in self.nodes:
             self.agents[name].wait_ready()
 
@@ -165,3 +171,15 @@ class Cluster:
         ]
         parts += [f"--- agent {n}\n{tail(a.log, 25)}" for n, a in self.agents.items()]
         return "\n".join(parts)
+
+
+def _swap_gpus(node: HollowNode) -> None:
+    """Other simulated GPUs in the node, as if its boards were replaced while the agent was
+    down: what the simulated GPUs keep on the node's disk (their MIG instances and modes) and
+    the agent's marks of the MIG modes it set on the old ones go; the rest of the agent's state
+    stays, as it would."""
+    plugin_dir = node.kubelet_dir / "plugins" / DRIVER
+    (plugin_dir / "simulated-mig.json").unlink(missing_ok=True)
+    (plugin_dir / "simulated-faults.jsonl").unlink(missing_ok=True)
+    for marks in ("mig-on", "mig-off"):
+        shutil.rmtree(plugin_dir / marks, ignore_errors=True)
