@@ -143,11 +143,11 @@ def recorded_claims(cluster: Cluster, node: str) -> set[str]:
     """The claim UIDs the node's agent has recorded as prepared: its checkpoint's snapshot with
     the journal's later changes applied (the format: prepare/state/checkpointformat.py)."""
     state = cluster.nodes[node].work / "k" / "plugins" / DRIVER
-    snapshot = state / "checkpoint.json"
+    snapshot = state / "gpu-dra-checkpoint.json"  # node/config.py checkpoint_path
     claims: set[str] = set()
     if snapshot.exists():
         claims = set(json.loads(snapshot.read_text())["data"]["claims"])
-    journal = state / "checkpoint.journal"
+    journal = state / "gpu-dra-checkpoint.journal"
     if journal.exists():
         for line in journal.read_text().splitlines():
             if line.strip():
