@@ -170,7 +170,7 @@ def rbac_list(text: str, after: str) -> dict[str, set[str]]:
     ``after`` (up to the end of the sentence)."""
     flat = " ".join(text.split())
     sentence = flat[flat.index(after) + len(after) :].split(". ", 1)[0]
-    pairs = re.findall(r"`([a-z]+)`\s+([a-z]+(?:/[a-z]+)*)", sentence)
+    pairs = re.findall(r"`([a-z]+(?:/[a-z]+)?)`\s+([a-z]+(?:/[a-z]+)*)", sentence)
     assert pairs, sentence
     return {resource: set(verbs.split("/")) for resource, verbs in pairs}
 
