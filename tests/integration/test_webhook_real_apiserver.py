@@ -9,10 +9,12 @@ webhook's name, rules, failure policy, match policy, side effects and review ver
 chart's. tests/test_chart_webhook.py checks the Service route and the chart's certificate.
 
 Checked: a ResourceClaim and a ResourceClaimTemplate with a bad ``GpuConfig`` are refused when
-they are created, with the webhook's own message; good configs (NVIDIA's claim forms among
-them) are stored; and the agent's ``status.devices`` write is not sent to the webhook (it is
-the status subresource, which the chart's rules leave out), so it goes through while a
-registration of the same rules cannot be reached.
+they are created, with the webhook's own message (also ``defaultActiveThreadPercentage: 0``,
+which docs/compatibility.md says this driver refuses); good configs (a MIG device's time
+slicing among them, a no-op accepted as NVIDIA's driver accepts it) are stored; and the agent's
+``status.devices`` write is not sent to the webhook (it is the status subresource, which the
+chart's rules leave out), so it goes through while a registration of the same rules cannot be
+reached.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ pytestmark = pytest.mark.integration
 DRIVER = "gpu.nvidia.com"
 NODE = "gpu-node-1"
 WAIT_S = 30.0
-NVIDIA_FORMS = [  # claims NVIDIA's driver accepts (docs/compatibility.md), accepted here too
+GOOD = [  # NVIDIA's driver accepts these too; a MIG device's time slicing is a no-op in both
     gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
-    gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+    gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
     {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
      "sharing": {"strategy": "TimeSlicing"}},
 ]  # fmt: skip
@@ -267,14 +269,28 @@ def webhook(
     assert process.returncode in (0, -15), stderr[-3000:]
 
 
-def test_a_claim_with_a_bad_gpu_config_is_refused_when_it_is_created(webhook: Admission) -> None:
-    bad = resource_claim("bad", webhook.namespace, gpu_config(sharing={"strategy": "Bogus"}))
+BAD = {
+    "strategy": (gpu_config(sharing={"strategy": "Bogus"}), "invalid GpuConfig"),
+    # NVIDIA's driver passes 0 on to MPS; refused here, docs/compatibility.md says why
+    "mps-0": (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+        "defaultActiveThreadPercentage 0 is refused",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_claim_with_a_bad_gpu_config_is_refused_when_it_is_created(
+    webhook: Admission, case: str
+) -> None:
+    parameters, complaint = BAD[case]
+    bad = resource_claim(f"bad-{case}", webhook.namespace, parameters)
     status, message = webhook.refusal(bad)
     assert status == 422
     assert message == webhook_message(webhook.hook_name, bad)
-    assert "spec.devices.config[0].opaque.parameters: invalid GpuConfig" in message
+    assert "spec.devices.config[0].opaque.parameters: " in message and complaint in message
     stored = webhook.resource.list_namespaced_resource_claim(webhook.namespace)
-    assert "bad" not in [c.metadata.name for c in stored.items]
+    assert f"bad-{case}" not in [c.metadata.name for c in stored.items]
 
 
 def test_every_bad_config_of_a_claim_is_named(webhook: Admission) -> None:
@@ -288,7 +304,7 @@ def test_every_bad_config_of_a_claim_is_named(webhook: Admission) -> None:
     assert "config[1]" in message and "config[2]" in message and "config[0]" not in message
 
 
-@pytest.mark.parametrize("parameters", NVIDIA_FORMS, ids=["timeslicing", "mps-0", "mig-ts"])
+@pytest.mark.parametrize("parameters", GOOD, ids=["timeslicing", "mps-50", "mig-timeslicing"])
 def test_a_claim_with_a_good_config_is_stored(webhook: Admission, parameters: Any) -> None:
     name = f"good-{uuid.uuid4().hex[:6]}"
     created = webhook.create(resource_claim(name, webhook.namespace, parameters))
