@@ -7,12 +7,13 @@ scrapes it every second as the chart's PodMonitor has the prometheus-operator sc
 labels, ``honorLabels``), and evaluates the chart's alerts (charts/gpu-dra/rules/, each ``for:``
 shortened to 1 s so the tier stays short) every second. Checked: ``promtool check metrics`` on
 the agent's exposition (clean but for the lint of dcgm-exporter's own names); every query of the
-chart's dashboard returns series for the node and honours ``$node``; the XID and ECC panels
-count the first event of a device; dashboard 12239's queries (NVIDIA's dcgm-exporter dashboard)
-return data, with the pod of the claim on the held GPU; each alert fires on its fault (agent not
-ready before the kubelet registers it; ECC, fatal XID, GPU lost, row remapping, thermal
-slowdown, tainted device) and clears after recovery. Skips only where ``prometheus`` or
-``promtool`` is not installed.
+chart's dashboard, read from its file (charts/gpu-dra/dashboards/: each panel's and each
+variable's), returns series for the node and honours ``$node``; the XID and ECC panels count the
+first event of a device; the queries of NVIDIA's dcgm-exporter dashboard 12239 (not in this
+repository: a fixed list below) return data, with the pod of the claim on the held GPU; each
+alert fires on its fault (agent not ready before the kubelet registers it; ECC, fatal XID, GPU
+lost, row remapping, thermal slowdown, tainted device) and clears after recovery. Skips only
+where ``prometheus`` or ``promtool`` is not installed.
 """
 
 from __future__ import annotations
@@ -300,13 +301,36 @@ def prepare(dra_socket: Path, claim: dict[str, Any]) -> None:
     assert not result.error, result.error
 
 
+def dashboard_files() -> list[dict[str, Any]]:
+    """The chart's dashboards (charts/gpu-dra/dashboards/*.json), as the chart ships them."""
+    boards = [json.loads(p.read_text()) for p in sorted((CHART / "dashboards").glob("*.json"))]
+    assert boards
+    return boards
+
+
 def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, query) of every panel target of the chart's dashboards."""
+    """(panel title, query) of every panel target of the chart's dashboards, also of panels
+    inside a collapsed row."""
     found = []
-    for path in sorted((CHART / "dashboards").glob("*.json")):
-        for panel in json.loads(path.read_text())["panels"]:
-            for target in panel.get("targets", []):
-                found.append((panel["title"], target["expr"]))
+    for board in dashboard_files():
+        for outer in board["panels"]:
+            for panel in [outer, *outer.get("panels", [])]:
+                for target in panel.get("targets", []):
+                    found.append((panel["title"], target["expr"]))
+    assert found
+    return found
+
+
+def dashboard_variables() -> list[tuple[str, str]]:
+    """(name, query) of every query variable of the chart's dashboards."""
+    found = []
+    for board in dashboard_files():
+        for variable in board["templating"]["list"]:
+            if variable["type"] == "query":
+                query = variable["query"]
+                found.append(
+                    (variable["name"], query["query"] if isinstance(query, dict) else query)
+                )
     assert found
     return found
 
@@ -375,6 +399,16 @@ def test_every_dashboard_query_returns_series_for_the_node(tier: Tier) -> None:
             elsewhere.append(f"{title}: ignores $node: {promql}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
     assert not elsewhere, "\n".join(elsewhere)
+
+
+def test_every_dashboard_variable_offers_the_node(tier: Tier) -> None:
+    """Grafana's ``label_values(metric, label)``: the label's values among the metric's series."""
+    for name, query in dashboard_variables():
+        match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
+        assert match, f"${name}: a variable query the test does not know: {query}"
+        selector, label = match.groups()
+        values = {s["metric"].get(label) for s in tier.query(selector)}
+        assert NODE in values, f"${name}: {query} offers {values}"
 
 
 # -- alerts (and the XID and ECC panels' first event) ----------------------------------------

@@ -1,7 +1,7 @@
 """The validating admission webhook (dra_driver/webhook): the same strict decoding the agent
 uses, answered to a direct AdmissionReview over real HTTPS (TLS from a certificate on disk that
 is renewed while it runs), and the ``gpu-dra-webhook`` command as the chart's Deployment runs it.
-A real kube-apiserver calling it is the control-plane tier's to add (docs/install.md)."""
+A real kube-apiserver calls it in tests/integration/test_webhook_real_apiserver.py."""
 
 from __future__ import annotations
 
