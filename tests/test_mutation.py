@@ -40,7 +40,7 @@ CORES = {
         ("test_scheduling_allocator_counters.py", "test_scheduling_allocator_policies.py"), 0.92
     ),
     "dra_driver/scheduling/allocator/capacity.py": Core(
-        ("test_scheduling_allocator_capacity.py", "test_scheduling_allocator_policies.py"), 0.83
+        ("test_scheduling_allocator_capacity.py", "test_scheduling_allocator_policies.py"), 0.96
     ),
 }
 
