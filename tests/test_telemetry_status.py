@@ -303,6 +303,9 @@ def test_watch_in_a_terminal_session_ends_cleanly_on_sigint(agent: Agent) -> Non
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        # as from a terminal: a test run started in the background (`nohup … &`) ignores
+        # SIGINT, the child would inherit that, and Python then installs no Ctrl-C handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
     )
     try:
         time.sleep(2)
@@ -311,6 +314,7 @@ def test_watch_in_a_terminal_session_ends_cleanly_on_sigint(agent: Agent) -> Non
     finally:
         if process.poll() is None:
             process.kill()
+            process.communicate()  # reaped and its pipes closed, not left to a later test
     assert process.returncode == 0, err
     assert "Traceback" not in err
     assert out.count("gpu-dra status") >= 2 and "team-a/train" in out
