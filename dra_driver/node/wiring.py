@@ -1,9 +1,10 @@
 """Which prepare steps this node runs, and the kubelet plugin that serves them, built from the
 agent's Config.
 
-Flow position: node/agent.py -> here -> nodeplugin.NodePlugin: prepare.state.PrepareState (given
-its settings and a step factory; it builds the prepare.Preparer, which calls the factory with
-what the steps may read of it), served by plugin.kubelet.KubeletPlugin.
+Flow position: node/agent.py -> here -> nodeplugin.NodePlugin: prepare.PrepareState (given its
+settings, a step factory and what the node's devices are as targets: :func:`config_targets`, or
+the agent's mig.dynamic.ManagedMig.targets; it builds the prepare.Preparer, which calls the
+factory with what the steps may read of it), served by plugin.kubelet.KubeletPlugin.
 
 The steps, in prepare order (the preparer undoes them in reverse): the whole-GPU MIG-mode
 switch, MIG mode on demand and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's
