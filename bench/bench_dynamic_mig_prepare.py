@@ -37,7 +37,7 @@ from bench.bench_prepare import (
     _unprepare_request,
 )
 from bench.table import Row, print_table, scaled
-from dra_driver.prepare import device_targets
+from dra_driver.mig.targets import dynamic_slots, dynamic_targets, is_placement
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
 
@@ -48,11 +48,13 @@ API_LATENCY_MS = 0.5
 
 
 def main() -> int:
-    targets = device_targets(simulated_inventory(SIMULATE, node_name=NODE), "dynamic")
+    inventory = simulated_inventory(SIMULATE, node_name=NODE)
+    targets = dynamic_targets(inventory)
     names = sorted(
         n
-        for n, t in targets.items()
-        if t.dynamic is not None and t.dynamic.profile.name in PROFILES
+        for gpu in inventory.gpus
+        for n, slot in dynamic_slots(gpu).items()
+        if n in targets and is_placement(targets[n]) and slot.profile.name in PROFILES
     )
     claims = _Claims()
     warm = claims.make("warm", names, scaled(8, 2))

@@ -22,8 +22,9 @@ from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.migmanager import MigManager
 from dra_driver.mig import modeswitch
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.mig.targets import dynamic_targets
 from dra_driver.node.wiring import prepare_steps
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare import ClaimRef, Preparer
 from dra_driver.prepare.state.checkpoint import Checkpoint
 from dra_driver.sim.fakedriver import make_fake_driver
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
@@ -63,7 +64,7 @@ class DynamicNode:
         return [n["path"] for n in device["containerEdits"]["deviceNodes"]]
 
     def rediscover(self) -> None:
-        self.preparer.set_targets(device_targets(self.inventory(), "dynamic"), self.files)
+        self.preparer.set_targets(dynamic_targets(self.inventory()), self.files)
 
 
 @contextmanager
@@ -93,7 +94,7 @@ def open_node(
             driver_name="gpu.nvidia.com",
             node_name="node1",
             cdi_vendor=VENDOR,
-            targets=device_targets(modeswitch.overlay(raw, marks.read()), "dynamic"),
+            targets=dynamic_targets(modeswitch.overlay(raw, marks.read())),
             files=files,
             specs=specs,
             checkpoint=checkpoint,

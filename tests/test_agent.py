@@ -452,9 +452,7 @@ class Recorder:
     def __init__(self, calls: list[tuple[str, object]], name: str, fail: DraError | None) -> None:
         self._calls, self._name, self._fail = calls, name, fail
 
-    def set_inventory(
-        self, inventory: Inventory, *, static_gpus: frozenset[str] | None = None
-    ) -> None:
+    def set_inventory(self, inventory: Inventory) -> None:
         self._calls.append((self._name, inventory))
         if self._fail is not None and len(self._calls) == 1:
             raise self._fail

@@ -81,6 +81,45 @@ def test_a_broken_contract_fails_the_check(tmp_path: Path) -> None:
     assert "shape.low -> shape.high (l.1)" in result.stdout
 
 
+def test_the_face_contract_lets_a_package_import_the_face_and_not_a_submodule(
+    tmp_path: Path,
+) -> None:
+    """The shape of .importlinter's prepare-face contract (a wildcard below the package, indirect
+    imports allowed) on a tiny package: the face passes, though it imports its submodules; a
+    submodule imported directly, even one two levels down, fails."""
+    package = tmp_path / "shape"
+    (package / "core" / "state").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "core" / "__init__.py").write_text("from shape.core.inner import thing\n")
+    (package / "core" / "inner.py").write_text("thing = 1\n")
+    (package / "core" / "state" / "__init__.py").write_text("")
+    (package / "core" / "state" / "deep.py").write_text("other = 2\n")
+    (package / "wing.py").write_text("from shape.core import thing\n")
+    (package / "stray.py").write_text("from shape.core.state.deep import other\n")
+    (tmp_path / ".importlinter").write_text(
+        textwrap.dedent(
+            """\
+            [importlinter]
+            root_package = shape
+
+            [importlinter:contract:face]
+            name = the face only
+            type = forbidden
+            source_modules =
+                shape.wing
+                shape.stray
+            forbidden_modules =
+                shape.core.*
+            allow_indirect_imports = True
+            """
+        )
+    )
+    result = lint_imports(cwd=tmp_path)
+    assert result.returncode != 0
+    assert "shape.stray -> shape.core.state.deep (l.1)" in result.stdout
+    assert "shape.wing ->" not in result.stdout
+
+
 def modules(root: Path) -> Iterator[Path]:
     """Every module of the package under ``root``, generated code left out."""
     for path in sorted(root.rglob("*.py")):

@@ -10,6 +10,8 @@ import pytest
 
 from dra_driver.devices import node_devices
 from dra_driver.mig.dynamic import ManagedMig
+from dra_driver.mig.targets import is_placement, leaves_mig
+from dra_driver.prepare import device_targets
 from dra_driver.prepare.state.checkpoint import (
     PREPARE_STARTED,
     Checkpoint,
@@ -90,3 +92,26 @@ def test_the_gpus_left_static_are_named_with_their_foreign_mig_devices() -> None
 
     assert mig.left_static() == {"gpu-0": ("gpu-0-mig-3g40gb-9-0",)}
     assert [cs.name for cs in published.counter_sets] == ["gpu-1-counter-set"]
+
+
+def test_prepare_accepts_what_each_pass_publishes() -> None:
+    """ManagedMig.targets, prepare's TargetsOf: a GPU left static offers its existing MIG
+    devices as static ones; a partitionable GPU offers its placements and its whole self, all
+    partitioned, the same names as published."""
+    inventory = discover_simulated("h100:1:mig=3g.40gb,h100:1:mig", node_name="n")
+    mig = ManagedMig(mig_mode="dynamic", driver_name=DRIVER, warn=False)
+    published = mig.node_devices(inventory, recorded=frozenset())
+
+    targets = mig.targets(inventory)
+
+    assert sorted(targets) == sorted(d.name for d in published.devices)
+    assert not targets["gpu-0-mig-3g40gb-9-0"].partitioned  # foreign: gpu-0 stays static
+    assert targets["gpu-0-mig-3g40gb-9-0"].mig is not None
+    assert is_placement(targets["gpu-1-mig-3g40gb-9-0"])
+    assert leaves_mig(targets["gpu-1"])
+    # once the foreign MIG device counts as the driver's own, gpu-0 is partitionable too
+    mig.node_devices(inventory, recorded=frozenset({"gpu-0-mig-3g40gb-9-0"}))
+    assert is_placement(mig.targets(inventory)["gpu-0-mig-3g40gb-9-0"])
+    assert ManagedMig(mig_mode="static", driver_name=DRIVER).targets(inventory) == device_targets(
+        inventory
+    )

@@ -17,6 +17,7 @@ from dra_driver.errors import DeviceConflict, MigFailed, PrepareError
 from dra_driver.gpus.info import GpuInfo
 from dra_driver.mig.instance_step import MigInstanceStep
 from dra_driver.mig.instances import DynamicMig, overlaps
+from dra_driver.mig.targets import dynamic_targets, is_placement
 from dra_driver.prepare import device_targets
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state.checkpoint import (
@@ -83,12 +84,12 @@ def cap_nodes(env: Env, gi: int, ci: int) -> list[str]:
 def test_every_placement_of_every_profile_is_a_target_and_no_full_gpu_in_mig_mode(
     env: Env,
 ) -> None:
-    targets = device_targets(env.inventory(), "dynamic")
+    targets = dynamic_targets(env.inventory())
     gpu = env.gpu()
     placements = sum(len(p.placements) for p in gpu.mig_profiles)
     assert len([t for t in targets.values() if t.gpu.minor == 1]) == placements
     assert "gpu-1" not in targets and "gpu-0" in targets  # gpu-0 is not in MIG mode
-    assert all(t.dynamic is not None and t.mig is None for t in targets.values() if t.gpu.minor)
+    assert all(is_placement(t) and t.mig is None for t in targets.values() if t.gpu.minor)
     assert not [t for t in device_targets(env.inventory()).values() if t.gpu.minor == 1]
 
 

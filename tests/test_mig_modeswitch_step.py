@@ -22,6 +22,7 @@ from dra_driver.errors import DeviceConflict, ForeignMigInstances, PrepareError
 from dra_driver.gpus import nvml
 from dra_driver.gpus.info import Inventory
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.mig.targets import dynamic_targets, is_placement, leaves_mig
 from dra_driver.prepare import device_targets
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state.checkpoint import (
@@ -83,14 +84,14 @@ def published(inventory: Inventory) -> Any:
 def test_the_whole_gpu_of_a_partitionable_hopper_gpu_is_a_target_that_leaves_mig_mode(
     env: Env,
 ) -> None:
-    targets = device_targets(env.inventory(), "dynamic")
-    assert targets["gpu-0"].leaves_mig and targets["gpu-1"].leaves_mig
+    targets = dynamic_targets(env.inventory())
+    assert leaves_mig(targets["gpu-0"]) and leaves_mig(targets["gpu-1"])
     # not in MIG mode, Hopper: partitionable too (MIG mode on demand, mig/ondemand_step.py)
-    assert targets["gpu-2"].leaves_mig and any(
-        t.dynamic for n, t in targets.items() if "2-mig" in n
+    assert leaves_mig(targets["gpu-2"]) and any(
+        is_placement(t) for n, t in targets.items() if "2-mig" in n
     )
-    assert targets["gpu-0"].type == "gpu" and targets["gpu-0"].dynamic is None
-    assert "gpu-0" not in device_targets(env.inventory(), "static")  # static: MIG devices only
+    assert targets["gpu-0"].type == "gpu" and not is_placement(targets["gpu-0"])
+    assert "gpu-0" not in device_targets(env.inventory())  # static: MIG devices only
 
 
 def test_prepare_takes_the_gpu_out_of_mig_mode_and_unprepare_puts_it_back(env: Env) -> None:
@@ -112,7 +113,7 @@ def test_prepare_takes_the_gpu_out_of_mig_mode_and_unprepare_puts_it_back(env: E
     assert not raw_gpu.mig_enabled and not raw_gpu.mig_instances
     assert published(env.inventory()) == published(before)
     env.rediscover()
-    assert env.preparer.targets["gpu-0"].leaves_mig
+    assert leaves_mig(env.preparer.targets["gpu-0"])
     assert env.preparer.prepare(env.ref(claim)) == (device,)  # idempotent
 
     env.preparer.unprepare(env.ref(claim))
@@ -220,7 +221,7 @@ def test_a_mark_no_claim_stands_for_puts_the_gpu_back_at_the_next_repair(tmp_pat
         env.checkpoint.transact(lambda claims: claims.discard(claim["metadata"]["uid"]))
     with open_env(tmp_path, store) as env:
         # the restarted agent's discovery shows the partitionable GPU (from the mark)
-        assert env.preparer.targets["gpu-0"].leaves_mig
+        assert leaves_mig(env.preparer.targets["gpu-0"])
         assert env.mig_mode(0) == (False, False)
         assert Repair(env.preparer).reconcile()["mig_modes_restored"] == 1
         assert env.mig_mode(0) == (True, True) and env.marked() == frozenset()
@@ -249,7 +250,7 @@ def test_a_prepared_whole_gpu_survives_a_restart_and_is_completed_if_put_back(
 def test_an_ampere_gpu_in_mig_mode_is_never_prepared_whole(tmp_path: Path) -> None:
     with simulated_nvml("a100-80gb:1:mig", node_name="node1") as node:
         inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
-    assert "gpu-0" not in device_targets(inventory, "dynamic")
+    assert "gpu-0" not in dynamic_targets(inventory)
 
 
 def test_a_mark_that_cannot_be_read_is_reported_and_the_gpu_shown_as_nvml_says(

@@ -24,6 +24,7 @@ from dra_driver.gpus import nvml
 from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.mig import modeswitch, ondemand_step
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.mig.targets import dynamic_targets, is_placement, leaves_mig
 from dra_driver.prepare import device_targets
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state.checkpoint import PREPARE_STARTED, ClaimRecord, PreparedDevice
@@ -102,11 +103,11 @@ def test_a_hopper_not_in_mig_mode_is_partitionable_and_an_ampere_one_stays_a_gpu
     assert by_name["gpu-0"].consumes_counters  # the whole GPU consumes every counter
     assert not by_name["gpu-2"].consumes_counters  # Ampere: a plain GPU, never toggled
     assert not any(n.startswith("gpu-2-mig-") for n in by_name)
-    targets = device_targets(raw, "dynamic")
-    assert targets[three_g].dynamic is not None and targets["gpu-0"].leaves_mig
+    targets = dynamic_targets(raw)
+    assert is_placement(targets[three_g]) and leaves_mig(targets["gpu-0"])
     assert not targets["gpu-2"].partitioned
     # static mode: as before, a GPU not in MIG mode is a plain GPU
-    assert not any("-mig-" in n for n in device_targets(raw, "static"))
+    assert not any("-mig-" in n for n in device_targets(raw))
 
 
 def test_prepare_turns_mig_mode_on_and_unprepare_of_the_last_placement_off(env: Env) -> None:
@@ -266,4 +267,4 @@ def test_an_ampere_gpu_not_in_mig_mode_is_never_toggled(tmp_path: Path) -> None:
     with simulated_nvml("a100-80gb:1", node_name="node1") as node:
         inventory = nvml.discover(driver_root=Path("/"), sysfs_root=node.sysfs_root)
     assert inventory.gpus[0].mig_profiles  # it reports them, yet stays a plain GPU
-    assert list(device_targets(inventory, "dynamic")) == ["gpu-0"]
+    assert list(dynamic_targets(inventory)) == ["gpu-0"]

@@ -32,8 +32,9 @@ from dra_driver.gpus.info import GpuInfo, Inventory
 from dra_driver.gpus.migmanager import MigManager, MigSlot
 from dra_driver.kube import KubeClient
 from dra_driver.mig.instances import DynamicMig
+from dra_driver.mig.targets import dynamic_targets
 from dra_driver.node.wiring import prepare_steps
-from dra_driver.prepare import ClaimRef, Preparer, device_targets
+from dra_driver.prepare import ClaimRef, Preparer
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED
 from dra_driver.sharing import mps
@@ -173,7 +174,7 @@ def dynamic_mps_node(
             driver_name="gpu.nvidia.com",
             node_name="node1",
             cdi_vendor=VENDOR,
-            targets=device_targets(inventory, "dynamic"),
+            targets=dynamic_targets(inventory),
             files=cdi.find_driver_files(
                 driver_root=fake.root,
                 driver_version=inventory.gpus[0].driver_version,

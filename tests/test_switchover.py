@@ -31,11 +31,8 @@ from dra_driver.prepare.state.checkpoint import (
     PreparedDevice,
     read_state,
 )
-from dra_driver.prepare.state.switchover import (
-    NVIDIA_MPS_KEY,
-    NVIDIA_NAMESPACE,
-    migrate_own_checkpoint,
-)
+from dra_driver.prepare.state.switchover import migrate_own_checkpoint
+from dra_driver.sharing.mps_step import NVIDIA_MPS_KEY, NVIDIA_NAMESPACE
 from dra_driver.sim.demo import DEMO_SIMULATE
 from dra_driver.sim.fakedriver import simulated_inventory
 from dra_driver.sim.localapi import FakeKubeApi
@@ -450,7 +447,7 @@ else:  # right after the records are durable, before NVIDIA's file is renamed as
 switchover.adopt_nvidia_checkpoint(
     plugin_dir / "checkpoint.json", checkpoint=checkpoint,
     specs=cdi.CdiSpecDir(tmp / "cdi", vendor="k8s.gpu.nvidia.com"),
-    targets=device_targets(simulated_inventory("h100:8", node_name="node1"), "static"),
+    targets=device_targets(simulated_inventory("h100:8", node_name="node1")),
     driver_name="gpu.nvidia.com", node_name="node1", cdi_vendor="k8s.gpu.nvidia.com",
 )
 """

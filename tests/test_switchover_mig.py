@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from dra_driver.mig.dynamic import ManagedMig
-from dra_driver.prepare import device_targets
+from dra_driver.mig.targets import dynamic_targets, is_placement
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state import switchover
 from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
@@ -47,7 +47,7 @@ def test_an_adopted_dynamic_mig_device_counts_as_ours_and_its_unprepare_destroys
         assert "gpu-1" in without.left_static()  # what the agent did before
 
         env.rediscover()
-        assert device_targets(env.inventory(), "dynamic")[THREE_G_AT_4].dynamic is not None
+        assert is_placement(dynamic_targets(env.inventory())[THREE_G_AT_4])
         adoption = switchover.adopt_nvidia_checkpoint(
             legacy,
             checkpoint=env.checkpoint,

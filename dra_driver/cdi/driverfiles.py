@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +204,11 @@ class DriverFiles:
         """Every mount of every capability, sorted by container path."""
         every = {m.container_path: m for ms in self.mounts_by_capability.values() for m in ms}
         return tuple(sorted(every.values(), key=lambda m: m.container_path))
+
+    def renumbered_from(self, other: DriverFiles) -> bool:
+        """Whether these files are ``other`` but for the numbers a driver reload may change
+        (the MIG capability minors, read again): the edits every spec shares are the same."""
+        return replace(self, mig_cap_minors=other.mig_cap_minors) == other
 
     def edits(self, capabilities: frozenset[str]) -> dict[str, Any]:
         """The container edits a claim with ``capabilities`` shares with every such claim."""

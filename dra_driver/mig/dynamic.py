@@ -18,6 +18,9 @@ Published devices of a partitionable GPU do not depend on which of its placement
 placement device has no ``uuid``), so MIG devices appearing and disappearing change nothing that
 is published: no slice is written.
 
+What prepare accepts follows the same pass: :meth:`ManagedMig.targets` (node/ hands it to
+prepare's state) gives targets.dynamic_targets with the GPUs this pass left static.
+
 Discovery reads none of prepare's files: before the state is opened (the first publication),
 node/ has prepare/state's ``recorded_device_names_on_disk`` read them without changing anything.
 """
@@ -36,6 +39,7 @@ from dra_driver.devices import (
     unmanaged_mig_devices,
 )
 from dra_driver.gpus.info import Inventory
+from dra_driver.prepare import DeviceTarget, device_targets
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +92,13 @@ class ManagedMig:
     def left_static(self) -> dict[str, tuple[str, ...]]:
         """GPU name -> the foreign MIG devices that keep it static, as of the last pass."""
         return dict(self._left_static)
+
+    def targets(self, inventory: Inventory) -> dict[str, DeviceTarget]:
+        """The devices prepare accepts of ``inventory`` under ``--mig-mode`` (prepare's
+        TargetsOf): in dynamic mode those of targets.dynamic_targets, the GPUs the last pass
+        left static (:meth:`left_static`) as static ones."""
+        if self.mig_mode == "static":
+            return device_targets(inventory)
+        from dra_driver.mig.targets import dynamic_targets  # noqa: PLC0415  (dynamic mode only)
+
+        return dynamic_targets(inventory, static_gpus=frozenset(self._left_static))

@@ -23,10 +23,8 @@ from dataclasses import dataclass, replace
 
 from dra_driver.errors import DeviceConflict, ForeignMigInstances, MigFailed
 from dra_driver.mig import instances
-from dra_driver.prepare.plan import ClaimPlan, owner
-from dra_driver.prepare.state.checkpoint import ClaimRecord, Claims
-from dra_driver.prepare.step import NodeState, Step
-from dra_driver.prepare.targets import DeviceTarget
+from dra_driver.mig.targets import is_placement
+from dra_driver.prepare import ClaimPlan, ClaimRecord, Claims, DeviceTarget, NodeState, Step, owner
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 
@@ -64,7 +62,7 @@ class MigInstanceStep(Step):
         return frozenset(d.device for r in self._node.records().values() for d in r.devices)
 
     def plan(self, claim: ClaimPlan) -> InstancePlan | None:
-        dynamic = tuple(d.target for d in claim.devices if d.target.dynamic is not None)
+        dynamic = tuple(d.target for d in claim.devices if is_placement(d.target))
         partitioned = tuple(
             d.target
             for d in claim.devices
@@ -120,9 +118,7 @@ class MigInstanceStep(Step):
         MPS daemon serving the instance stops before; a crash between the two leaves a
         completed record, whose daemon reconcile starts again until the kubelet's retry)."""
         targets = self._node.targets
-        return any(
-            d.device in targets and targets[d.device].dynamic is not None for d in record.devices
-        )
+        return any(d.device in targets and is_placement(targets[d.device]) for d in record.devices)
 
     def release(self, record: ClaimRecord) -> None:
         """Destroy the instances of ``record``'s dynamic MIG devices that no other record names
@@ -134,7 +130,7 @@ class MigInstanceStep(Step):
         others = self._others(record.uid)()
         for device in record.devices:
             target = targets.get(device.device)
-            if target is None or target.dynamic is None or device.device in others | keep:
+            if target is None or not is_placement(target) or device.device in others | keep:
                 continue
             if self.mig.destroy(target.gpu, device.device):
                 log.info(
@@ -147,7 +143,7 @@ class MigInstanceStep(Step):
         or half-made; the claim's devices then carry them (the spec names their nodes now)."""
         for index, device in enumerate(claim.devices):
             target = device.target
-            if target.dynamic is None:
+            if not is_placement(target):
                 continue
             try:
                 made = self.mig.create(target.gpu, target.name, recorded=self._recorded)

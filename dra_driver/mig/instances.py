@@ -17,8 +17,8 @@ Rules kept here:
   while processes run in it.
 
 The name functions are pure (a placement's DynamicSlot, and every placement of a GPU, are
-prepare/targets.py's: the devices a claim may be allocated name them); :class:`DynamicMig` does
-its NVML through a :class:`MigBackend`.
+targets.py's: the devices a claim may be allocated name them); :class:`DynamicMig` does its
+NVML through a :class:`MigBackend`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from dra_driver.devices import gpu_device_name, mig_device_name, parse_mig_device_name
 from dra_driver.errors import DeviceModelError, ForeignMigInstances, MigFailed
 from dra_driver.gpus.info import GpuInfo, MigInstance
-from dra_driver.prepare.targets import DynamicSlot
+from dra_driver.mig.targets import DynamicSlot
 
 if TYPE_CHECKING:  # the NVML side is imported by whoever builds the backend
     from dra_driver.gpus.migmanager import MigSlot

@@ -23,10 +23,8 @@ from dra_driver.errors import MigFailed
 from dra_driver.gpus.info import GpuInfo
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.mig.modeswitch import MigOffMarks
-from dra_driver.prepare.plan import ClaimPlan
-from dra_driver.prepare.state.checkpoint import ClaimRecord
-from dra_driver.prepare.step import NodeState, Step
-from dra_driver.prepare.targets import DeviceTarget
+from dra_driver.mig.targets import leaves_mig
+from dra_driver.prepare import ClaimPlan, ClaimRecord, DeviceTarget, NodeState, Step
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 
@@ -60,7 +58,9 @@ class MigModeStep(Step):
         return recorded
 
     def plan(self, claim: ClaimPlan) -> tuple[DeviceTarget, ...] | None:
-        whole = tuple(d.target for d in claim.devices if d.target.leaves_mig and not d.admin_access)
+        whole = tuple(
+            d.target for d in claim.devices if leaves_mig(d.target) and not d.admin_access
+        )
         return whole or None
 
     def apply(
@@ -87,7 +87,7 @@ class MigModeStep(Step):
     def recorded(self, record: ClaimRecord, claim: ClaimPlan) -> None:
         """A GPU a prepared claim holds whole is (still, or again) out of MIG mode."""
         for device in claim.devices:
-            if not device.target.leaves_mig or device.admin_access:
+            if not leaves_mig(device.target) or device.admin_access:
                 continue
             try:
                 with self._lock:
@@ -121,7 +121,7 @@ class MigModeStep(Step):
         gpus = {
             t.gpu.uuid: t.gpu
             for t in self._node.targets.values()
-            if t.leaves_mig and t.gpu.uuid in marked
+            if leaves_mig(t) and t.gpu.uuid in marked
         }
         for uuid in sorted(marked - gpus.keys()):
             log.warning(
@@ -162,5 +162,5 @@ def _held_whole(record: ClaimRecord, targets: Mapping[str, DeviceTarget]) -> dic
     return {
         targets[d.device].gpu.uuid: targets[d.device].gpu
         for d in record.devices
-        if not d.admin_access and d.device in targets and targets[d.device].leaves_mig
+        if not d.admin_access and d.device in targets and leaves_mig(targets[d.device])
     }

@@ -32,10 +32,8 @@ from dra_driver.errors import MigFailed
 from dra_driver.gpus.info import GpuInfo
 from dra_driver.mig.instances import DynamicMig
 from dra_driver.mig.modeswitch import MigOffMarks
-from dra_driver.prepare.plan import ClaimPlan
-from dra_driver.prepare.state.checkpoint import ClaimRecord
-from dra_driver.prepare.step import NodeState, Step
-from dra_driver.prepare.targets import DeviceTarget
+from dra_driver.mig.targets import is_placement
+from dra_driver.prepare import ClaimPlan, ClaimRecord, DeviceTarget, NodeState, Step
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 
@@ -66,7 +64,7 @@ class MigOnDemandStep(Step):
         placements = tuple(
             d.target
             for d in claim.devices
-            if d.target.dynamic is not None and toggles_mig_mode(d.target.gpu)
+            if is_placement(d.target) and toggles_mig_mode(d.target.gpu)
         )
         return placements or None
 
@@ -115,7 +113,7 @@ class MigOnDemandStep(Step):
         gpus = {
             targets[d.device].gpu.uuid: targets[d.device].gpu
             for d in record.devices
-            if d.device in targets and targets[d.device].dynamic is not None
+            if d.device in targets and is_placement(targets[d.device])
         }
         if gpus:
             self._sync(gpus)
@@ -147,7 +145,7 @@ class MigOnDemandStep(Step):
                 targets[d.device].gpu.uuid
                 for r in self._node.records().values()
                 for d in r.devices
-                if d.device in targets and targets[d.device].dynamic is not None
+                if d.device in targets and is_placement(targets[d.device])
             }
             for uuid, gpu in sorted(gpus.items()):
                 if uuid in needed:

@@ -52,7 +52,7 @@ from dra_driver.node.config import Config
 from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.shutdown import ShutdownDeadline
 from dra_driver.node.wiring import kubelet_plugin
-from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
+from dra_driver.prepare import recorded_device_names_on_disk
 from dra_driver.publish.publisher import Publisher
 from dra_driver.sharing import shares
 
@@ -220,7 +220,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
             inventory=inventory,
             claims=kube,
             deployments=kube,
-            static_gpus=frozenset(mig.left_static()),
+            targets=mig.targets,
             report_event=report_event,
             metrics=endpoint.driver if endpoint else None,
             health=monitor.states,
@@ -489,7 +489,7 @@ def _rediscover(
         },
     )
     try:
-        plugin.set_inventory(fresh.inventory, static_gpus=frozenset(mig.left_static()))
+        plugin.set_inventory(fresh.inventory)
     except CdiError as exc:
         logger.error(
             "cannot apply the re-discovered GPUs; keeping the current ones",

@@ -21,10 +21,14 @@ from dra_driver.heartbeat import Heartbeat
 from dra_driver.plugin.kubelet import KubeletPlugin
 from dra_driver.plugin.registration import RegistrationServicer
 from dra_driver.plugin.sockets import SocketPaths
-from dra_driver.prepare import Preparer
-from dra_driver.prepare.state.checkpoint import Checkpoint, ClaimLocks
-from dra_driver.prepare.state.nodestate import PrepareState, recorded_device_names
-from dra_driver.prepare.state.settings import StateSettings
+from dra_driver.prepare import (
+    Checkpoint,
+    ClaimLocks,
+    Preparer,
+    PrepareState,
+    StateSettings,
+    recorded_device_names,
+)
 
 if TYPE_CHECKING:
     from dra_driver import cdi
@@ -69,12 +73,10 @@ class NodePlugin:
             for s, h in previous.items():
                 signal.signal(s, h)
 
-    def set_inventory(
-        self, inventory: Inventory, *, static_gpus: frozenset[str] | None = None
-    ) -> None:
+    def set_inventory(self, inventory: Inventory) -> None:
         """What prepare accepts and the health stream lists, from a re-discovery's inventory
         (PrepareState.set_inventory); open health streams get the new list at once."""
-        self.state.set_inventory(inventory, static_gpus=static_gpus)
+        self.state.set_inventory(inventory)
         self.kubelet.health_changed()
 
     def health_changed(self) -> None:

@@ -1,9 +1,10 @@
 """Which prepare steps this node runs, and the kubelet plugin that serves them, built from the
 agent's Config.
 
-Flow position: node/agent.py -> here -> nodeplugin.NodePlugin: prepare.state.PrepareState (given
-its settings and a step factory; it builds the prepare.Preparer, which calls the factory with
-what the steps may read of it), served by plugin.kubelet.KubeletPlugin.
+Flow position: node/agent.py -> here -> nodeplugin.NodePlugin: prepare.PrepareState (given its
+settings, a step factory and what the node's devices are as targets: :func:`config_targets`, or
+the agent's mig.dynamic.ManagedMig.targets; it builds the prepare.Preparer, which calls the
+factory with what the steps may read of it), served by plugin.kubelet.KubeletPlugin.
 
 The steps, in prepare order (the preparer undoes them in reverse): the whole-GPU MIG-mode
 switch, MIG mode on demand and dynamic MIG instances (``--mig-mode=dynamic`` only: a device's
@@ -27,12 +28,20 @@ from dra_driver.kube.events import EventReporter
 from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.plugin.health_stream import HealthStates
 from dra_driver.plugin.kubelet import KubeletPlugin
-from dra_driver.prepare import ClaimSource, NodeState, Step, StepFactory
-from dra_driver.prepare.state.checkpoint import BOOT_ID_PATH
-from dra_driver.prepare.state.nodestate import DEFAULT_RECONCILE_INTERVAL_S, PrepareState
-from dra_driver.prepare.state.settings import StateSettings
+from dra_driver.prepare import (
+    BOOT_ID_PATH,
+    DEFAULT_RECONCILE_INTERVAL_S,
+    ClaimSource,
+    NodeState,
+    PrepareState,
+    StateSettings,
+    Step,
+    StepFactory,
+    TargetsOf,
+    device_targets,
+)
 from dra_driver.sharing import shares
-from dra_driver.sharing.mps_step import MpsStep
+from dra_driver.sharing.mps_step import NVIDIA_NAMESPACE, MpsStep
 from dra_driver.sharing.share_step import ShareStep, device_by_uuid
 from dra_driver.sharing.timeslice import NvidiaSmi, TimeSlicer
 from dra_driver.sharing.timeslice_step import TimeSliceStep
@@ -53,10 +62,13 @@ def prepare_steps(
     share_enforcer: shares.ShareEnforcer | None = None,
     mig: DynamicMig | None = None,
     deployments: DeploymentApi | None = None,
+    nvidia_namespace: str = NVIDIA_NAMESPACE,
 ) -> StepFactory:
     """The step factory of a node with these features (None: claims asking for it are
     refused; ``mig`` None: static MIG, no MIG step). Without an enforcer, shares are enforced
-    by ``mps_daemons`` (one shared MPS daemon per device)."""
+    by ``mps_daemons`` (one shared MPS daemon per device). ``deployments`` and
+    ``nvidia_namespace``: where the MPS daemons NVIDIA's driver started for adopted claims are
+    deleted."""
 
     def build(node: NodeState) -> list[Step]:
         steps: list[Step] = [] if mig is None else _dynamic_mig_steps(node, mig)
@@ -73,7 +85,13 @@ def prepare_steps(
         )
         steps += [
             TimeSliceStep(node, timeslicer),
-            MpsStep(node, mps_daemons, keep=share.owners, deployments=deployments),
+            MpsStep(
+                node,
+                mps_daemons,
+                keep=share.owners,
+                deployments=deployments,
+                nvidia_namespace=nvidia_namespace,
+            ),
             share,
         ]
         return steps
@@ -147,6 +165,7 @@ def config_steps(
             share_enforcer=share_enforcer,
             mig=mig,
             deployments=deployments,  # NVIDIA's MPS daemons of adopted claims, image or not
+            nvidia_namespace=config.nvidia_namespace,
         )(node)
 
     return build
@@ -165,11 +184,19 @@ def state_settings(config: Config) -> StateSettings:
         cdi_root=config.cdi_root,
         cdi_hook=config.cdi_hook,
         hook_dir=config.hook_dir,
-        mig_mode=config.mig_mode,
         unprepare_on_exit=config.unprepare_on_exit,
-        nvidia_namespace=config.nvidia_namespace,
         simulated_gpus=config.simulate is not None,
     )
+
+
+def config_targets(config: Config) -> TargetsOf:
+    """The devices prepare accepts of an inventory under ``config``'s ``--mig-mode`` (dynamic:
+    mig/'s, with no GPU left static; the agent hands its mig.dynamic.ManagedMig's instead)."""
+    if config.mig_mode == "static":
+        return device_targets
+    from dra_driver.mig.targets import dynamic_targets  # noqa: PLC0415
+
+    return dynamic_targets
 
 
 def kubelet_plugin(
@@ -177,6 +204,7 @@ def kubelet_plugin(
     config: Config,
     inventory: Inventory,
     claims: ClaimSource,
+    targets: TargetsOf | None = None,
     deployments: DeploymentApi | None = None,
     share_enforcer: shares.ShareEnforcer | None = None,
     report_event: EventReporter | None = None,
@@ -186,10 +214,10 @@ def kubelet_plugin(
     boot_id_path: Path = BOOT_ID_PATH,
     health_interval_s: float | None = None,
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
-    static_gpus: frozenset[str] = frozenset(),
 ) -> NodePlugin:
     """Prepare's state of ``config``, its settings and steps wired, and the kubelet plugin that
-    serves it (``deployments``: the API the MPS daemons are Deployments in;
+    serves it (``targets``: the devices prepare accepts of an inventory, by default
+    :func:`config_targets`; ``deployments``: the API the MPS daemons are Deployments in;
     ``share_enforcer``: instead of MPS's; ``health_interval_s``: tests only, instead of
     ``--health-report-interval``); the rest as PrepareState and KubeletPlugin take it.
     Raises ConfigError when a socket path cannot be made short enough."""
@@ -198,12 +226,12 @@ def kubelet_plugin(
         inventory=inventory,
         claims=claims,
         steps=config_steps(config, deployments=deployments, share_enforcer=share_enforcer),
+        targets=config_targets(config) if targets is None else targets,
         report_event=report_event,
         metrics=metrics,
         proc_root=proc_root,
         boot_id_path=boot_id_path,
         reconcile_interval_s=reconcile_interval_s,
-        static_gpus=static_gpus,
     )
     kubelet = KubeletPlugin(
         preparer=state,

@@ -66,16 +66,6 @@ def validate_ref(ref: ClaimRef, *, need_names: bool = True) -> None:
             raise PrepareError(f"claim name {ref.name!r} is not a valid object name")
 
 
-@dataclass(frozen=True)
-class Share:
-    """One allocation result on a shareable device (KEP-5075): its ``shareID`` and
-    ``consumedCapacity`` (canonical quantities, as the scheduler wrote them). The sharing step
-    checks them; the core only names the share's CDI device and records it."""
-
-    share_id: str
-    consumed: Mapping[str, str]
-
-
 def share_device_name(device: str, share_id: str) -> str:
     """The name a share's CDI device carries after the claim UID: ``<device>-share-<shareID>``."""
     return f"{device}-share-{share_id}"
@@ -107,7 +97,12 @@ def default_config_json(device_type: str) -> dict[str, Any]:
 class PlannedDevice:
     """One device of a claim: an allocation result of our driver, checked, with its effective
     config (``config``: None when no opaque config applies; ``config_json``: the config as the
-    checkpoint records it, which is what steps read), or a recorded claim's device."""
+    checkpoint records it, which is what steps read), or a recorded claim's device.
+
+    ``share_id``: the device is held as one share of several (KEP-5075), whose
+    ``consumed_capacity`` is recorded beside it; the sharing step checks the allocation result
+    and sets both (canonical quantities). The core only names the share's CDI device, records
+    it, and lets it conflict only with a claim holding the device whole."""
 
     target: DeviceTarget
     config_json: Mapping[str, Any]
@@ -116,14 +111,15 @@ class PlannedDevice:
     pool: str = ""
     config: deviceconfig.DeviceConfig | None = None
     result: Mapping[str, Any] = field(default_factory=dict)  # the allocation result, as sent
-    share: Share | None = None  # a consumable share of the device (the sharing step sets it)
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def cdi_name(self) -> str:
         """The device's name in the claim's CDI spec: one CDI device per share."""
-        if self.share is None:
+        if self.share_id is None:
             return self.target.name
-        return share_device_name(self.target.name, self.share.share_id)
+        return share_device_name(self.target.name, self.share_id)
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -229,9 +225,8 @@ def recorded_claim(record: ClaimRecord, targets: Mapping[str, DeviceTarget]) -> 
                 config_json=d.config,
                 admin_access=d.admin_access,
                 pool=d.pool,
-                share=None
-                if d.share_id is None
-                else Share(share_id=d.share_id, consumed=d.consumed_capacity),
+                share_id=d.share_id,
+                consumed_capacity=d.consumed_capacity,
             )
             for d in record.devices
             if d.device in targets
@@ -248,10 +243,10 @@ def answer(device: PlannedDevice, *, claim_uid: str, cdi_vendor: str) -> Prepare
         cdi_device_ids=(
             cdi_device_id(vendor=cdi_vendor, claim_uid=claim_uid, device_name=device.cdi_name),
         ),
-        share_id=None if device.share is None else device.share.share_id,
+        share_id=device.share_id,
         admin_access=device.admin_access,
         config=device.config_json,
-        consumed_capacity=device.share.consumed if device.share is not None else {},
+        consumed_capacity=device.consumed_capacity,
     )
 
 
@@ -316,12 +311,6 @@ def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
 def owner(record: ClaimRecord) -> str:
     """How an error names a claim that holds a device."""
     return f"{record.namespace}/{record.name} ({record.uid})" if record.namespace else record.uid
-
-
-def strategy(config: Mapping[str, Any] | None) -> str | None:
-    """The sharing strategy a recorded effective config asks for (None: exclusive)."""
-    sharing = (config or {}).get("sharing")
-    return str(sharing.get("strategy")) if isinstance(sharing, Mapping) else None
 
 
 def _check_node(where: str, allocation: Mapping[str, Any], node_name: str) -> None:

@@ -188,14 +188,13 @@ class Preparer:
         The new version, device nodes included, is built first and then swapped in with one
         assignment: a prepare, a reconcile pass or a scrape reads the old devices or the new
         ones, never a mix, and no lock is taken on the prepare path. ``files`` may differ from
-        the current files only in ``mig_cap_minors`` (re-read because a driver reload renumbers
-        the capability nodes); the edits every spec shares stay those the specs were made with.
-        Claims already prepared keep their specs, and one holding a device that is gone can
-        still be unprepared (unprepare needs no target).
+        the current files only in the device numbers a driver reload changes
+        (cdi.DriverFiles.renumbered_from); the edits every spec shares stay those the specs were
+        made with. Claims already prepared keep their specs, and one holding a device that is
+        gone can still be unprepared (unprepare needs no target).
         """
-        current = self._current.files
-        if replace(files, mig_cap_minors=current.mig_cap_minors) != current:
-            raise ValueError("set_targets: only the MIG capability minors of the files may change")
+        if not files.renumbered_from(self._current.files):
+            raise ValueError("set_targets: only the device numbers of the files may change")
         self._current = TargetSet.build(targets, files)
 
     def close(self) -> None:
@@ -372,8 +371,10 @@ class Preparer:
         and whatever a step refuses (its check); checked and recorded in one step, so two
         claims racing for a device cannot both have it."""
         ref = plan.ref
-        wanted = {d.target.name for d in plan.devices if not d.admin_access and d.share is None}
-        shared = {d.target.name for d in plan.devices if not d.admin_access and d.share is not None}
+        wanted = {d.target.name for d in plan.devices if not d.admin_access and d.share_id is None}
+        shared = {
+            d.target.name for d in plan.devices if not d.admin_access and d.share_id is not None
+        }
 
         def op(claims: Claims) -> None:
             for other in claims.values():
@@ -415,7 +416,7 @@ class Preparer:
         out = []
         for name, device in sorted(unique.items()):
             spec = current.spec_device(device.target)
-            if device.share is not None:
+            if device.share_id is not None:
                 spec = replace(spec, name=name)
             for step, step_plan in steps:
                 spec = step.edit(step_plan, device, spec=spec)

@@ -22,7 +22,9 @@ still names what is undone (a MIG instance, an MPS daemon serving one), then the
 then :meth:`Step.restore`, which sets the node to what the remaining claims ask.
 :meth:`Step.keeps_record` makes the core remove the claim's spec before its record (the order
 dynamic MIG needs). :meth:`Step.reconcile` runs at start and on every pass; :meth:`Step.recorded`
-gives a prepared claim's plan (and repairs its devices) when reconcile looks at it.
+gives a prepared claim's plan (and repairs its devices) when reconcile looks at it;
+:meth:`Step.adopted` adds to the records of claims adopted from NVIDIA's driver at start
+(state/switchover.py) what the step needs to undo what that driver set up for them.
 
 Every method but :meth:`Step.plan` has a default that does nothing, so a step implements what it
 needs by subclassing :class:`Step` explicitly.
@@ -108,6 +110,13 @@ class Step(Protocol):
         gone (a MIG instance), refining ``claim.devices``. A DraError (logged here) skips the
         claim in this pass."""
         return None
+
+    def adopted(self, device: PlannedDevice, *, claim_uid: str) -> Mapping[str, Any]:
+        """What the recorded config of ``device``, of claim ``claim_uid`` adopted from NVIDIA's
+        checkpoint at start, gets besides its effective config, so that this step's undo finds
+        what NVIDIA's driver set up for it (its MPS Deployment). Pure; before the step's
+        reconcile runs."""
+        return {}
 
     def keeps_record(self, record: ClaimRecord) -> bool:
         """Whether the claim's record must outlive :meth:`release` (it names what release

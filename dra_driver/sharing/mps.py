@@ -188,6 +188,13 @@ def selector(driver_name: str, node_name: str) -> str:
     return f"{APP_LABEL}={APP},{node_label(driver_name)}={node_name}"
 
 
+def strategy(config: Mapping[str, Any] | None) -> str | None:
+    """The sharing strategy (``TimeSlicing``, ``MPS``) a recorded effective config asks for
+    (None: exclusive)."""
+    sharing = (config or {}).get("sharing")
+    return str(sharing.get("strategy")) if isinstance(sharing, Mapping) else None
+
+
 def recorded_config(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """The mpsConfig a recorded effective config (checkpoint JSON) asks for: None when it does not
     ask for MPS, ``{}`` when it asks without limits."""

@@ -30,12 +30,19 @@ from dra_driver.errors import (
     KubeError,
     MpsFailed,
 )
-from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, owner, strategy
-from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, ClaimRecord, Claims
-from dra_driver.prepare.state.switchover import NVIDIA_MPS_KEY
-from dra_driver.prepare.step import NodeState, Step
-from dra_driver.prepare.targets import DeviceTarget
+from dra_driver.prepare import (
+    PREPARE_COMPLETED,
+    ClaimPlan,
+    ClaimRecord,
+    Claims,
+    DeviceTarget,
+    NodeState,
+    PlannedDevice,
+    Step,
+    owner,
+)
 from dra_driver.sharing import mps
+from dra_driver.sharing.mps import strategy
 
 if TYPE_CHECKING:
     from dra_driver.sharing.mpsdaemon import DeploymentApi, MpsDaemons
@@ -43,6 +50,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
 
 Daemon = tuple[mps.MpsDaemon, mps.Limits]
+
+# NVIDIA's chart installs into this namespace; its MPS Deployments live there
+NVIDIA_NAMESPACE = "nvidia-dra-driver-gpu"
+# in the recorded config of an MPS device adopted from NVIDIA's checkpoint (MpsStep.adopted):
+# "<namespace>/<name>" of NVIDIA's Deployment, which the claim's unprepare deletes
+NVIDIA_MPS_KEY = "nvidiaMpsDeployment"
 
 
 @dataclass
@@ -60,7 +73,7 @@ def mps_device(target: DeviceTarget) -> mps.MpsDevice:
     """The device as an MPS daemon serves it (a full GPU's compute mode is the daemon's to set;
     a MIG device's is its GPU's, which other MIG devices share). A dynamic MIG device must have
     been created (its instance is its UUID)."""
-    if target.dynamic is not None and target.mig is None:
+    if target.type == "mig" and target.mig is None:
         raise mps.MpsConfigError(f"MIG device {target.name} has not been created yet")
     capability = target.gpu.cuda_compute_capability
     if target.mig is not None:
@@ -82,7 +95,8 @@ class MpsStep(Step):
     """Runs the MPS control daemons of claims (``daemons`` None: MPS claims are refused).
     ``keep()``: owners of daemons that belong to no claim but must stay (the shared daemons of
     consumable shares). ``deployments`` deletes the daemons NVIDIA's driver started for claims
-    adopted from it, also on an agent without daemons of its own (default: the daemons' API)."""
+    adopted from it, also on an agent without daemons of its own (default: the daemons' API);
+    ``nvidia_namespace``: where NVIDIA's driver runs them (``--nvidia-namespace``)."""
 
     def __init__(
         self,
@@ -91,8 +105,10 @@ class MpsStep(Step):
         *,
         keep: Callable[[], set[str]] = set,
         deployments: DeploymentApi | None = None,
+        nvidia_namespace: str = NVIDIA_NAMESPACE,
     ) -> None:
         self._node = node
+        self._nvidia_namespace = nvidia_namespace
         self._daemons = daemons
         self._deployments = deployments or (None if daemons is None else daemons.api)
         self._keep = keep
@@ -113,7 +129,7 @@ class MpsStep(Step):
         shared = [
             (d, config)
             for d in claim.devices
-            if d.share is None and (config := mps.recorded_config(d.config_json)) is not None
+            if d.share_id is None and (config := mps.recorded_config(d.config_json)) is not None
         ]
         if not shared:
             return MpsPlan(strategies)
@@ -130,8 +146,9 @@ class MpsStep(Step):
                     "and is refused with admin access"
                 )
         plan = MpsPlan(strategies, tuple((d.target.name, c) for d, c in shared))
-        # A daemon serving a dynamic MIG device is planned once the device exists (apply).
-        if not any(d.target.dynamic is not None and d.target.mig is None for d, _ in shared):
+        # A daemon serving a MIG device not made yet (dynamic MIG: a step makes it at apply) is
+        # planned once the device exists (apply).
+        if not any(d.target.type == "mig" and d.target.mig is None for d, _ in shared):
             plan.daemon = self._planned_daemon(plan, claim)
         return plan
 
@@ -193,7 +210,7 @@ class MpsStep(Step):
         self, plan: MpsPlan, device: PlannedDevice, *, spec: cdi.ClaimDevice
     ) -> cdi.ClaimDevice:
         """The devices the daemon serves get what makes a container its client."""
-        if plan.daemon is None or device.share is not None:
+        if plan.daemon is None or device.share_id is not None:
             return spec
         daemon = plan.daemon[0]
         if device.target.uuid not in {d.uuid for d in daemon.devices}:
@@ -211,6 +228,14 @@ class MpsStep(Step):
         targets = {d.target.name: d.target for d in claim.devices}
         daemon = self._recorded_daemon(record, targets)
         return None if daemon is None else MpsPlan({}, daemon=daemon)
+
+    def adopted(self, device: PlannedDevice, *, claim_uid: str) -> Mapping[str, Any]:
+        """An MPS device of a claim adopted from NVIDIA's checkpoint names the MPS Deployment
+        NVIDIA's driver started for the claim (nvidia-compat.md "Switching in place"): no
+        daemon of ours is started for it, and its unprepare deletes NVIDIA's."""
+        if strategy(device.config_json) != "MPS":
+            return {}
+        return {NVIDIA_MPS_KEY: f"{self._nvidia_namespace}/mps-control-daemon-{claim_uid}"}
 
     def release(self, record: ClaimRecord) -> None:
         """Stop the claim's MPS daemon, if it asked for one or something of one exists (a
@@ -234,7 +259,7 @@ class MpsStep(Step):
 
     def _stop_nvidia_daemon(self, record: ClaimRecord) -> None:
         """Delete the MPS Deployment NVIDIA's driver started for a claim adopted from it
-        (prepare/switchover.py); a failure is logged (docs/migration.md says what is left)."""
+        (prepare/state/switchover.py); a failure is logged (docs/migration.md says what is left)."""
         if self._deployments is None:
             log.error("cannot delete the MPS Deployment NVIDIA's driver started (no API access)",
                       extra={"claim_uid": record.uid})  # fmt: skip

@@ -30,11 +30,17 @@ from dra_driver.errors import (
     PrepareError,
     ShareEnforcementFailed,
 )
-from dra_driver.prepare.plan import ClaimPlan, PlannedDevice, Share, strategy
-from dra_driver.prepare.state.checkpoint import ClaimRecord, Claims
-from dra_driver.prepare.step import NodeState, Step
-from dra_driver.prepare.targets import DeviceTarget
+from dra_driver.prepare import (
+    ClaimPlan,
+    ClaimRecord,
+    Claims,
+    DeviceTarget,
+    NodeState,
+    PlannedDevice,
+    Step,
+)
 from dra_driver.sharing import mps, shares
+from dra_driver.sharing.mps import strategy
 from dra_driver.sharing.mps_step import mps_device
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare
@@ -94,14 +100,16 @@ class ShareStep(Step):
             if share.share_id in share_ids:
                 raise PrepareError(f"{claim.where}: shareID {share.share_id} is allocated twice")
             share_ids.add(share.share_id)
-            claim.devices[index] = replace(device, share=share)
+            claim.devices[index] = replace(
+                device, share_id=share.share_id, consumed_capacity=share.consumed
+            )
             found = True
         if not found:
             return None
         targets: dict[str, DeviceTarget] = {}
         consumed: dict[str, list[Mapping[str, str]]] = {}
         for device in claim.devices:
-            if device.share is None:
+            if device.share_id is None:
                 continue
             asked = strategy(device.config_json)
             if asked is not None:
@@ -113,10 +121,10 @@ class ShareStep(Step):
                 )
             targets[device.target.name] = device.target
             if not device.admin_access:
-                consumed.setdefault(device.target.name, []).append(device.share.consumed)
+                consumed.setdefault(device.target.name, []).append(device.consumed_capacity)
         return SharePlan(targets, {name: tuple(c) for name, c in consumed.items()})
 
-    def _share(self, where: str, device: PlannedDevice) -> Share | None:
+    def _share(self, where: str, device: PlannedDevice) -> shares.Share | None:
         """The consumable share an allocation result holds (None: the device whole), checked
         against what this node publishes of the device (per-claim errors)."""
         target = device.target
@@ -196,13 +204,13 @@ class ShareStep(Step):
     ) -> cdi.ClaimDevice:
         """A share's CDI device gets the share's limits and what makes a container a client of
         the device's shared MPS daemon."""
-        if device.share is None:
+        if device.share_id is None:
             return spec
         client = self._daemon(device.target)
         return replace(
             spec,
             env=spec.env
-            + shares.share_env(device_uuid=device.target.uuid, consumed=device.share.consumed)
+            + shares.share_env(device_uuid=device.target.uuid, consumed=device.consumed_capacity)
             + (mps.client_env(client) if client is not None else ()),
             mounts=spec.mounts + (mps.client_mounts(client) if client is not None else ()),
         )
@@ -220,7 +228,7 @@ class ShareStep(Step):
 
     def recorded(self, record: ClaimRecord, claim: ClaimPlan) -> bool | None:
         """A prepared claim's shares need their CDI edits (True) when it has any."""
-        return True if any(d.share is not None for d in claim.devices) else None
+        return True if any(d.share_id is not None for d in claim.devices) else None
 
     def restore(self, record: ClaimRecord) -> None:
         """Release the shared MPS daemon of each device ``record`` (just removed) had a share
@@ -263,7 +271,7 @@ class ShareStep(Step):
             for claim in self._node.in_flight()
             if claim.ref.uid != but
             for d in claim.devices
-            if d.share is not None
+            if d.share_id is not None
         }
 
     def owners(self) -> set[str]:

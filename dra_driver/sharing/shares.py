@@ -6,7 +6,7 @@ Place in the flow: ``devices.node_devices`` -> :func:`shareable` (chosen by
 ``requestPolicy`` of each capacity. The scheduler then gives each allocation result on such a
 device a ``shareID`` and its ``consumedCapacity``; the share step (share_step.py) checks
 them with :func:`share_of_result` / :func:`capacity_problem` and the preparer writes one CDI
-device per share, named by :func:`share_device_name` (prepare/plan.py: the checkpoint and the
+device per share, named by ``share_device_name`` (prepare/plan.py: the checkpoint and the
 rebuild from specs read it too), whose environment :func:`share_env` computes from the consumed
 capacity alone. The shared MPS daemon of a device is run by a :class:`ShareEnforcer` (the MPS
 module).
@@ -41,7 +41,6 @@ from fractions import Fraction
 from typing import Literal, Protocol
 
 from dra_driver.devices import Device, NodeDevices, RequestPolicy
-from dra_driver.prepare.plan import Share
 from dra_driver.quantity import QuantityError, binary, decimal, format_quantity, parse_quantity
 
 MODES = ("disabled", "unlimited", "memory", "compute")
@@ -54,6 +53,17 @@ ENV_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _SHARE_ID = re.compile(rf"^{_UUID}$")
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation result on a shareable device (KEP-5075): its ``shareID`` and
+    ``consumedCapacity`` (canonical quantities, as the scheduler wrote them), checked
+    (:func:`share_of_result`). The share step puts both on the claim's planned device, which
+    the preparer records and names its CDI device by."""
+
+    share_id: str
+    consumed: Mapping[str, str]
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,7 @@ from pathlib import Path
 
 from dra_driver.errors import ConfigNotSupported, DeviceConflict, TimeSliceFailed
 from dra_driver.fsutil import fsync_dir
-from dra_driver.prepare.plan import ClaimPlan, owner
-from dra_driver.prepare.state.checkpoint import ClaimRecord, Claims
-from dra_driver.prepare.step import NodeState, Step
+from dra_driver.prepare import ClaimPlan, ClaimRecord, Claims, NodeState, Step, owner
 from dra_driver.sharing import timeslice
 
 log = logging.getLogger("dra_driver.prepare")  # steps log as part of prepare

@@ -40,16 +40,9 @@ from dra_driver.errors import CdiError, CheckpointError, DraError, KubeError
 from dra_driver.gpus.info import Inventory
 from dra_driver.heartbeat import Heartbeat
 from dra_driver.kube.events import EventReporter
-from dra_driver.prepare import (
-    ClaimRef,
-    ClaimSource,
-    DeviceTarget,
-    Preparer,
-    StepFactory,
-    device_targets,
-    no_steps,
-)
 from dra_driver.prepare.outcome import Outcome
+from dra_driver.prepare.plan import ClaimRef, ClaimSource
+from dra_driver.prepare.preparer import Preparer
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state import switchover
 from dra_driver.prepare.state.checkpoint import (
@@ -63,6 +56,8 @@ from dra_driver.prepare.state.checkpoint import (
     read_state,
 )
 from dra_driver.prepare.state.settings import StateSettings
+from dra_driver.prepare.step import StepFactory, no_steps
+from dra_driver.prepare.targets import DeviceTarget, TargetsOf, device_targets
 
 if TYPE_CHECKING:
     from dra_driver.metrics import DriverMetrics
@@ -163,7 +158,9 @@ class PrepareState:
 
     ``settings`` say where things are (node/wiring.py fills them from the agent's Config);
     ``steps`` builds the preparer's feature steps (node/wiring.py: none, devices and driver
-    files only). ``claims`` is where ResourceClaims are read (kube.KubeClient).
+    files only); ``targets`` makes the devices prepare accepts of an inventory (node/ chooses:
+    mig/ has its own under ``--mig-mode=dynamic``). ``claims`` is where ResourceClaims are
+    read (kube.KubeClient).
     ``report_event`` posts a Warning Event on the Node (used when the checkpoint was damaged).
     ``metrics``, when given, reads the prepared devices at each scrape. ``proc_root`` and
     ``boot_id_path`` exist so tests can point them at fake files.
@@ -176,19 +173,17 @@ class PrepareState:
         inventory: Inventory,
         claims: ClaimSource,
         steps: StepFactory = no_steps,
+        targets: TargetsOf = device_targets,
         report_event: EventReporter | None = None,
         metrics: DriverMetrics | None = None,
         proc_root: Path = Path("/proc"),
         boot_id_path: Path = BOOT_ID_PATH,
         reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S,
-        static_gpus: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
         self._steps = steps
+        self._targets = targets
         self.inventory = inventory
-        # GPUs in MIG mode that stay static under --mig-mode dynamic (foreign MIG devices;
-        # dynamicmig.ManagedMig.left_static): prepare accepts their existing MIG devices.
-        self.static_gpus = static_gpus
         self._claims = claims
         self._report_event = report_event
         self.metrics = metrics
@@ -242,7 +237,7 @@ class PrepareState:
             driver_name=cfg.driver_name,
             node_name=cfg.node_name,
             cdi_vendor=cfg.cdi_vendor,
-            targets=device_targets(self.inventory, cfg.mig_mode, self.static_gpus),
+            targets=self._targets(self.inventory),
             files=files,
             specs=self.specs,
             checkpoint=self.checkpoint,
@@ -295,9 +290,7 @@ class PrepareState:
         open()."""
         return [] if self.preparer is None else sorted(self.preparer.targets)
 
-    def set_inventory(
-        self, inventory: Inventory, *, static_gpus: frozenset[str] | None = None
-    ) -> None:
+    def set_inventory(self, inventory: Inventory) -> None:
         """Make ``inventory`` (a re-discovery's) what prepare accepts.
 
         The devices, their device nodes and the MIG capability minors (read again: a driver
@@ -307,16 +300,12 @@ class PrepareState:
         CdiError when the capability table cannot be read; the previous devices then stay.
         Called from one thread (the agent's re-discovery).
         """
-        if static_gpus is not None:
-            self.static_gpus = static_gpus
         if self.preparer is None:
             self.inventory = inventory
             return
         minors = cdi.read_mig_cap_minors(self._proc_root / MIG_MINORS)
         files = replace(self.preparer.files, mig_cap_minors=minors)
-        self.preparer.set_targets(
-            device_targets(inventory, self.settings.mig_mode, self.static_gpus), files
-        )
+        self.preparer.set_targets(self._targets(inventory), files)
         self.inventory = inventory
         self._report_missing_devices()
 
@@ -438,7 +427,7 @@ class PrepareState:
             driver_name=self.settings.driver_name,
             node_name=self.settings.node_name,
             cdi_vendor=self.settings.cdi_vendor,
-            nvidia_namespace=self.settings.nvidia_namespace,
+            steps=self.preparer.steps,
             stale=stale[0],
             stale_moved_to=stale[1],
         )

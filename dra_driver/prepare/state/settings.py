@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,9 +24,7 @@ class StateSettings:
     cdi_root: Path
     cdi_hook: str  # "builtin", "none", or the host path of a hook binary (cdi/hook)
     hook_dir: Path  # where the builtin CDI hook is installed (a host path)
-    mig_mode: Literal["static", "dynamic"] = "static"
     unprepare_on_exit: bool = False  # docs/migration.md: switching back to NVIDIA's driver
-    nvidia_namespace: str = "nvidia-dra-driver-gpu"  # NVIDIA's MPS daemons of adopted claims
     # Simulated GPUs (--simulate): their device nodes are made (cdi/devnodes.py) only inside a
     # simulated driver install that has its own dev/, never in the node's /dev, where no driver
     # module exists to give them numbers (a chart with `simulate` on a cluster without GPUs).

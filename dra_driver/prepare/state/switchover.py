@@ -25,8 +25,9 @@ shared/spec/nvidia-compat.md "Switching in place"; the operator's side: docs/mig
   aside (``checkpoint.json.nvidia-adopted-<ts>``), never deleted. A kill -9 before the rename
   imports again at the next start: claims already recorded are skipped, so it happens exactly
   once. An adopted claim keeps its ``.yaml`` spec (cdi.CdiSpecDir.foreign_path) until its
-  unprepare removes it; its NVIDIA MPS Deployment is named in its recorded config
-  (:data:`NVIDIA_MPS_KEY`, read by sharing/mps_step.py), stopped at its unprepare.
+  unprepare removes it; what NVIDIA's driver set up for it beside the spec (an MPS Deployment)
+  is named in its recorded config by the step that undoes it (prepare.Step.adopted: the MPS
+  step of sharing/), which does so at its unprepare.
 - Bad input never fails the start: an unreadable file is renamed aside
   (``.unreadable-<ts>``); a claim whose device this node lacks, whose config or allocation we
   cannot read, or whose completed spec is missing is left out and reported.
@@ -41,7 +42,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,16 +61,13 @@ from dra_driver.prepare.state.checkpoint import (
     PreparedDevice,
     read_state,
 )
+from dra_driver.prepare.step import Step
 from dra_driver.prepare.targets import DeviceTarget
 
 log = logging.getLogger("dra_driver.prepare")
 
 LEGACY_NAME = "checkpoint.json"  # NVIDIA's state file, and ours before gpu-dra-checkpoint.json
 STATE_NAME = "gpu-dra-checkpoint.json"
-# NVIDIA's chart installs into this namespace; its MPS Deployments live there
-NVIDIA_NAMESPACE = "nvidia-dra-driver-gpu"
-# in an adopted MPS device's recorded config: "<namespace>/<name>" of NVIDIA's Deployment
-NVIDIA_MPS_KEY = "nvidiaMpsDeployment"
 
 FileKind = Literal["absent", "ours", "nvidia", "unreadable"]
 
@@ -340,12 +338,14 @@ def adopt_nvidia_checkpoint(
     driver_name: str,
     node_name: str,
     cdi_vendor: str,
-    nvidia_namespace: str = NVIDIA_NAMESPACE,
+    steps: Sequence[Step] = (),
     stale: Mapping[str, ClaimRecord] | None = None,
     stale_moved_to: Path | None = None,
 ) -> Adoption:
     """Import NVIDIA's checkpoint at ``legacy`` into ``checkpoint`` (open), then rename it
     aside. Idempotent and crash-safe (module docstring); never raises for bad input.
+    ``steps``: the preparer's, each adding to an adopted device's recorded config what its
+    undo needs (Step.adopted).
 
     ``stale``: our own claims :func:`stale_state` set aside. Their ``.json`` specs go before
     the import is committed, except where NVIDIA's checkpoint holds the claim without its own
@@ -377,7 +377,7 @@ def adopt_nvidia_checkpoint(
         try:
             records[str(uid)] = _record(
                 str(uid), entry, specs=specs, targets=targets, driver_name=driver_name,
-                node_name=node_name, cdi_vendor=cdi_vendor, nvidia_namespace=nvidia_namespace,
+                node_name=node_name, cdi_vendor=cdi_vendor, steps=steps,
                 ours_stale=str(uid) in result.stale,
             )  # fmt: skip
         except (PrepareError, CdiError, KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -419,7 +419,7 @@ def _record(
     driver_name: str,
     node_name: str,
     cdi_vendor: str,
-    nvidia_namespace: str,
+    steps: Sequence[Step],
     ours_stale: bool = False,
 ) -> ClaimRecord:
     """One of NVIDIA's claims as our record; PrepareError (or a lookup error) says why not."""
@@ -447,9 +447,8 @@ def _record(
             (planned.target.name, "*"), {}
         )
         config = dict(planned.config_json)
-        sharing = config.get("sharing")
-        if isinstance(sharing, Mapping) and sharing.get("strategy") == "MPS":
-            config[NVIDIA_MPS_KEY] = f"{nvidia_namespace}/mps-control-daemon-{uid}"
+        for step in steps:
+            config.update(step.adopted(planned, claim_uid=uid))
         consumed = planned.result.get("consumedCapacity") or {}
         ids = d.get("CDIDeviceIDs") or [
             cdi.cdi_device_id(vendor=cdi_vendor, claim_uid=uid, device_name=planned.target.name)
