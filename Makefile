@@ -8,7 +8,7 @@ TOOLS := .tools
 # The CDI hook the agent installs on the node (static, so it runs on any host).
 HOOK := dra_driver/cdi/hook/gpu-dra-cdi-hook
 
-.PHONY: demo test check lint format typecheck bench proto chart image helm hook gpu-check kube cluster clean
+.PHONY: demo test check lint format typecheck bench proto chart image helm hook gpu-check kube cluster containerd realnode clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,17 @@ kube:
 ## for people; Ctrl-C stops it (needs root, as the test tier)
 cluster: $(STAMP) $(HOOK) helm kube
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m tests.cluster
+
+## make containerd: containerd 2.x (containerd, its runc shim, ctr) and the CNI plugins built from
+## their Go modules into ~/.cache/gpu-dra/containerd/<version>/bin (GPU_DRA_CONTAINERD_CACHE=...)
+containerd:
+	@bash hack/containerd.sh > /dev/null
+
+## make realnode: the real kubelet (not hollow) with containerd and runc on the test control plane
+## runs a Pod through our CDI spec (root; not in CI: docs/development.md "Real kubelet with
+## containerd")
+realnode: $(STAMP) $(HOOK) helm kube containerd
+	GPU_DRA_REALNODE=1 PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(BIN)/python -m pytest -q tests/realnode
 
 ## make check: format check, lint, strict types, the import contracts (.importlinter), then the tests
 check: $(STAMP)

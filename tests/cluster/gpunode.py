@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tests.cluster import objects
 from tests.cluster.controlplane import ControlPlane, Process, free_port, tail
@@ -139,16 +139,26 @@ def bound_token(cluster: ControlPlane, pod: dict[str, Any], *, seconds: int = 36
     return token
 
 
+class NodeHost(Protocol):
+    """What an agent Pod needs of its node: a hollow one here, or tests/realnode's real one."""
+
+    name: str
+    work: Path
+    cluster: ControlPlane
+
+
 @dataclass
 class AgentPod:
     """The agent of one node: the DaemonSet's Pod run in the node's namespace (podsim)."""
 
-    node: HollowNode
+    node: NodeHost
     pod: dict[str, Any]
     process: Any = None  # tests.test_deployed.Node
     health_port: int = 0
     metrics_port: int = 0
     runs: int = 0
+    # tests/test_deployed.py LAYOUTS: where the node's driver is (the chart's nvidiaDriverRoot)
+    layout: str = "host-multiarch"
 
     @property
     def log(self) -> Path:
@@ -173,7 +183,7 @@ class AgentPod:
         self.process, _ = start_node(
             work,
             host_state=self.node.work,
-            layout="host-multiarch",
+            layout=self.layout,
             builds=builds,
             api=access,
             pod=PodSource.of(self.pod),
