@@ -20,7 +20,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # The tiers that start Kubernetes itself hold a whole cluster (or an API server) for the
 # session: they run last, after the rest in whatever order pytest-randomly drew, so that their
 # processes do not run beside every other test. Their own order stays random.
-_LAST = ("tests/cluster/", "tests/integration/")
+_LAST = ("tests/cluster/", "tests/integration/", "tests/realnode/")
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle

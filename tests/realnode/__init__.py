@@ -67,8 +67,6 @@ def containerd_bin_dir() -> Path:
 
 def missing(kube_bin: Path) -> str:
     """What this tier lacks here ("" when nothing)."""
-    if os.environ.get("GPU_DRA_REALNODE", "") != "1":
-        return "GPU_DRA_REALNODE=1 (`make realnode`: the tier is opt-in, not part of CI yet)"
     if os.geteuid() != 0:
         return "root (a mount namespace for the node, cgroups for the Pods)"
     for tool in ("unshare", "nsenter", "mount", "runc", "cc"):
