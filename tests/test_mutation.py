@@ -42,6 +42,7 @@ CORES = {
     "dra_driver/scheduling/allocator/capacity.py": Core(
         ("test_scheduling_allocator_capacity.py", "test_scheduling_allocator_policies.py"), 0.96
     ),
+    "dra_driver/publish/syncplan.py": Core(("test_syncplan.py",), 0.95),
 }
 
 
