@@ -428,8 +428,8 @@ def test_a_result_without_a_share_id_holds_the_device_whole(share_id: object) ->
             SHARE_ID,
             {"memory": "lots"},
             True,
-            "device gpu-0: consumedCapacity memory: 'lots' is not a valid quantity (expected e.g. 40Gi, "
-            "500m, 1e3)",
+            "device gpu-0: consumedCapacity memory: 'lots' is not a valid quantity (expected "
+            "e.g. 40Gi, 500m, 1e3)",
         ),
         (
             SHARE_ID,
