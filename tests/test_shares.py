@@ -9,9 +9,16 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from dra_driver.devices import Device, NodeDevices, RequestPolicy, node_devices, validate_device
+from dra_driver.devices import (
+    CounterConsumption,
+    Device,
+    NodeDevices,
+    RequestPolicy,
+    node_devices,
+    validate_device,
+)
 from dra_driver.errors import DeviceModelError
-from dra_driver.prepare.plan import parse_share_device_name, share_device_name
+from dra_driver.prepare.plan import Share, parse_share_device_name, share_device_name
 from dra_driver.publish.slices import build_slices
 from dra_driver.publish.syncplan import plan_sync
 from dra_driver.quantity import parse_quantity
@@ -19,8 +26,10 @@ from dra_driver.scheduling.allocator import ExactRequest, capacity_problem, pars
 from dra_driver.sharing.shares import (
     DISABLED,
     SharesMode,
+    device_capacity,
     parse_mode,
     share_env,
+    share_of_result,
     shareable,
 )
 from dra_driver.sharing.shares import (
@@ -278,3 +287,182 @@ def test_capacity_problem_adds_up_the_shares_of_a_device() -> None:
     assert shares_capacity_problem(
         capacity, [{"memory": "40Gi", "compute": "60"}, {"compute": "41"}], device="gpu-0"
     ) == ("compute: shares consume 101 of device gpu-0, which has 100")
+
+
+# --- what mutation testing of shares.py showed untested (issue 37 item 6) ----------------------
+
+
+def test_the_largest_share_count_is_the_largest_int32() -> None:
+    assert parse_mode(str(2**31 - 1)) == SharesMode(kind="shares", count=2**31 - 1)
+    with pytest.raises(ValueError) as refused:
+        parse_mode(str(2**31))
+    assert str(refused.value) == "2147483648 shares is more than the API allows (int32)"
+
+
+def test_an_unknown_mode_is_refused_with_the_whole_list() -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_mode("shared")
+    assert str(refused.value) == (
+        "use disabled, unlimited, memory, compute or a number of shares (>= 2)"
+    )
+
+
+def test_a_device_that_consumes_counters_stays_whole() -> None:
+    placement = Device(
+        name="gpu-0-mig-1g10gb-0",
+        attributes={},
+        capacity={"memory": "10Gi"},
+        consumes_counters=(CounterConsumption(counter_set="gpu-0", counters={"memory": "10Gi"}),),
+    )
+    whole = Device(name="gpu-1", attributes={}, capacity={"memory": "80Gi"})
+    kept, shared = shareable(
+        NodeDevices(devices=(placement, whole)), parse_mode("unlimited")
+    ).devices
+    assert kept == placement
+    assert shared.allow_multiple_allocations
+
+
+def test_every_capacity_besides_memory_gets_a_policy_whatever_their_order() -> None:
+    device = Device(
+        name="gpu-0-mig-1g10gb-0",
+        attributes={},
+        capacity={
+            "memory": "10Gi",
+            "multiprocessors": "16",
+            "copyEngines": "1",
+            "jpegEngines": "0",
+        },
+    )
+    (shared,) = shareable(NodeDevices(devices=(device,)), parse_mode("unlimited")).devices
+    assert dict(shared.request_policies) == {
+        "memory": RequestPolicy(default="0", range_min="0", range_max="10Gi", range_step="1Mi"),
+        "multiprocessors": RequestPolicy(
+            default="0", range_min="0", range_max="16", range_step="1"
+        ),
+        # a capacity of exactly 1 still has a range (min 0 + step 1 <= 1) ...
+        "copyEngines": RequestPolicy(default="0", range_min="0", range_max="1", range_step="1"),
+        # ... one of 0 has only the valid value 0
+        "jpegEngines": RequestPolicy(default="0", valid_values=("0",)),
+    }
+    validate_device(shared)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("disabled", {}),
+        ("unlimited", {"memory": "80Gi"}),
+        ("memory", {"memory": "80Gi"}),
+        ("4", {"memory": "80Gi", "shares": "4"}),
+        ("compute", {"memory": "80Gi", "compute": "100"}),
+    ],
+)
+def test_device_capacity_is_what_the_device_publishes_memory_rounded_down(
+    mode: str, expected: dict[str, str]
+) -> None:
+    assert device_capacity(parse_mode(mode), memory_bytes=80 * 2**30 + 2**20 - 1) == expected
+
+
+SHARE_ID = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+def test_a_share_is_read_from_its_result_with_canonical_quantities() -> None:
+    share = share_of_result(
+        share_id=SHARE_ID,
+        consumed={"memory": "1024Mi", "compute": "25", "shares": 1},
+        device="gpu-0",
+        shareable_device=True,
+    )
+    assert share == Share(
+        share_id=SHARE_ID, consumed={"memory": "1Gi", "compute": "25", "shares": "1"}
+    )
+    zero = share_of_result(
+        share_id=SHARE_ID, consumed={"memory": "0"}, device="gpu-0", shareable_device=True
+    )
+    assert zero == Share(share_id=SHARE_ID, consumed={"memory": "0"})
+
+
+@pytest.mark.parametrize("share_id", [None, ""])
+def test_a_result_without_a_share_id_holds_the_device_whole(share_id: object) -> None:
+    for consumed in (None, {}):
+        assert (
+            share_of_result(
+                share_id=share_id, consumed=consumed, device="gpu-0", shareable_device=False
+            )
+            is None
+        )
+
+
+@pytest.mark.parametrize(
+    ("share_id", "consumed", "shareable_device", "message"),
+    [
+        (None, {"memory": "1Gi"}, False, "device gpu-0: consumedCapacity without a shareID"),
+        ("", {"memory": "1Gi"}, True, "device gpu-0: consumedCapacity without a shareID"),
+        (
+            None,
+            None,
+            True,
+            "device gpu-0 allows multiple allocations (--consumable-shares), but its allocation "
+            "result has no shareID: it was allocated before sharing was turned on; re-create the "
+            "claim",
+        ),
+        (
+            SHARE_ID,
+            {"memory": "1Gi"},
+            False,
+            f"device gpu-0: the allocation result has shareID {SHARE_ID}, but this node does not "
+            "publish the device with allowMultipleAllocations (--consumable-shares is disabled, "
+            "or the device is a partitionable GPU's placement or whole GPU, which stay whole)",
+        ),
+        (
+            SHARE_ID.upper(),
+            {"memory": "1Gi"},
+            True,
+            f"device gpu-0: shareID '{SHARE_ID.upper()}' is not a lowercase UUID",
+        ),
+        (7, {"memory": "1Gi"}, True, "device gpu-0: shareID 7 is not a lowercase UUID"),
+        (SHARE_ID, None, True, f"device gpu-0: share {SHARE_ID} has no consumedCapacity"),
+        (SHARE_ID, {}, True, f"device gpu-0: share {SHARE_ID} has no consumedCapacity"),
+        (SHARE_ID, ["memory"], True, f"device gpu-0: share {SHARE_ID} has no consumedCapacity"),
+        (
+            SHARE_ID,
+            {"memory": "lots"},
+            True,
+            "device gpu-0: consumedCapacity memory: 'lots' is not a valid quantity (expected "
+            "e.g. 40Gi, 500m, 1e3)",
+        ),
+        (
+            SHARE_ID,
+            {"memory": "1Gi", "compute": "-1"},
+            True,
+            "device gpu-0: consumedCapacity compute -1 is negative",
+        ),
+    ],
+    ids=[
+        "consumed-without-id",
+        "consumed-with-empty-id",
+        "shareable-without-id",
+        "id-on-a-whole-device",
+        "uppercase-id",
+        "id-not-a-string",
+        "no-consumed",
+        "empty-consumed",
+        "consumed-not-a-mapping",
+        "not-a-quantity",
+        "negative",
+    ],
+)
+def test_a_result_that_cannot_be_prepared_says_why(
+    share_id: object, consumed: object, shareable_device: bool, message: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        share_of_result(
+            share_id=share_id, consumed=consumed, device="gpu-0", shareable_device=shareable_device
+        )
+    assert str(refused.value) == message
+
+
+def test_capacity_problem_prints_the_total_in_the_capacitys_own_format() -> None:
+    assert shares_capacity_problem(
+        {"memory": "80Gi"}, [{"memory": "50Gi"}, {"memory": "40Gi"}], device="gpu-0"
+    ) == ("memory: shares consume 90Gi of device gpu-0, which has 80Gi")

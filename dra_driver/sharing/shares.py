@@ -96,7 +96,7 @@ def parse_mode(text: str) -> SharesMode:
             raise ValueError(
                 f"{count}: use at least 2 shares (one share is the whole device: use disabled)"
             )
-        if count > 2**31:
+        if count >= 2**31:
             raise ValueError(f"{count} shares is more than the API allows (int32)")
         return SharesMode(kind="shares", count=count)
     raise ValueError("use disabled, unlimited, memory, compute or a number of shares (>= 2)")
