@@ -679,3 +679,13 @@ def test_one_failed_api_call_is_tried_once_more_and_two_fail_the_claim_cleanly(e
         env.preparer.prepare(env.ref(claim))
     env.assert_nothing_left()
     assert env.preparer.checkpoint.get(claim["metadata"]["uid"]) is None
+
+
+def test_strategy_reads_a_recorded_config() -> None:
+    from dra_driver.sharing.mps import strategy  # noqa: PLC0415
+
+    assert strategy({"sharing": {"strategy": "MPS"}}) == "MPS"
+    assert strategy({"sharing": {"strategy": "TimeSlicing"}}) == "TimeSlicing"
+    assert strategy({"sharing": "MPS"}) is None
+    assert strategy({}) is None
+    assert strategy(None) is None

@@ -5,6 +5,7 @@ why a prepared claim is stale. Pure: claims are JSON, devices a simulated invent
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -22,7 +23,6 @@ from dra_driver.prepare.plan import (
     ClaimPlan,
     ClaimRef,
     PlannedDevice,
-    Share,
     answer,
     default_config_json,
     get,
@@ -34,7 +34,6 @@ from dra_driver.prepare.plan import (
     reserved_pods,
     share_device_name,
     stale_reason,
-    strategy,
     validate_ref,
 )
 from dra_driver.prepare.state.checkpointrecords import ClaimRecord, PreparedDevice
@@ -142,15 +141,11 @@ def test_the_default_config_is_recorded_by_kind() -> None:
     assert default_config_json("mig") == {"apiVersion": API, "kind": "MigDeviceConfig"}
 
 
-def test_owner_and_strategy_read_a_record() -> None:
+def test_owner_reads_a_record() -> None:
     record = ClaimRecord(uid=UID, namespace="ns", name="c", phase="PrepareCompleted", devices=())
     assert owner(record) == f"ns/c ({UID})"
     rebuilt = ClaimRecord(uid=UID, namespace="", name="", phase="PrepareStarted", devices=())
     assert owner(rebuilt) == UID  # rebuilt from its CDI spec: only the UID is known
-    assert strategy({"sharing": {"strategy": "MPS"}}) == "MPS"
-    assert strategy({"sharing": "MPS"}) is None
-    assert strategy({}) is None
-    assert strategy(None) is None
 
 
 def test_get_walks_mappings_and_stops_at_anything_else() -> None:
@@ -317,7 +312,7 @@ def test_each_device_of_ours_is_planned_in_order_with_its_result() -> None:
         {"apiVersion": API, "kind": "MigDeviceConfig"},
         {"apiVersion": API, "kind": "GpuConfig"},
     ]
-    assert all(d.config is None and d.share is None for d in planned.devices)
+    assert all(d.config is None and d.share_id is None for d in planned.devices)
     assert all(d.capabilities == DEFAULT_CAPABILITIES for d in planned.devices)
 
 
@@ -375,6 +370,12 @@ def test_other_drivers_configs_and_entries_without_opaque_parameters_are_ignored
     (device,) = plan(claim(configs=configs)).devices
     assert device.config is None
     assert device.config_json == {"apiVersion": API, "kind": "GpuConfig"}
+
+
+def strategy(config_json: Mapping[str, Any]) -> str | None:
+    """The sharing strategy a planned device's effective config names (None: none)."""
+    sharing = config_json.get("sharing")
+    return sharing.get("strategy") if isinstance(sharing, Mapping) else None
 
 
 def test_the_last_config_naming_a_request_wins_and_class_configs_come_first() -> None:
@@ -461,10 +462,11 @@ def test_a_recorded_claim_has_the_devices_the_node_still_has_with_their_shares()
     )
     assert rebuilt.ref == ClaimRef(namespace="ns", name="c", uid=UID)
     assert [
-        (d.target.name, d.config_json, d.admin_access, d.pool, d.share) for d in rebuilt.devices
+        (d.target.name, d.config_json, d.admin_access, d.pool, d.share_id, d.consumed_capacity)
+        for d in rebuilt.devices
     ] == [
-        ("gpu-0", config, True, NODE, None),
-        (MIG, {}, False, NODE, Share(share_id=SHARE_ID, consumed={"memory": "1Gi"})),
+        ("gpu-0", config, True, NODE, None, {}),
+        (MIG, {}, False, NODE, SHARE_ID, {"memory": "1Gi"}),
     ]
     assert rebuilt.devices[1].cdi_name == f"{MIG}-share-{SHARE_ID}"
 
@@ -492,7 +494,8 @@ def test_the_kubelet_is_told_the_request_device_and_cdi_id_of_each_device() -> N
         config_json={},
         request="r",
         pool=NODE,
-        share=Share(share_id=SHARE_ID, consumed={"memory": "1Gi"}),
+        share_id=SHARE_ID,
+        consumed_capacity={"memory": "1Gi"},
     )
     assert answer(share, claim_uid=UID, cdi_vendor="v") == PreparedDevice(
         request_names=("r",),

@@ -18,13 +18,14 @@ from dra_driver.devices import (
     validate_device,
 )
 from dra_driver.errors import DeviceModelError
-from dra_driver.prepare.plan import Share, parse_share_device_name, share_device_name
+from dra_driver.prepare.plan import parse_share_device_name, share_device_name
 from dra_driver.publish.slices import build_slices
 from dra_driver.publish.syncplan import plan_sync
 from dra_driver.quantity import parse_quantity
 from dra_driver.scheduling.allocator import ExactRequest, capacity_problem, parse_slice
 from dra_driver.sharing.shares import (
     DISABLED,
+    Share,
     SharesMode,
     device_capacity,
     parse_mode,
