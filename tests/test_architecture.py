@@ -274,22 +274,11 @@ def describe(cycle: list[str], edges: Edges) -> str:
     )
 
 
-# The one cycle left, through TYPE_CHECKING imports only: the simulated NVML library hands itself
-# to its parts (devices, health, MIG, readings), which name its class for their annotations and
-# reach each other through it. Breaking it means each part naming only what it uses of the
-# others; left to the sim/ work (issue 34 changes these modules). The test fails when it is gone
-# too, so that this line goes with it.
-KNOWN_CYCLES = [
-    ["dra_driver.sim.nvml.devices", "dra_driver.sim.nvml.library", "dra_driver.sim.nvml.devices"]
-]
-
-
 def test_no_import_cycle_inside_the_package() -> None:
     edges = import_time_edges(PACKAGE)
     found = cycles(edges)
-    assert found == KNOWN_CYCLES, (
-        "import cycles (module, line of its import of the next):\n"
-        + "\n".join(describe(cycle, edges) for cycle in found)
+    assert found == [], "import cycles (module, line of its import of the next):\n" + "\n".join(
+        describe(cycle, edges) for cycle in found
     )
 
 
