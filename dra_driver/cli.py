@@ -169,7 +169,7 @@ def devices_main(argv: Sequence[str]) -> int:
 
     from dra_driver.devices import table  # noqa: PLC0415
     from dra_driver.mig.dynamic import ManagedMig  # noqa: PLC0415
-    from dra_driver.node.agent import Discovery, first_devices  # noqa: PLC0415
+    from dra_driver.node.discovery import Discovery, first_devices  # noqa: PLC0415
     from dra_driver.publish import slices  # noqa: PLC0415
 
     try:
@@ -183,10 +183,10 @@ def devices_main(argv: Sequence[str]) -> int:
             mig_mode=args.mig_mode,
         )
         mig = ManagedMig(mig_mode=config.mig_mode, driver_name=config.driver_name, warn=False)
-        with ExitStack() as stack:  # the agent's own pipeline (node/agent.py first_devices)
-            _, node_devices = first_devices(config, Discovery(config, stack), mig)
-        pool = slices.build_slices(
-            node_devices,
+        with ExitStack() as stack:  # the agent's own pipeline (node/discovery.py)
+            first = first_devices(config, Discovery(config, stack), mig)
+        pool = slices.build_slices(  # as the Publisher builds them (without health's taints)
+            first.node_devices,
             driver_name=config.driver_name,
             node_name=config.node_name,
         )

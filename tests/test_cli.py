@@ -11,6 +11,8 @@ import pytest
 
 from dra_driver.cli import FLAGS, build_config, gpu_dra_main
 from dra_driver.errors import ConfigError
+from dra_driver.node.config import Config
+from dra_driver.prepare import PREPARE_STARTED, Checkpoint, ClaimRecord, PreparedDevice
 
 
 def test_environment_variables_fill_in_for_flags() -> None:
@@ -304,6 +306,42 @@ def test_gpu_dra_devices_shows_the_devices_shareable_as_consumable_shares_says(
     assert "allowMultipleAllocations" not in obj["spec"]["devices"][0]
     assert gpu_dra_main(["devices", "--simulate", "h100:1", "--consumable-shares", "x"]) == 2
     assert "--consumable-shares (CONSUMABLE_SHARES): 'x'" in capsys.readouterr().err
+
+
+def test_gpu_dra_devices_runs_the_agents_pipeline_mig_records_included(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``devices --mig-mode dynamic`` publishes what the agent's first publication would
+    (node/discovery.py first_devices): a MIG device that prepare's checkpoint records is the
+    driver's own, so its GPU is partitionable; without the record it is foreign and the GPU stays
+    static, which the command says."""
+    argv = [
+        "devices", "--simulate", "h100:1:mig=1g.10gb", "--mig-mode", "dynamic",
+        "--kubelet-plugins-directory-path", str(tmp_path), "-o", "json",
+    ]  # fmt: skip
+
+    def published() -> tuple[list[str], list[str], str]:
+        assert gpu_dra_main(argv) == 0
+        out, err = capsys.readouterr()
+        items = json.loads(out)["items"]
+        sets = [cs["name"] for s in items for cs in s["spec"].get("sharedCounters", ())]
+        return sets, [d["name"] for s in items for d in s["spec"].get("devices", ())], err
+
+    sets, names, err = published()
+    assert sets == [] and names == ["gpu-0-mig-1g10gb-19-0"]
+    assert "gpu-0 stays static in dynamic MIG mode" in err
+    config = Config(node_name="node-1", kubelet_plugins_directory_path=tmp_path)
+    checkpoint = Checkpoint(config.checkpoint_path)
+    checkpoint.open()
+    device = PreparedDevice(
+        request_names=("r",), pool="node-1", device="gpu-0-mig-1g10gb-19-0", cdi_device_ids=()
+    )
+    claim = ClaimRecord(uid="u", namespace="ns", name="c", phase=PREPARE_STARTED, devices=(device,))
+    checkpoint.transact(lambda claims: claims.__setitem__(claim.uid, claim))
+    checkpoint.close()
+    sets, names, err = published()
+    assert sets == ["gpu-0-counter-set"] and names[0] == "gpu-0" and len(names) > 2
+    assert "stays static" not in err
 
 
 def test_gpu_dra_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:

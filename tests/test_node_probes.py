@@ -21,8 +21,8 @@ from dra_driver.errors import DiscoveryError, DraError
 from dra_driver.gpus import nvml
 from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import KubeClient
-from dra_driver.node.agent import Discovery
 from dra_driver.node.config import Config
+from dra_driver.node.discovery import Discovery
 from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.node.wiring import kubelet_plugin

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 import dra_driver.cli
-from dra_driver.node.agent import Discovery
+from dra_driver.node.discovery import Discovery
 from dra_driver.node.config import Config
 from dra_driver.node.wiring import config_steps
 config = Config(node_name="node1")

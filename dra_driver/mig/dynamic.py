@@ -1,9 +1,10 @@
 """Dynamic MIG in the node agent: which MIG devices are the driver's own, pass after pass.
 
-Place in the flow: agent.py runs discovery (at start, then every ``--rediscover-interval``) and
-asks :class:`ManagedMig` for the devices to publish; it calls ``devices.node_devices`` with the
-MIG mode and the set of MIG devices the driver created (``managed_mig``), and logs the GPUs that
-dynamic mode leaves static because a MIG device on them was made by someone else.
+Place in the flow: node/discovery.py runs discovery (at start, then every
+``--rediscover-interval``) and asks :class:`ManagedMig` for the devices to publish; it calls
+``devices.node_devices`` with the MIG mode and the set of MIG devices the driver created
+(``managed_mig``), and logs the GPUs that dynamic mode leaves static because a MIG device on them
+was made by someone else.
 
 Which MIG devices count as the driver's own (``managed_mig``):
 

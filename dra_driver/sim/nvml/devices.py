@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pynvml
 
@@ -32,10 +32,8 @@ from dra_driver.sim.nvml.abi import (
     write_string,
 )
 from dra_driver.sim.nvml.node import profile_by_id, profile_by_index
+from dra_driver.sim.nvml.parts import Library
 from dra_driver.sim.nvml.spec import TOTAL_COMPUTE_SLICES
-
-if TYPE_CHECKING:
-    from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
 
 DRIVER_GPU_INSTANCE_PROFILE_COUNT = 0x11
 """The GPU-instance profile indices the simulated driver knows (R580's nvml.h: 0 to 0x10). A
@@ -53,7 +51,7 @@ _COMPUTE_MODES: dict[str, int] = {
 class DeviceQueries:
     """The device query functions of one simulated library; stateless (the library holds it)."""
 
-    def __init__(self, library: SimulatedNvmlLibrary) -> None:
+    def __init__(self, library: Library) -> None:
         self._library = library
 
     def functions(self) -> dict[str, Callable[..., Any]]:

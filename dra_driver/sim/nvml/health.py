@@ -39,10 +39,10 @@ from dra_driver.sim.nvml.abi import (
     set_pointer,
 )
 from dra_driver.sim.nvml.node import SimulatedGpu
+from dra_driver.sim.nvml.parts import Library
 
 if TYPE_CHECKING:
     from dra_driver.sim.faults import SimulatedFault
-    from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
 
 SUPPORTED_EVENT_TYPES = 0xFF9F
 """What ``nvmlDeviceGetSupportedEventTypes`` answers for a simulated GPU with events: what a
@@ -97,7 +97,7 @@ class _EventSet:
 class SimulatedHealth:
     """The health side of a simulated node: state per GPU, event sets, faults, the inbox."""
 
-    def __init__(self, library: SimulatedNvmlLibrary, *, inbox: Path | None) -> None:
+    def __init__(self, library: Library, *, inbox: Path | None) -> None:
         self._library = library
         self._gpus = {g.index: g for g in library.gpus}
         self._state = {g.index: _GpuHealth() for g in library.gpus}

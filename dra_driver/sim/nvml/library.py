@@ -5,7 +5,8 @@ pynvml looks C symbols up by name on the object it loaded and calls them with ct
 system calls here; device queries in devices.py; readings in readings.py; events, health
 queries and faults in health.py; MIG instances and mode in mig.py), traces each call, refuses
 calls before ``nvmlInit`` as NVML does, and maps a handle back to the simulated GPU or MIG
-device it names. install.py puts it where pynvml looks.
+device it names. install.py puts it where pynvml looks. The parts see the library, and each
+other, only through the Protocols of parts.py.
 """
 
 from __future__ import annotations

@@ -22,10 +22,9 @@ import ctypes
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from dataclasses import replace as _replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pynvml
 
@@ -55,11 +54,9 @@ from dra_driver.sim.nvml.node import (
     mig_uuid,
     profile_by_id,
 )
+from dra_driver.sim.nvml.parts import Library, MigView
 from dra_driver.sim.nvml.spec import TOTAL_COMPUTE_SLICES
 from dra_driver.sim.profiles import GpuInstanceProfile
-
-if TYPE_CHECKING:
-    from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
 
 _log = logging.getLogger("dra_driver.sim.nvml")  # one logger for the whole simulated library
 
@@ -68,18 +65,6 @@ _log = logging.getLogger("dra_driver.sim.nvml")  # one logger for the whole simu
 _MIG_DEVICE_OFFSET = 0x100
 _COMPUTE_INSTANCE_OFFSET = 0x400
 _GPU_INSTANCE_OFFSET = 0x800
-
-
-@dataclass(frozen=True)
-class _MigView:
-    """Every instance that exists, and the handle addresses that name them; never mutated."""
-
-    instances: dict[int, tuple[SimulatedGpuInstance, ...]]  # GPU index -> by id
-    modes: dict[int, tuple[bool, bool]]  # GPU index -> MIG mode (current, pending)
-    devices: dict[int, tuple[SimulatedMig, ...]]  # GPU index -> MIG devices, NVML's order
-    mig_devices: dict[int, tuple[SimulatedGpu, SimulatedMig]]
-    gpu_instances: dict[int, SimulatedGpuInstance]
-    compute_instances: dict[int, tuple[SimulatedGpuInstance, SimulatedMig]]
 
 
 class SimulatedMigInstances:
@@ -96,9 +81,7 @@ class SimulatedMigInstances:
     SimulationSpecError at start.
     """
 
-    def __init__(
-        self, library: SimulatedNvmlLibrary, *, node_name: str, state_path: Path | None
-    ) -> None:
+    def __init__(self, library: Library, *, node_name: str, state_path: Path | None) -> None:
         self._library = library
         self._gpus = library.gpus
         self._node_name = node_name
@@ -156,9 +139,9 @@ class SimulatedMigInstances:
         self,
         instances: dict[int, tuple[SimulatedGpuInstance, ...]],
         modes: dict[int, tuple[bool, bool]],
-    ) -> _MigView:
+    ) -> MigView:
         by_id = {i: tuple(sorted(found, key=lambda g: g.id)) for i, found in instances.items()}
-        view = _MigView(
+        view = MigView(
             instances=by_id,
             modes=dict(modes),
             devices={

@@ -19,7 +19,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pynvml
 
@@ -35,23 +35,8 @@ from dra_driver.sim.nvml.abi import (
 )
 from dra_driver.sim.nvml.health import SLOWDOWN_C
 from dra_driver.sim.nvml.node import SimulatedGpu, SimulatedMig, digest
+from dra_driver.sim.nvml.parts import Library, MemoryInfo
 from dra_driver.sim.profiles import MEMORY_RESERVED_MIB
-
-if TYPE_CHECKING:
-    from dra_driver.sim.nvml.library import SimulatedNvmlLibrary
-
-
-@dataclass(frozen=True)
-class MemoryInfo:
-    """A device's memory in bytes, as ``nvmlMemory_v2_t`` has it (used without reserved)."""
-
-    total: int
-    reserved: int
-    used: int
-
-    @property
-    def free(self) -> int:
-        return self.total - self.reserved - self.used
 
 
 @dataclass(frozen=True)
@@ -104,7 +89,7 @@ class SimulatedReadings:
     """The telemetry functions of one simulated library; the state they read is the library's
     (``clock``, ``workload``, ``ecc_errors``, the MIG devices, the health faults)."""
 
-    def __init__(self, library: SimulatedNvmlLibrary) -> None:
+    def __init__(self, library: Library) -> None:
         self._library = library
         self._energy_lock = threading.Lock()
         self._energy: dict[str, tuple[float, float]] = {}  # UUID -> (clock s, millijoules)
