@@ -66,7 +66,7 @@ def test_two_changed_slices_bump_the_generation_and_rewrite_every_slice() -> Non
 def test_a_new_slice_bumps_the_generation() -> None:
     existing = publish(build(NodeDevices(devices=tuple(gpu(i) for i in range(100)))))
     plan = plan_sync(
-        build(NodeDevices(devices=tuple(gpu(i) for i in range(200)))), existing, node_uid="u"
+        build(NodeDevices(devices=tuple(gpu(i) for i in range(200)))), existing, node_uid="node-uid"
     )
     assert (plan.generation, plan.bumped) == (2, True)
     assert [w.index for w in plan.updates] == [0]
@@ -81,7 +81,7 @@ def test_a_new_slice_bumps_the_generation() -> None:
 def test_a_shrinking_pool_deletes_the_extra_slice() -> None:
     existing = publish(build(NodeDevices(devices=tuple(gpu(i) for i in range(200)))))
     plan = plan_sync(
-        build(NodeDevices(devices=tuple(gpu(i) for i in range(100)))), existing, node_uid="u"
+        build(NodeDevices(devices=tuple(gpu(i) for i in range(100)))), existing, node_uid="node-uid"
     )
     assert [d.name for d in plan.deletes] == [existing[1]["metadata"]["name"]]
     assert plan.deletes[0].uid == existing[1]["metadata"]["uid"]
@@ -124,9 +124,12 @@ def test_after_the_kubelet_wiped_the_slices_the_pool_restarts_at_generation_1() 
     existing = publish(build(NodeDevices(devices=tuple(devices))))
     devices[0] = gpu(0, memory="1Gi")
     devices[299] = gpu(299, memory="1Gi")
-    plan = plan_sync(build(NodeDevices(devices=tuple(devices))), existing, node_uid="u")
+    plan = plan_sync(build(NodeDevices(devices=tuple(devices))), existing, node_uid="node-uid")
     assert plan.generation == 2
-    assert plan_sync(build(NodeDevices(devices=tuple(devices))), [], node_uid="u").generation == 1
+    assert (
+        plan_sync(build(NodeDevices(devices=tuple(devices))), [], node_uid="node-uid").generation
+        == 1
+    )
 
 
 def test_server_set_taint_times_are_kept_on_update() -> None:
@@ -163,9 +166,9 @@ def test_taint_times_within_a_second_are_equal_and_further_apart_are_not() -> No
         ),
     )
     (obj,) = publish(pool)
-    assert plan_sync(adopted, [obj], node_uid="u").write_count == 0
+    assert plan_sync(adopted, [obj], node_uid="node-uid").write_count == 0
     obj["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-01-01T00:00:05Z"
-    assert plan_sync(adopted, [obj], node_uid="u").write_count == 1
+    assert plan_sync(adopted, [obj], node_uid="node-uid").write_count == 1
 
 
 def test_dropped_taints_and_counters_name_their_feature_gates() -> None:
@@ -295,7 +298,7 @@ def test_a_delete_carries_the_uid_and_resource_version_it_saw_or_none_when_absen
     plan = plan_sync(
         build(NodeDevices(devices=tuple(gpu(i) for i in range(100)))),
         [*existing, bare],
-        node_uid="u",
+        node_uid="node-uid",
     )
     refs = {d.name: (d.uid, d.resource_version) for d in plan.deletes}
     extra = existing[1]["metadata"]
@@ -324,14 +327,14 @@ def test_a_slice_without_a_pool_generation_counts_as_generation_0() -> None:
     devices = tuple(gpu(i) for i in range(200))
     existing = publish(build(NodeDevices(devices=devices)))
     del existing[0]["spec"]["pool"]["generation"]
-    plan = plan_sync(build(NodeDevices(devices=devices)), existing, node_uid="u")
+    plan = plan_sync(build(NodeDevices(devices=devices)), existing, node_uid="node-uid")
     # The other slice is at 1: the one without a generation is older, so it is replaced.
     assert [d.name for d in plan.deletes] == [existing[0]["metadata"]["name"]]
     assert [w.index for w in plan.creates] == [0]
     assert plan.generation == 2
 
     del existing[1]["spec"]["pool"]["generation"]
-    plan = plan_sync(build(NodeDevices(devices=devices)), existing, node_uid="u")
+    plan = plan_sync(build(NodeDevices(devices=devices)), existing, node_uid="node-uid")
     # Both at 0, below the driver's minimum of 1: both rewritten at 1.
     assert (plan.generation, plan.bumped) == (1, True)
     assert [w.index for w in plan.updates] == [0, 1] and plan.deletes == ()
@@ -349,7 +352,7 @@ def test_a_changed_counter_set_is_rewritten() -> None:
             CounterSet(name="cs", counters={"memory": "40Gi", "multiprocessors": "132"}),
         ),
     )
-    plan = plan_sync(build(changed), existing, node_uid="u")
+    plan = plan_sync(build(changed), existing, node_uid="node-uid")
     assert [w.index for w in plan.updates] == [0]
     assert plan.updates[0].body["spec"]["sharedCounters"][0]["counters"]["memory"] == {
         "value": "40Gi"
@@ -393,7 +396,7 @@ def test_an_update_keeps_the_server_fields_but_not_managed_fields() -> None:
     devices, existing = one_slice_pool()
     existing[0]["metadata"]["managedFields"] = [{"manager": "gpu-dra", "operation": "Update"}]
     existing[0]["metadata"]["labels"] = {"team": "a"}
-    plan = plan_sync(build(NodeDevices(devices=devices.devices[:3])), existing, node_uid="u")
+    plan = plan_sync(build(NodeDevices(devices=devices.devices[:3])), existing, node_uid="node-uid")
     metadata = plan.updates[0].body["metadata"]
     assert "managedFields" not in metadata
     assert metadata == {k: v for k, v in existing[0]["metadata"].items() if k != "managedFields"}
@@ -508,3 +511,35 @@ def test_a_device_the_server_did_not_store_at_all_is_reported_with_its_gated_fie
         ("devices[].capacity[].requestPolicy", "DRAConsumableCapacity"),
         ("devices[].taints", "DRADeviceTaints"),
     ]
+
+
+@pytest.mark.parametrize(
+    "owners",
+    [
+        [],  # written without one (an older driver, or by hand): the Node's deletion keeps it
+        [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "old-uid", "controller": True}],
+    ],
+    ids=["none", "an-earlier-node-of-that-name"],
+)
+def test_a_stored_slice_not_owned_by_this_node_is_given_the_node_as_owner(
+    owners: list[dict[str, object]],
+) -> None:
+    devices, existing = one_slice_pool()
+    stored = copy.deepcopy(existing)
+    meta = stored[0]["metadata"]
+    assert isinstance(meta, dict)
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keep-me", "uid": "cm-uid"}
+    meta["ownerReferences"] = [*owners, other]
+    plan = plan_sync(build(devices), stored, node_uid="node-uid")
+    assert [w.index for w in plan.updates] == [0]
+    written = plan.updates[0].body["metadata"]
+    assert written["ownerReferences"] == [
+        other,  # someone else's reference is kept
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid", "controller": True},
+    ]
+    assert written["name"] == meta["name"] and written["uid"] == meta["uid"]
+    assert written["resourceVersion"] == meta["resourceVersion"]  # still a conditional update
+    # the node's uid unknown (the Node could not be read): nothing to compare, nothing written
+    assert plan_sync(build(devices), stored, node_uid="").write_count == 0
+    # owned already: no write
+    assert plan_sync(build(devices), existing, node_uid="node-uid").write_count == 0

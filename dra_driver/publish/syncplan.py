@@ -91,7 +91,11 @@ def plan_sync(
         else:
             matched[index] = s
 
-    changed = {i for i, s in matched.items() if _slice_changed(pool, i, s, generation=current)}
+    changed = {
+        i
+        for i, s in matched.items()
+        if _slice_changed(pool, i, s, generation=current) or not _owned(s, node_uid=node_uid)
+    }
     missing = [i for i in range(len(pool.slices)) if i not in matched]
 
     if pool.generation > current:
@@ -197,6 +201,18 @@ def _parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def _owned(existing: Mapping[str, Any], *, node_uid: str) -> bool:
+    """Whether the stored slice has this Node (this incarnation of it: its uid) as an owner, so
+    the garbage collector deletes it with the Node. True when the Node's uid is not known."""
+    if not node_uid:
+        return True
+    refs = existing.get("metadata", {}).get("ownerReferences") or ()
+    return any(
+        isinstance(r, Mapping) and r.get("kind") == "Node" and r.get("uid") == node_uid
+        for r in refs
+    )
+
+
 def _update_body(
     pool: DesiredPool,
     index: int,
@@ -208,9 +224,17 @@ def _update_body(
     """The existing object with the desired spec: identity and resourceVersion kept, so the
     update fails with a conflict if someone changed it meanwhile."""
     body = to_api_object(pool, index=index, generation=generation, node_uid=node_uid)
+    wanted = body["metadata"]["ownerReferences"]
     body["metadata"] = {
         k: v for k, v in existing.get("metadata", {}).items() if k not in ("managedFields",)
     }
+    if not _owned(existing, node_uid=node_uid):  # none, or an earlier Node of this name
+        others = [
+            r
+            for r in existing.get("metadata", {}).get("ownerReferences") or ()
+            if not (isinstance(r, Mapping) and r.get("kind") == "Node")
+        ]
+        body["metadata"]["ownerReferences"] = [*others, *wanted]
     if "devices" in body["spec"]:
         body["spec"]["devices"] = _keep_taint_times(
             body["spec"]["devices"], _spec(existing).get("devices") or ()
