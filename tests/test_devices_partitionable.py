@@ -21,7 +21,12 @@ from dra_driver.devices.names import (
     mig_instance_name,
     parse_mig_device_name,
 )
-from dra_driver.devices.partitionable import is_partitionable, unmanaged_mig_devices
+from dra_driver.devices.partitionable import (
+    is_partitionable,
+    partitionable_gpu,
+    toggles_mig_mode,
+    unmanaged_mig_devices,
+)
 from dra_driver.devices.pool import node_devices
 from dra_driver.errors import DeviceModelError, PublishError
 from dra_driver.gpus.info import Inventory
@@ -34,6 +39,7 @@ from dra_driver.resourceapi import (
 )
 from dra_driver.sim.localapi import validate_slice
 from dra_driver.sim.nvml import discover_simulated
+from tests.devicedata import H100_MIG
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node1"
@@ -419,3 +425,65 @@ def test_a_counter_set_with_more_than_32_counters_is_refused_before_it_is_sent()
         {f"extra-{i}": {"value": "1"} for i in range(18)}
     )
     assert validate_slice(obj) != []  # the fake API server's own check agrees
+
+
+# --- the model on hand-made GPUs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("architecture", "compute_capability", "mig_capable", "toggles"),
+    [
+        ("Hopper", (9, 0), True, True),
+        ("Blackwell", (10, 0), True, True),
+        ("Hopper", (8, 9), True, True),  # a known architecture needs no compute capability
+        ("Rubin", (9, 0), True, True),  # unknown to us: compute capability 9 or more decides
+        ("Rubin", (10, 0), True, True),
+        ("Ampere", (8, 9), True, False),
+        ("Ampere", (8, 0), True, False),
+        ("Hopper", (9, 0), False, False),
+    ],
+)
+def test_hopper_and_newer_toggle_mig_mode_without_a_reset(
+    architecture: str, compute_capability: tuple[int, int], mig_capable: bool, toggles: bool
+) -> None:
+    gpu = replace(
+        H100_MIG,
+        architecture=architecture,
+        cuda_compute_capability=compute_capability,
+        mig_capable=mig_capable,
+    )
+
+    assert toggles_mig_mode(gpu) is toggles
+
+
+def test_a_gpu_reporting_no_mig_profiles_is_not_partitioned() -> None:
+    with pytest.raises(DeviceModelError) as caught:
+        partitionable_gpu(replace(H100_MIG, mig_profiles=()))
+
+    assert str(caught.value) == "GPU gpu-1 reports no MIG profiles"
+
+
+def test_counts_are_decimal_quantities_and_memory_a_binary_one() -> None:
+    """2048 multiprocessors are ``2048`` (DecimalSI, as the API server stores a count), not
+    ``2Ki``; memory is BinarySI."""
+    profile = replace(
+        H100_MIG.mig_profiles[1], multiprocessors=2048, copy_engines=1024, memory_bytes=2**30
+    )
+
+    counter_set, devices = partitionable_gpu(replace(H100_MIG, mig_profiles=(profile,)))
+
+    assert counter_set.counters["multiprocessors"] == "2048"
+    assert counter_set.counters["copy-engines"] == "1024"
+    assert counter_set.counters["memory"] == "1Gi"
+    assert devices[0].capacity["multiprocessors"] == "2048"
+    assert devices[-1].capacity["multiprocessors"] == "2048"
+    assert devices[-1].capacity["memory"] == "1Gi"
+
+
+def test_a_profile_without_placements_adds_no_memory_slice_counter() -> None:
+    profile = replace(H100_MIG.mig_profiles[1], placements=())
+
+    counter_set, devices = partitionable_gpu(replace(H100_MIG, mig_profiles=(profile,)))
+
+    assert not [c for c in counter_set.counters if c.startswith("memory-slice-")]
+    assert [d.name for d in devices] == ["gpu-1"]
