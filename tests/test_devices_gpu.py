@@ -151,16 +151,19 @@ def test_a_7g_mig_device_with_every_optional_attribute_stays_within_the_api_limi
         ("550.54.15", "550.54.15"),
         ("470.82", "470.82.0"),
         ("580", "580.0.0"),
+        (" 570.124.06\n", "570.124.6"),
     ],
 )
 def test_driver_version_is_semver_normalised(version: str, semver: str) -> None:
     assert semver_driver_version(version) == semver
 
 
-@pytest.mark.parametrize("version", ["", "570.124.06.1", "r570", "570.x.1"])
+@pytest.mark.parametrize("version", ["", "570.124.06.1", "r570", "570.x.1", "570.", "1.2.3.4.5"])
 def test_unreadable_driver_version_is_a_device_model_error(version: str) -> None:
-    with pytest.raises(DeviceModelError, match="driver version"):
+    with pytest.raises(DeviceModelError) as caught:
         semver_driver_version(version)
+
+    assert str(caught.value) == f"driver version {version!r} cannot be read as MAJOR.MINOR.PATCH"
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ CORES = {
     "dra_driver/prepare/plan.py": Core(("test_prepare_plan.py",), 0.97),
     "dra_driver/devices/partitionable.py": Core(("test_devices_partitionable.py",), 1.00),
     "dra_driver/devices/validation.py": Core(("test_devices_validation.py",), 1.00),
+    "dra_driver/devices/gpu.py": Core(("test_devices_gpu.py",), 1.00),
 }
 
 
