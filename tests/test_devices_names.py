@@ -6,9 +6,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_driver.devices.names import mig_device_name, mig_profile_slug, parse_mig_device_name
+from dra_driver.devices.names import (
+    counter_set_name,
+    gpu_device_name,
+    memory_slice_capacity,
+    memory_slice_counter,
+    mig_device_name,
+    mig_instance_name,
+    mig_profile_slug,
+    parse_mig_device_name,
+)
 from dra_driver.errors import DeviceModelError
 from dra_driver.sim.profiles import HARDWARE_PROFILES
+from tests.devicedata import H100_MIG, mig_instance
 
 
 @pytest.mark.parametrize(
@@ -20,6 +30,9 @@ from dra_driver.sim.profiles import HARDWARE_PROFILES
         ("1g.24gb+me.all", "1g24gb-meall"),
         ("1g.24gb-me", "1g24gb-me"),
         ("1c.3g.40gb", "1c3g40gb"),
+        ("1G.5GB+ME", "1g5gb-me"),
+        ("+1g.5gb+", "1g5gb"),
+        ("-1g.5gb_", "1g5gb"),
     ],
 )
 def test_profile_slugs_drop_dots_and_replace_plus_as_nvidia_does(profile: str, slug: str) -> None:
@@ -68,5 +81,23 @@ def test_mig_device_names_parse_back_into_what_made_them(
     ],
 )
 def test_names_that_are_not_mig_device_names_are_refused(name: str) -> None:
-    with pytest.raises(DeviceModelError, match="not a MIG device name"):
+    with pytest.raises(DeviceModelError) as caught:
         parse_mig_device_name(name)
+
+    assert str(caught.value) == (
+        f"{name!r} is not a MIG device name "
+        "(expected gpu-<parentMinor>-mig-<profile>-<giProfileId>-<placementStart>)"
+    )
+
+
+def test_counter_and_capacity_names_of_a_gpu_are_nvidias() -> None:
+    assert gpu_device_name(7) == "gpu-7"
+    assert counter_set_name(7) == "gpu-7-counter-set"
+    assert memory_slice_counter(3) == "memory-slice-3"
+    assert memory_slice_capacity(3) == "memorySlice3"
+
+
+def test_an_existing_mig_device_is_named_by_its_gpu_profile_and_placement() -> None:
+    (profile,) = [p for p in H100_MIG.mig_profiles if p.name == "3g.40gb"]
+
+    assert mig_instance_name(H100_MIG, mig_instance(profile, 4, 1)) == "gpu-1-mig-3g40gb-9-4"

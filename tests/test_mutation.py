@@ -48,6 +48,7 @@ CORES = {
     "dra_driver/devices/partitionable.py": Core(("test_devices_partitionable.py",), 1.00),
     "dra_driver/devices/validation.py": Core(("test_devices_validation.py",), 1.00),
     "dra_driver/devices/gpu.py": Core(("test_devices_gpu.py",), 1.00),
+    "dra_driver/devices/names.py": Core(("test_devices_names.py",), 0.97),
 }
 
 
