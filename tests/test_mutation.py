@@ -49,6 +49,7 @@ CORES = {
     "dra_driver/devices/validation.py": Core(("test_devices_validation.py",), 1.00),
     "dra_driver/devices/gpu.py": Core(("test_devices_gpu.py",), 1.00),
     "dra_driver/devices/names.py": Core(("test_devices_names.py",), 0.97),
+    "dra_driver/devices/model.py": Core(("test_devices_model.py",), 0.91),
 }
 
 

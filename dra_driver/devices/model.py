@@ -110,13 +110,10 @@ def with_taints(node_devices: NodeDevices, taints: Mapping[str, tuple[Taint, ...
                 return taints[gpu]
         return ()
 
-    added = [wanted(d) for d in node_devices.devices]
-    if not any(added):
-        return node_devices
-    return NodeDevices(
-        devices=tuple(
-            replace(d, taints=d.taints + extra) if extra else d
-            for d, extra in zip(node_devices.devices, added, strict=True)
-        ),
-        counter_sets=node_devices.counter_sets,
+    devices = tuple(
+        replace(d, taints=d.taints + extra) if (extra := wanted(d)) else d
+        for d in node_devices.devices
     )
+    if devices == node_devices.devices:
+        return node_devices
+    return NodeDevices(devices=devices, counter_sets=node_devices.counter_sets)
