@@ -7,8 +7,8 @@ them all), copies the package and the tests into the test's directory, runs ``mu
 there against the module's own test files, and fails when the share of mutants killed falls
 below the module's floor (the score measured when the floor was set: docs/development.md
 "Mutation testing" has them, and the cores not in the rotation yet). Bounded in time: a core
-takes one to three and a half minutes on two shared CPUs; ``mutmut`` gets ``LIMIT_S`` and the
-test fails if it runs out.
+takes a quarter of a minute to three and a half minutes on two shared CPUs; ``mutmut`` gets
+``LIMIT_S`` and the test fails if it runs out.
 """
 
 from __future__ import annotations
