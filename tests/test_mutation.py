@@ -42,6 +42,15 @@ CORES = {
     "dra_driver/scheduling/allocator/capacity.py": Core(
         ("test_scheduling_allocator_capacity.py", "test_scheduling_allocator_policies.py"), 0.96
     ),
+    "dra_driver/scheduling/allocator/search.py": Core(
+        ("test_scheduling_allocator_search.py",), 0.95
+    ),
+    "dra_driver/scheduling/allocator/constraints.py": Core(
+        ("test_scheduling_allocator_constraints.py",), 0.97
+    ),
+    "dra_driver/scheduling/allocator/taints.py": Core(
+        ("test_scheduling_allocator_taints.py",), 0.92
+    ),
     "dra_driver/publish/syncplan.py": Core(("test_syncplan.py",), 0.95),
     "dra_driver/sharing/shares.py": Core(("test_shares.py",), 0.99),
     "dra_driver/prepare/plan.py": Core(("test_prepare_plan.py",), 0.97),

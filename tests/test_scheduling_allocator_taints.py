@@ -90,3 +90,25 @@ def test_device_taint_rules_taint_what_their_selector_picks() -> None:
         node=NODE,
     )
     assert devices_of(result) == ["gpu-0", "gpu-1"]
+
+
+def test_no_taint_rules_leave_the_slices_as_they_are() -> None:
+    slices = [parse_slice(slice_([gpu("gpu-0")]))]
+    assert apply_taint_rules(slices, [], classes=CLASSES) == slices  # the same objects
+
+
+def test_a_rule_selector_that_fails_at_runtime_selects_nothing() -> None:
+    slices = [parse_slice(slice_([gpu("gpu-0")]))]
+    broken = taint_rule(
+        "broken",
+        {"selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].x == 1"}}]},
+    )
+    (out,) = apply_taint_rules(slices, [broken], classes=CLASSES)
+    assert out.devices[0].taints == ()
+
+
+def test_no_execute_blocks_like_no_schedule() -> None:
+    tainted = gpu("gpu-0", taints=[{"key": "k", "value": "v", "effect": "NoExecute"}])
+    result = run([claim(exactly())], [slice_([tainted])])
+    assert not result.satisfiable
+    assert result.diagnoses[0].verdicts[0].reasons == ("taint k=v:NoExecute is not tolerated",)

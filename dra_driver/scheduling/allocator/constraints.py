@@ -65,18 +65,19 @@ def lookup_attribute(cand: Candidate, qualified: str) -> Any:
     return MISSING
 
 
-def _as_set(v: Any) -> list[str]:
-    items = v if isinstance(v, list) else [v]
-    return [f"{type(x).__name__}:{x}" for x in items]
+def _key(x: Any) -> str:
+    return f"{type(x).__name__}:{x}"  # typed: the int 1 and the string "1" differ
+
+
+def _as_set(v: Any) -> set[str]:
+    return {_key(x) for x in (v if isinstance(v, list) else [v])}
 
 
 def _attr_overlap(a: Any, b: Any) -> bool:
-    return bool(set(_as_set(a)) & set(_as_set(b)))
+    return bool(_as_set(a) & _as_set(b))
 
 
-def _attr_intersection(a: Any, b: Any) -> Any:
-    if not isinstance(a, list) and not isinstance(b, list):
-        return a
-    keep = set(_as_set(b))
-    items = a if isinstance(a, list) else [a]
-    return [x for x in items if f"{type(x).__name__}:{x}" in keep]
+def _attr_intersection(a: Any, b: Any) -> list[Any]:
+    """The values of ``a`` that ``b`` has too (a scalar counts as a list of one)."""
+    keep = _as_set(b)
+    return [x for x in (a if isinstance(a, list) else [a]) if _key(x) in keep]

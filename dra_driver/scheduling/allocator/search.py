@@ -54,7 +54,7 @@ class Search:
         pools: list[Pool],
         allocated: AllocatedState,
         *,
-        binding_conditions: bool = True,
+        binding_conditions: bool,
     ) -> None:
         self.claims = claims
         # DRADeviceBindingConditions: off, a device with binding conditions is never selectable
@@ -76,7 +76,6 @@ class Search:
         self.constraints = [[ConstraintTracker(c) for c in claim.constraints] for claim in claims]
         self.placed: list[list[Placed]] = [[] for _ in claims]
         self.selected_sub: dict[tuple[int, int], int] = {}
-        self.steps = 0
         self.aborted: str | None = None  # the error that ended the attempt (a CEL runtime error)
 
     # -- checks shared with the diagnosis
@@ -103,7 +102,6 @@ class Search:
         return self.one(0, 0, 0, 0, sub=False, start=0)
 
     def one(self, c: int, r: int, s: int, d: int, *, sub: bool, start: int) -> bool:
-        self.steps += 1
         if c >= len(self.claims):
             return True
         claim = self.claims[c]
@@ -129,8 +127,6 @@ class Search:
                 raise TooMany
             return False
         req = data.request
-        if req.allocation_mode == "All" and data.all_error:
-            raise Abort(data.all_error)
         if req.allocation_mode == "All" and not data.all_devices:
             return False
         if d >= data.num_devices:
@@ -144,7 +140,7 @@ class Search:
                 return False
             if self.one(c, r, s, d + 1, sub=sub, start=0):
                 return True
-            self.unplace(key, placed)
+            self.unplace(placed)
             return False
         for i in range(start, len(self.candidates)):
             cand = self.candidates[i]
@@ -163,9 +159,9 @@ class Search:
                 if self.one(c, r, s, d + 1, sub=sub, start=i + 1):
                     return True
             except TooMany:
-                self.unplace(key, placed)
+                self.unplace(placed)
                 raise
-            self.unplace(key, placed)
+            self.unplace(placed)
         return False
 
     def place(self, key: tuple[int, int, int], cand: Candidate, *, must: bool) -> Placed | None:
@@ -226,7 +222,7 @@ class Search:
         self.placed[c].append(placed)
         return placed
 
-    def unplace(self, key: tuple[int, int, int], placed: Placed) -> None:
+    def unplace(self, placed: Placed) -> None:
         data = placed.data
         c = data.claim_index
         dev = placed.cand.id
