@@ -213,3 +213,41 @@ def test_generated_claims_are_allocated_as_the_scheduler_does() -> None:
     assert not found, f"{len(found)} of {len(cases)} cases differ:\n" + "\n\n".join(found[:3])
     # not vacuous: the draw allocates, fails to fit and gives up with errors
     assert {theirs.kind for _, _, theirs in compared} == {"allocated", "unsatisfiable", "error"}
+
+
+def test_one_request_never_takes_one_shared_device_twice_as_the_scheduler() -> None:
+    """A request for two shares of a device with room for two: the scheduler's combinations,
+    not permutations (explain's search docstring); two such devices give one share each."""
+    from tests.allocatordata import DRIVER, gpu, slice_  # noqa: PLC0415
+    from tests.oracle import NODE  # noqa: PLC0415
+
+    def shared(name: str) -> JSON:
+        device = gpu(name, allowMultipleAllocations=True)
+        device["attributes"] = {}
+        return device
+
+    def slices(*names: str) -> list[JSON]:
+        s = slice_([shared(n) for n in names])
+        s["spec"]["nodeName"] = NODE
+        s["spec"]["pool"]["name"] = NODE
+        return [s]
+
+    classes = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "shared"},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        }
+    ]
+    two = _claim("two", "shared", count=2, capacity={"requests": {"memory": "10Gi"}})
+    cases = [
+        Case("one-device", slices("gpu-0"), classes, [two]),
+        Case("two-devices", slices("gpu-0", "gpu-1"), classes, [two]),
+    ]
+    compared = compare(cases)
+    assert not differences(compared)
+    (_, one, _), (_, both, _) = compared
+    assert one.kind == "unsatisfiable", one
+    assert both.kind == "allocated"
+    assert [r["device"] for r in both.claims[0]["results"]] == ["gpu-0", "gpu-1"]
