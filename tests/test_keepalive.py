@@ -634,8 +634,9 @@ def test_the_claim_status_apply_is_sent_as_the_official_client_sends_it(
     kube = KubeClient(configuration)
     try:
         kube._version = "v1"
+        entry = {"driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}
         call = {"namespace": "ns1", "name": "a", "uid": "u-1", "field_manager": "gpu.nvidia.com",
-                "devices": [{"driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}]}  # fmt: skip
+                "devices": [entry]}  # fmt: skip
         sent: list[tuple[str, str, dict[str, str], Any]] = []
         kube._rest.request = lambda method, url, headers, body, _request_timeout: (  # type: ignore[method-assign]
             sent.append((method, url, headers, body)) or _FakeRestResponse()
@@ -662,26 +663,27 @@ def test_claim_status_applies_share_the_keep_alive_connection_with_the_gets(
     kubeapi: FakeKubeApi, kube: KubeClient
 ) -> None:
     stored = [_add(kubeapi, f"claim-{i}") for i in range(5)]
+    entry = {"driver": "gpu.nvidia.com", "pool": "node1", "device": "gpu-0"}
+
+    def apply(meta: dict[str, Any], devices: list[dict[str, str]]) -> bool:
+        return kube.apply_resource_claim_status(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], devices=devices,
+            field_manager="gpu.nvidia.com",
+        )  # fmt: skip
+
     _ = kube.resource_api_version  # discovery: the official client's own connection
     before = kubeapi.connections_accepted
     for claim in stored:
         meta = claim["metadata"]
         assert kube.get_resource_claim(namespace=meta["namespace"], name=meta["name"])
-        entry = {"driver": "gpu.nvidia.com", "pool": "node1", "device": "gpu-0"}
-        assert kube.apply_resource_claim_status(
-            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
-            devices=[entry], field_manager="gpu.nvidia.com",
-        )  # fmt: skip
+        assert apply(meta, [entry])
     assert kubeapi.connections_accepted - before == 1
     for claim in kubeapi.objects("resourceclaims"):
         assert [d["device"] for d in claim["status"]["devices"]] == ["gpu-0"]
-    meta = stored[0]["metadata"]
-    gone = dict(namespace=meta["namespace"], name="gone", uid="u", devices=[],
-                field_manager="gpu.nvidia.com")  # fmt: skip
-    assert kube.apply_resource_claim_status(**gone) is False  # 404: the claim is gone
-    kubeapi.stop()
-    with pytest.raises(KubeUnavailable, match="patch resourceclaims/status/gone"):
-        kube.apply_resource_claim_status(**gone)
+    assert apply({**stored[0]["metadata"], "name": "gone"}, []) is False  # 404: the claim is gone
+    kubeapi.kill_connections()  # closed while idle: sent again on a new connection
+    assert apply(stored[0]["metadata"], [])
+    assert not kubeapi.objects("resourceclaims")[0]["status"].get("devices")
 
 
 class _FakeRestResponse:

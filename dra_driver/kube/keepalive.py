@@ -1,11 +1,8 @@
 """Keep-alive requests for the API calls made once per claim, on the official client's settings.
 
 Place in the flow: kube/ sends the ResourceClaim GET of every NodePrepareResources, and the
-server-side apply of a claim's ``status.devices`` that claimstatus/ makes after each prepare and
-unprepare, through :class:`KeepAliveGetter`; every other call (slices, watches, events,
-discovery) goes through the official client. (The status apply went through the official client
-until bench_prepare showed its 0.7 ms of CPU per write, against 0.2 ms for the GET here, taking
-the CPU of the prepares around it: one write per claim, as many as GETs.)
+status apply claimstatus/ makes per claim (0.7 ms of CPU a write through the official client, 0.2
+here), through :class:`KeepAliveGetter`; every other call goes through the official client.
 
 Why these calls do not: the official client's request path (ApiClient, RESTClientObject,
 urllib3's PoolManager, connection pool and response object) costs several times the CPU of this
@@ -58,10 +55,10 @@ IP address). A passed deadline is ``TimeoutError``, naming the limit.
 
 Transport failures are raised as they come (``OSError``, ``ssl.SSLError``,
 ``http.client.HTTPException`` for a response that breaks the protocol, ``TimeoutError``); the
-caller maps them. There is one retry, the one every HTTP client makes: a GET on a reused
-connection that the server closed while it sat idle is sent again on a new connection, within
-the same deadline. A timeout is never retried. (The status apply is retried the same way: a
-server-side apply with ``force`` sets the same fields however often it is sent.)
+caller maps them. There is one retry, the one every HTTP client makes: a GET (or an apply, which
+with ``force`` sets the same fields however often it is sent) on a reused connection that the
+server closed while it sat idle is sent again on a new connection, within the same deadline. A
+timeout is never retried.
 """
 
 from __future__ import annotations
@@ -102,10 +99,7 @@ _CLOSED_WHILE_IDLE = (ConnectionResetError, BrokenPipeError)
 MAX_RESPONSE_BYTES = 64 * 2**20
 
 _RECV_BYTES = 64 * 1024
-# What this module sends: the claim GET, the claim status apply (repeatable: see the docstring)
-_METHODS = frozenset({"GET", "PATCH"})
-# Header blocks kept (one per set of headers: a GET's and a PATCH's, per token)
-_HEADER_BLOCKS = 4
+_HEADER_BLOCKS = 4  # kept, one per set of headers (a GET's, a PATCH's; per token)
 # A request target and header fields must not be able to end the request line or a header early.
 _UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 _UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -123,8 +117,7 @@ class TlsSource:
 
 
 class KeepAliveGetter:
-    """GET (and PATCH) over a small pool of keep-alive connections to one API server.
-    Thread-safe."""
+    """GET and PATCH over a small pool of keep-alive connections to one API server; thread-safe."""
 
     def __init__(
         self,
@@ -165,8 +158,7 @@ class KeepAliveGetter:
         default_port = 443 if tls is not None else 80
         authority = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         self._host_header = authority if port == default_port else f"{authority}:{port}"
-        # The header blocks of the headers seen (a GET's, a PATCH's): they change only when a
-        # token rotates, and then the old ones are dropped.
+        # The header block of each set of headers seen: they change only when a token rotates.
         self._header_blocks: dict[tuple[tuple[str, str], ...], bytes] = {}
 
     @classmethod
@@ -214,10 +206,8 @@ class KeepAliveGetter:
     def request(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes = b""
     ) -> tuple[int, bytes]:
-        """``method path`` (GET, or PATCH with ``body``; both sent again on a new connection
-        when a reused one was closed under them, so only requests that may be repeated): the
-        status and the whole answer's body. ``TimeoutError`` when the whole request (a retry
-        included) takes longer than ``timeout_s``."""
+        """As :meth:`get`, for ``method`` (GET, or PATCH with ``body``: retried as a GET is, so
+        only a request that may be sent twice)."""
         now = time.monotonic()
         deadline = now + self._timeout_s
         request = self._request(method, path, headers, body)
@@ -314,22 +304,18 @@ class KeepAliveGetter:
 
     def _request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
         """The request's bytes. ``Accept-Encoding: identity``: a body is never compressed."""
-        if method not in _METHODS:
-            raise ValueError(f"not a request this module sends: {method!r}")
         if not path.startswith("/") or _UNSAFE.search(path):
             raise ValueError(f"not a valid request path: {path!r}")
         key = tuple(headers.items())
         with self._lock:
             block = self._header_blocks.get(key)
             if block is None:
-                block = self._encode_headers(key)
                 if len(self._header_blocks) >= _HEADER_BLOCKS:
-                    self._header_blocks.clear()  # a rotated token: the old ones are not sent again
-                self._header_blocks[key] = block
-        head = method.encode("ascii") + b" " + path.encode("ascii") + b" HTTP/1.1\r\n" + block
-        if method == "GET":
-            return head + b"\r\n"
-        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+                    self._header_blocks.clear()  # a rotated token's: not sent again
+                block = self._header_blocks[key] = self._encode_headers(key)
+        line = b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), path.encode("ascii"))
+        length = b"" if method == "GET" else b"Content-Length: %d\r\n" % len(body)
+        return line + block + length + b"\r\n" + body
 
     def _encode_headers(self, headers: tuple[tuple[str, str], ...]) -> bytes:
         lines = [f"Host: {self._host_header}", "Accept-Encoding: identity"]
