@@ -220,6 +220,7 @@ def test_a_mig_claim_whose_capability_node_cannot_be_made_fails_alone_in_its_bat
     env.preparer.unprepare(env.ref(mig))
     for node in caps:
         Path(node["hostPath"]).unlink()
+    Repair(env.preparer).reconcile()  # the nodes a prepare found are not looked at till then
     # the driver's capability files are there, but no nvidia-caps major
     for name, minor in mig_capability_table().items():
         if any(n["path"].endswith(f"nvidia-cap{minor}") for n in caps):
@@ -253,6 +254,7 @@ def test_a_mig_claims_capability_nodes_are_made_from_the_drivers_capability_file
         (name,) = [n for n, m in table.items() if m == minor]
         written.append(write_capability(env.tmp / "proc", name, mode=0o440))
     assert [p.name for p in written] == ["access", "access"]  # the GI's, then its CI's
+    Repair(env.preparer).reconcile()  # the nodes a prepare found are not looked at till then
     env.preparer.prepare(env.ref(mig))
     for node in caps:
         minor = int(node["path"].rsplit("nvidia-cap", 1)[1])
@@ -313,9 +315,39 @@ def test_the_nodes_every_claim_gets_are_checked_once_per_reconcile_pass_not_per_
     (dev / "nvidia1").unlink()
     second = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
     env.preparer.prepare(env.ref(second))
-    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the claim's own node: checked every time
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the claim's own node, named the first time
     assert not (dev / "nvidia-uvm").exists()  # a shared one: not on this prepare
     Repair(env.preparer).reconcile()
     third = env.store.add(allocated_claim(name="c3", devices=["gpu-2"]))
     env.preparer.prepare(env.ref(third))
     assert _rdev(dev / "nvidia-uvm") == (UVM_MAJOR, 0, 0o666)
+
+
+@root_only
+def test_a_devices_own_node_is_checked_once_per_reconcile_pass_and_device_version(
+    env: Env,
+) -> None:
+    """A device's own node does not depend on the claim either: the first prepare that names
+    it makes it, the next prepares of the device do not look again; after a reconcile pass, or
+    a re-discovery (set_targets), the next prepare makes a node removed since."""
+    dev = env.tmp / "driver-root/dev"
+    (dev / "nvidia1").unlink()
+    n = iter(range(100))
+
+    def prepare_gpu_1() -> None:
+        claim = env.store.add(allocated_claim(name=f"c{next(n)}", devices=["gpu-1"]))
+        env.preparer.prepare(env.ref(claim))
+        env.preparer.unprepare(env.ref(claim))
+
+    prepare_gpu_1()
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # made by the first prepare
+    (dev / "nvidia1").unlink()
+    prepare_gpu_1()
+    assert not (dev / "nvidia1").exists()  # checked once: not on this prepare
+    Repair(env.preparer).reconcile()
+    prepare_gpu_1()
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the pass: checked again
+    (dev / "nvidia1").unlink()
+    env.preparer.set_targets(env.preparer.targets, env.preparer.files)  # a re-discovery
+    prepare_gpu_1()
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # a new version of the devices: again

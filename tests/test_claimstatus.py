@@ -49,6 +49,16 @@ def api(tmp_path: Path) -> Iterator[FakeKubeApi]:
         server.stop()
 
 
+@pytest.fixture
+def kube(api: FakeKubeApi, tmp_path: Path) -> Iterator[KubeClient]:
+    """A client of ``api``, closed after the test (its keep-alive connections with it)."""
+    made = client(api, tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
 def stored_devices(api: FakeKubeApi, name: str) -> list[dict[str, Any]]:
     (claim,) = [c for c in api.objects("resourceclaims") if c["metadata"]["name"] == name]
     devices: list[dict[str, Any]] = (claim.get("status") or {}).get("devices") or []
@@ -74,7 +84,7 @@ def apply(kube: KubeClient, claim: dict[str, Any], devices: list[dict[str, Any]]
 
 
 def test_apply_writes_our_entries_and_keeps_another_drivers(
-    api: FakeKubeApi, tmp_path: Path
+    api: FakeKubeApi, kube: KubeClient
 ) -> None:
     claim = allocated_claim(
         name="c", node=NODE, devices=("gpu-0", "gpu-1"),
@@ -82,7 +92,6 @@ def test_apply_writes_our_entries_and_keeps_another_drivers(
                         "device": "eth1"}],
     )  # fmt: skip
     api.add_claim(claim)
-    kube = client(api, tmp_path)
     # another driver's entry, applied under its own field manager
     other = kube.apply_resource_claim_status(
         namespace="default", name="c", uid=claim["metadata"]["uid"],
@@ -113,36 +122,38 @@ def test_apply_writes_our_entries_and_keeps_another_drivers(
     ],
 )
 def test_the_server_refuses_entries_the_real_one_refuses(
-    api: FakeKubeApi, tmp_path: Path, devices: list[dict[str, Any]], complaint: str
+    api: FakeKubeApi, kube: KubeClient, devices: list[dict[str, Any]], complaint: str
 ) -> None:
     claim = allocated_claim(name="c", node=NODE)
     api.add_claim(claim)
     with pytest.raises(KubeError, match=complaint):
-        apply(client(api, tmp_path), claim, devices)
+        apply(kube, claim, devices)
     assert stored_devices(api, "c") == []
 
 
 def test_a_claim_recreated_under_the_same_name_is_not_written(
-    api: FakeKubeApi, tmp_path: Path
+    api: FakeKubeApi, kube: KubeClient
 ) -> None:
     old = allocated_claim(name="c", node=NODE)
     api.add_claim(allocated_claim(name="c", node=NODE))  # same name, a new UID
     with pytest.raises(KubeConflict, match="Precondition failed: UID"):
-        apply(client(api, tmp_path), old, [entry("gpu-0")])
+        apply(kube, old, [entry("gpu-0")])
 
 
-def test_a_claim_that_is_gone_needs_nothing(api: FakeKubeApi, tmp_path: Path) -> None:
-    assert not apply(client(api, tmp_path), allocated_claim(name="gone", node=NODE), [])
+def test_a_claim_that_is_gone_needs_nothing(kube: KubeClient) -> None:
+    assert not apply(kube, allocated_claim(name="gone", node=NODE), [])
 
 
 def test_with_the_feature_off_the_server_drops_the_field(tmp_path: Path) -> None:
     server = FakeKubeApi(tls_dir=tmp_path / "tls", device_status=False).start()
+    kube = client(server, tmp_path)
     try:
         claim = allocated_claim(name="c", node=NODE)
         server.add_claim(claim)
-        assert apply(client(server, tmp_path), claim, [entry("gpu-0")])
+        assert apply(kube, claim, [entry("gpu-0")])
         assert stored_devices(server, "c") == []
     finally:
+        kube.close()
         server.stop()
 
 
@@ -253,6 +264,60 @@ def test_writes_wait_for_a_pause_in_the_kubelets_calls_but_not_forever() -> None
         assert time.monotonic() - started >= 0.9
     finally:
         reporter.stop()
+
+
+def test_a_burst_of_calls_wakes_the_writer_once_not_per_call() -> None:
+    """A call only postpones the pending writes: the writer, asleep till they are due, is not
+    woken by each (it would take the interpreter lock from the servicer's answer)."""
+    inventory = simulated_inventory("h100:1", node_name=NODE)
+    client = FlakyClient(failures=0)
+    reporter = ClaimStatusReporter(
+        client=client, driver_name=DRIVER, inventory=lambda: inventory, quiet_s=0.2,
+    )  # fmt: skip
+    passes = []
+    next_due = reporter._next_due
+    reporter._next_due = lambda: passes.append(1) or next_due()  # type: ignore[method-assign]
+    reporter.start()
+    try:
+        time.sleep(0.05)  # the writer asleep, idle
+        passes.clear()
+        for i in range(50):  # the kubelet's calls, a millisecond apart
+            reporter.prepared(
+                namespace="ns", name=f"c{i}", uid=f"u{i}", devices=[(NODE, "gpu-0", None)]
+            )
+            time.sleep(0.001)
+        assert reporter.idle(3)
+        assert len(client.calls) == 50
+        # a pass per write, and a few more: one for the first call, one at the pause (a wake
+        # per call made that about 100)
+        assert len(passes) <= 50 + 5, len(passes)
+    finally:
+        reporter.stop()
+
+
+def test_a_wish_is_written_at_the_pause_even_while_a_retry_waits_long() -> None:
+    """The writer asleep till a retry's far ``not_before`` is woken for a new wish due sooner."""
+    inventory = simulated_inventory("h100:1", node_name=NODE)
+    flaky = FlakyClient(failures=1)
+    reporter = ClaimStatusReporter(
+        client=flaky, driver_name=DRIVER, inventory=lambda: inventory,
+        retry_delays_s=(30.0,), quiet_s=0.05,
+    )  # fmt: skip
+    reporter.start()
+    try:
+        reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
+        deadline = time.monotonic() + 3
+        while len(flaky.calls) < 1:  # failed once: its retry is 30 s away
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.1)  # the writer asleep till the retry
+        started = time.monotonic()
+        reporter.prepared(namespace="ns", name="b", uid="u2", devices=[(NODE, "gpu-0", None)])
+        while ("b", 1) not in flaky.calls:
+            assert time.monotonic() - started < 2, "the new wish waited for the retry"
+            time.sleep(0.01)
+    finally:
+        reporter.stop(timeout_s=0.5)
 
 
 # -- the agent, as deployed ------------------------------------------------------------------

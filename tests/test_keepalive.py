@@ -548,10 +548,12 @@ def test_the_request_names_the_host_and_cannot_be_split_by_its_headers(
     finally:
         getter.close()
     ipv6 = KeepAliveGetter(host="::1", port=6443, tls=None, connect_timeout_s=1, timeout_s=1)
-    assert ipv6._request("/a", {}).startswith(b"GET /a HTTP/1.1\r\nHost: [::1]:6443\r\n")
+    assert ipv6._request("GET", "/a", {}, b"").startswith(
+        b"GET /a HTTP/1.1\r\nHost: [::1]:6443\r\n"
+    )
     default = KeepAliveGetter(host="api.example", port=80, tls=None, connect_timeout_s=1,
                               timeout_s=1)  # fmt: skip
-    assert b"\r\nHost: api.example\r\n" in default._request("/a", {})
+    assert b"\r\nHost: api.example\r\n" in default._request("GET", "/a", {}, b"")
 
 
 def test_kube_client_maps_broken_answers_and_unsendable_headers(
@@ -616,6 +618,72 @@ def test_request_headers_and_urls_are_those_of_the_official_client(
         assert sent == [("POST", url, official, body)]
     finally:
         kube.close()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"api_key": {"BearerToken": "abc"}, "api_key_prefix": {"BearerToken": "Bearer"}}],
+    ids=["no-token", "token-with-prefix"],
+)
+def test_the_claim_status_apply_is_sent_as_the_official_client_sends_it(
+    settings: dict[str, Any],
+) -> None:
+    """The status apply (once per claim) goes over the keep-alive path: the same method, URL,
+    headers and body as through the official transport."""
+    configuration = _configuration("http://127.0.0.1:6443", **settings)
+    kube = KubeClient(configuration)
+    try:
+        kube._version = "v1"
+        entry = {"driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}
+        call = {"namespace": "ns1", "name": "a", "uid": "u-1", "field_manager": "gpu.nvidia.com",
+                "devices": [entry]}  # fmt: skip
+        sent: list[tuple[str, str, dict[str, str], Any]] = []
+        kube._rest.request = lambda method, url, headers, body, _request_timeout: (  # type: ignore[method-assign]
+            sent.append((method, url, headers, body)) or _FakeRestResponse()
+        )
+        getter, kube._getter = kube._getter, None  # the official path
+        assert kube.apply_resource_claim_status(**call)
+        kube._getter = getter
+        assert getter is not None
+        fast: list[tuple[str, str, dict[str, str], bytes]] = []
+        getter.request = lambda method, path, headers, body=b"": (  # type: ignore[method-assign]
+            fast.append((method, path, dict(headers), body)) or (200, b"{}")
+        )
+        assert kube.apply_resource_claim_status(**call)
+        ((method, url, headers, body),) = sent
+        ((fast_method, path, fast_headers, fast_body),) = fast
+        assert (fast_method, configuration.host + path, fast_headers) == (method, url, headers)
+        assert json.loads(fast_body) == body
+        assert "fieldManager=gpu.nvidia.com&force=true" in path
+    finally:
+        kube.close()
+
+
+def test_claim_status_applies_share_the_keep_alive_connection_with_the_gets(
+    kubeapi: FakeKubeApi, kube: KubeClient
+) -> None:
+    stored = [_add(kubeapi, f"claim-{i}") for i in range(5)]
+    entry = {"driver": "gpu.nvidia.com", "pool": "node1", "device": "gpu-0"}
+
+    def apply(meta: dict[str, Any], devices: list[dict[str, str]]) -> bool:
+        return kube.apply_resource_claim_status(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], devices=devices,
+            field_manager="gpu.nvidia.com",
+        )  # fmt: skip
+
+    _ = kube.resource_api_version  # discovery: the official client's own connection
+    before = kubeapi.connections_accepted
+    for claim in stored:
+        meta = claim["metadata"]
+        assert kube.get_resource_claim(namespace=meta["namespace"], name=meta["name"])
+        assert apply(meta, [entry])
+    assert kubeapi.connections_accepted - before == 1
+    for claim in kubeapi.objects("resourceclaims"):
+        assert [d["device"] for d in claim["status"]["devices"]] == ["gpu-0"]
+    assert apply({**stored[0]["metadata"], "name": "gone"}, []) is False  # 404: the claim is gone
+    kubeapi.kill_connections()  # closed while idle: sent again on a new connection
+    assert apply(stored[0]["metadata"], [])
+    assert not kubeapi.objects("resourceclaims")[0]["status"].get("devices")
 
 
 class _FakeRestResponse:

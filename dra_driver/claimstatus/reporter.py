@@ -6,7 +6,11 @@ slow or failing API server never delays or fails a prepare. One thread applies t
 server-side apply (kube/resourceclaims.py), the latest wish of a claim replacing any not yet
 written (a prepare and its unprepare in quick succession write only the removal). Writes wait
 for a pause in the kubelet's calls (``quiet_s`` without a new prepare or unprepare, at most
-``max_delay_s``), so that a burst of prepares does not share the CPU with them. A failed write
+``max_delay_s``), so that a burst of prepares does not share the CPU with them. Queuing a wish
+wakes the writer only when that wish is due before the writer would wake anyway (it sleeps
+until the first pending wish is due, or idle): a writer woken by every call took the interpreter
+lock from the servicer in the middle of its answer to the kubelet, for nothing, since a new call
+only postpones the pending writes (as node/log.py's writer, for the same reason). A failed write
 is retried after each of ``retry_delays_s``, then logged as a warning and counted
 (``gpu_dra_claim_status_writes_total{result="failed"}``); a claim that is gone needs nothing.
 """
@@ -17,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -91,6 +95,10 @@ class ClaimStatusReporter:
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
+        # the earliest a fresh wish can be due, after its call
+        self._first_due_s = min(quiet_s, max_delay_s)
+        # when the writer, asleep on _cond, wakes by itself (None: it is not asleep)
+        self._asleep_until_s: float | None = None
         self._thread: threading.Thread | None = None
 
     # -- the servicer's side --------------------------------------------------------------------
@@ -106,20 +114,26 @@ class ClaimStatusReporter:
         """The claim is prepared with ``devices`` ((pool, device, share ID), this driver's):
         write their entries."""
         wanted = tuple(StatusDevice(pool, device, share) for pool, device, share in devices)
-        self._queue(_Wish(namespace, name, uid, wanted))
+        self._queue(namespace, name, uid, wanted)
 
     def unprepared(self, *, namespace: str, name: str, uid: str) -> None:
         """The claim is unprepared: remove this driver's entries."""
-        self._queue(_Wish(namespace, name, uid, ()))
+        self._queue(namespace, name, uid, ())
 
-    def _queue(self, wish: _Wish) -> None:
+    def _queue(
+        self, namespace: str, name: str, uid: str, devices: tuple[StatusDevice, ...]
+    ) -> None:
         now_s = time.monotonic()
         with self._cond:
             self._last_call_s = now_s
-            old = self._pending.get(wish.uid)
+            old = self._pending.get(uid)
             queued_s = old.queued_s if old is not None else now_s
-            self._pending[wish.uid] = replace(wish, queued_s=queued_s)
-            self._cond.notify()
+            self._pending[uid] = _Wish(namespace, name, uid, devices, queued_s=queued_s)
+            # Due at the pause after this call at the earliest (a call only postpones the
+            # others): wake the writer only when it sleeps past that (idle, or till a retry).
+            asleep_until_s = self._asleep_until_s
+            if asleep_until_s is not None and now_s + self._first_due_s < asleep_until_s:
+                self._cond.notify_all()  # idle() may wait on it too
 
     # -- the writer -----------------------------------------------------------------------------
 
@@ -154,7 +168,12 @@ class ClaimStatusReporter:
                 while wish is None:
                     if self._stopping:
                         return
-                    self._cond.wait(self._wait_s())
+                    wait_s = self._wait_s()
+                    self._asleep_until_s = time.monotonic() + wait_s
+                    try:
+                        self._cond.wait(wait_s)
+                    finally:
+                        self._asleep_until_s = None
                     wish = self._next_due()
                 self._busy = True
             try:

@@ -1,10 +1,10 @@
-"""Keep-alive GETs for the one API read on the prepare path, on the official client's settings.
+"""Keep-alive requests for the API calls made once per claim, on the official client's settings.
 
-Place in the flow: kube/ sends the ResourceClaim GET of every NodePrepareResources through
-:class:`KeepAliveGetter`; every other call (slices, watches, events, discovery) goes through the
-official client.
+Place in the flow: kube/ sends the ResourceClaim GET of every NodePrepareResources, and the
+status apply claimstatus/ makes per claim (0.7 ms of CPU a write through the official client, 0.2
+here), through :class:`KeepAliveGetter`; every other call goes through the official client.
 
-Why this one call does not: the official client's request path (ApiClient, RESTClientObject,
+Why these calls do not: the official client's request path (ApiClient, RESTClientObject,
 urllib3's PoolManager, connection pool and response object) costs several times the CPU of this
 one. bench/bench_claim_get.py measures the whole ``KubeClient.get_resource_claim`` both ways on one
 kept-alive connection, the local API server in its own process (2-core development VM, Python
@@ -55,9 +55,10 @@ IP address). A passed deadline is ``TimeoutError``, naming the limit.
 
 Transport failures are raised as they come (``OSError``, ``ssl.SSLError``,
 ``http.client.HTTPException`` for a response that breaks the protocol, ``TimeoutError``); the
-caller maps them. There is one retry, the one every HTTP client makes: a GET on a reused
-connection that the server closed while it sat idle is sent again on a new connection, within
-the same deadline. A timeout is never retried.
+caller maps them. There is one retry, the one every HTTP client makes: a GET (or an apply, which
+with ``force`` sets the same fields however often it is sent) on a reused connection that the
+server closed while it sat idle is sent again on a new connection, within the same deadline. A
+timeout is never retried.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ _CLOSED_WHILE_IDLE = (ConnectionResetError, BrokenPipeError)
 MAX_RESPONSE_BYTES = 64 * 2**20
 
 _RECV_BYTES = 64 * 1024
+_HEADER_BLOCKS = 4  # kept, one per set of headers (a GET's, a PATCH's; per token)
 # A request target and header fields must not be able to end the request line or a header early.
 _UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 _UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -115,7 +117,7 @@ class TlsSource:
 
 
 class KeepAliveGetter:
-    """GET over a small pool of keep-alive connections to one API server. Thread-safe."""
+    """GET and PATCH over a small pool of keep-alive connections to one API server; thread-safe."""
 
     def __init__(
         self,
@@ -156,9 +158,8 @@ class KeepAliveGetter:
         default_port = 443 if tls is not None else 80
         authority = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         self._host_header = authority if port == default_port else f"{authority}:{port}"
-        # The header block of the last headers seen: they change only when a token rotates.
-        self._headers_key: tuple[tuple[str, str], ...] | None = None
-        self._header_block = b""
+        # The header block of each set of headers seen: they change only when a token rotates.
+        self._header_blocks: dict[tuple[tuple[str, str], ...], bytes] = {}
 
     @classmethod
     def for_configuration(
@@ -200,9 +201,16 @@ class KeepAliveGetter:
     def get(self, path: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
         """``GET path``: the status and the whole body. ``TimeoutError`` when the whole GET
         (a retry included) takes longer than ``timeout_s``."""
+        return self.request("GET", path, headers)
+
+    def request(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, bytes]:
+        """As :meth:`get`, for ``method`` (GET, or PATCH with ``body``: retried as a GET is, so
+        only a request that may be sent twice)."""
         now = time.monotonic()
         deadline = now + self._timeout_s
-        request = self._request(path, headers)
+        request = self._request(method, path, headers, body)
         if self._tls_source is not None and now >= self._next_tls_check:
             self._check_tls_files()
         try:
@@ -294,17 +302,20 @@ class KeepAliveGetter:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _request(self, path: str, headers: Mapping[str, str]) -> bytes:
+    def _request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
         """The request's bytes. ``Accept-Encoding: identity``: a body is never compressed."""
         if not path.startswith("/") or _UNSAFE.search(path):
             raise ValueError(f"not a valid request path: {path!r}")
         key = tuple(headers.items())
         with self._lock:
-            if key != self._headers_key:
-                self._header_block = self._encode_headers(key)
-                self._headers_key = key
-            block = self._header_block
-        return b"GET " + path.encode("ascii") + b" HTTP/1.1\r\n" + block
+            block = self._header_blocks.get(key)
+            if block is None:
+                if len(self._header_blocks) >= _HEADER_BLOCKS:
+                    self._header_blocks.clear()  # a rotated token's: not sent again
+                block = self._header_blocks[key] = self._encode_headers(key)
+        line = b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), path.encode("ascii"))
+        length = b"" if method == "GET" else b"Content-Length: %d\r\n" % len(body)
+        return line + block + length + b"\r\n" + body
 
     def _encode_headers(self, headers: tuple[tuple[str, str], ...]) -> bytes:
         lines = [f"Host: {self._host_header}", "Accept-Encoding: identity"]
@@ -314,8 +325,9 @@ class KeepAliveGetter:
             if _UNSAFE_VALUE.search(str(value)):
                 raise ValueError(f"header {name} has a value that is not allowed in HTTP")
             lines.append(f"{name}: {value}")
-        # latin-1, as http.client encodes header values
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        # latin-1, as http.client encodes header values; the blank line that ends the head is
+        # the caller's (a body's length goes before it)
+        return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
     # -- connections ------------------------------------------------------------------------
 
@@ -491,7 +503,7 @@ def _exchange(sock: socket.socket, request: bytes, deadline: float) -> tuple[int
     version, status, fields = reader.head()
     while 100 <= status < 200:  # interim answers (100 Continue, 103 Early Hints)
         if status == 101:
-            raise http.client.HTTPException("the API server switched protocols on a plain GET")
+            raise http.client.HTTPException("the API server switched protocols on a plain request")
         version, status, fields = reader.head()
     until_close = False
     codings = [

@@ -58,16 +58,14 @@ class ResourceClaimCalls(ApiConnection):
             "status": {"devices": [dict(d) for d in devices]},
         }
         try:
-            self._request(
-                "PATCH",
+            self._apply(
                 f"/apis/{GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}/status",
-                verb="patch",
-                resource="resourceclaims/status",
-                namespace=namespace,
-                name=name,
                 query={"fieldManager": field_manager, "force": "true"},
                 body=body,
                 content_type=APPLY_PATCH,
+                resource="resourceclaims/status",
+                namespace=namespace,
+                name=name,
             )
         except KubeNotFound:
             return False

@@ -422,13 +422,16 @@ class Preparer:
                 spec = step.edit(step_plan, device, spec=spec)
             out.append(spec)
         if make_nodes:
-            # the nodes every claim with these capabilities gets: once per version of the
-            # devices and per reconcile pass, not on every prepare (TargetSet.nodes_checked)
+            # each node once per version of the devices and per reconcile pass, not on every
+            # prepare (TargetSet.nodes_checked, own_nodes_checked)
             shared = capabilities not in current.nodes_checked
-            own = [node.path for device in out for node in device.nodes]
-            current.files.ensure_claim_nodes(own, capabilities, shared=shared)
-            if shared:
-                current.nodes_checked.add(capabilities)
+            checked = current.own_nodes_checked
+            own = [node.path for device in out for node in device.nodes if node.path not in checked]
+            if own or shared:
+                current.files.ensure_claim_nodes(own, capabilities, shared=shared)
+                checked.update(own)
+                if shared:
+                    current.nodes_checked.add(capabilities)
         return self._spec_encoder.encode(claim_uid, out, capabilities)
 
     def _sync_spec(self, pending: cdi.PendingSpec) -> Future[None] | None:

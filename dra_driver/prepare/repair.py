@@ -129,7 +129,7 @@ class Repair:
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
                 "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
         preparer = self._preparer
-        preparer.current.nodes_checked.clear()  # the next prepare checks the shared nodes again
+        preparer.current.recheck_nodes()  # the next prepares check their device nodes again
         _, done["stale_spares_removed"] = self.specs.collect_spares()
         for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
             with self.locks.try_hold(uid) as held:

@@ -97,15 +97,23 @@ class TargetSet:
 
     ``nodes_checked``: the capability sets whose shared device nodes (the control nodes and the
     driver files' nodes every claim with those capabilities gets, none of them the claim's own)
-    a prepare has found or made with this version of the devices; a prepare checks them only
-    while its set is not in here, so that per-claim work stays per claim. Reconcile empties it
-    on every pass, and a re-discovery builds a new TargetSet, so a node removed since (a driver
-    reload) is made again by the next prepare."""
+    a prepare has found or made with this version of the devices; ``own_nodes_checked``: the
+    devices' own nodes (container paths) a prepare has found or made. A prepare checks only
+    what is not in these, so that a prepare does no work that does not depend on its claim
+    (a stat per node on every prepare was most of the device-node checks' cost). Reconcile
+    empties both on every pass (:meth:`recheck_nodes`), and a re-discovery builds a new
+    TargetSet, so a node removed since (a driver reload) is made again by the next prepare."""
 
     targets: Mapping[str, DeviceTarget]
     spec_devices: Mapping[str, ClaimDevice]
     files: DriverFiles
     nodes_checked: set[frozenset[str]] = field(default_factory=set, compare=False, hash=False)
+    own_nodes_checked: set[str] = field(default_factory=set, compare=False, hash=False)
+
+    def recheck_nodes(self) -> None:
+        """Have the next prepares check (and make) their device nodes again."""
+        self.nodes_checked.clear()
+        self.own_nodes_checked.clear()
 
     @classmethod
     def build(cls, targets: Mapping[str, DeviceTarget], files: DriverFiles) -> TargetSet:
