@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import urllib.error
@@ -94,9 +96,20 @@ class HollowNode:
         ready = node is not None and objects.condition(node, "Ready")
         return bool(ready and ready.get("status") == "True")
 
+    def scratch_dirs(self) -> list[Path]:
+        """The root directories kubemark made for this node's hollow kubelet. It makes them in
+        /tmp whatever TMPDIR says (``MakeTempDirOrDie("hollow-kubelet.", "")``), and says so in
+        its log: ``Using /tmp/hollow-kubelet.NNN as root dir for hollow-kubelet``."""
+        log = self.work / "kubelet.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = re.findall(r"Using (/tmp/hollow-kubelet\.\d+) as root dir for hollow-kubelet", text)
+        return [Path(p) for p in dict.fromkeys(found)]
+
     def stop(self) -> None:
         if self.kubelet is not None:
             self.kubelet.stop()
+            for scratch in self.scratch_dirs():  # nothing of ours left in /tmp
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def created_containers(self) -> list[dict[str, Any]]:
         """Every CreateContainer the kubelet sent the runtime (pod, container, CDI devices)."""

@@ -106,3 +106,11 @@ def test_the_admission_policy_refuses_a_token_bound_to_another_nodes_pod(cluster
     )  # fmt: skip
     assert status == 201, body
     objects.delete(cluster.control, "ResourceSlice", "own-node-slice-check")
+
+
+def test_each_hollow_kubelet_says_where_its_scratch_directory_is(cluster: Cluster) -> None:
+    """kubemark makes a scratch directory in /tmp whatever TMPDIR says; the node finds it in the
+    kubelet's log and removes it when it stops, so the run leaves nothing in /tmp."""
+    for node in cluster.nodes.values():
+        (scratch,) = node.scratch_dirs()
+        assert scratch.is_dir() and scratch.name.startswith("hollow-kubelet.")
