@@ -188,13 +188,19 @@ class DeploymentKubelet:
 
 
 def _kill(pod: _Pod) -> None:
-    process = pod.process
-    if process is None or process.poll() is not None:
+    if pod.process is not None:
+        stop_process_group(pod.process, grace_s=_STOP_GRACE_S)
+
+
+def stop_process_group(process: subprocess.Popen[Any], *, grace_s: float) -> None:
+    """Stop a pod's process group as the kubelet stops a container: SIGTERM, then SIGKILL
+    after ``grace_s``; reaped either way (nothing to do if it has ended)."""
+    if process.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:
-        process.wait(_STOP_GRACE_S)
+        process.wait(grace_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)

@@ -12,8 +12,6 @@ stopped (SIGTERM, then SIGKILL, to its process group) when the pod goes, as the 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_driver.sharing.mps import APP, APP_LABEL
-from dra_driver.sim.localkubelet import pod_command
+from dra_driver.sim.localkubelet import pod_command, stop_process_group
 from tests.cluster import objects
 from tests.cluster.controlplane import ControlPlane
 
@@ -94,14 +92,4 @@ class MpsPodRuntime:
         self.started[name] = self.started.get(name, 0) + 1
 
     def _kill(self, uid: str) -> None:
-        process = self._running.pop(uid)
-        if process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(self._running.pop(uid), grace_s=_STOP_GRACE_S)
