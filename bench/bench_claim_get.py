@@ -1,6 +1,7 @@
 """The prepare path's ResourceClaim GET: keepalive.py's reader against the official client.
 
-Is the hand-written keep-alive reader (dra_driver/kube/keepalive.py) still worth its code?
+Is the hand-written keep-alive client (dra_driver/kube/keepalive.py, its HTTP/1.1 reader in
+dra_driver/kube/http1.py) still worth its code?
 Each GET is the whole ``KubeClient.get_resource_claim`` a prepare makes (headers from the official
 client,
 the request, the answer, JSON decoding, v1 conversion), against the local API server

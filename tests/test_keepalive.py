@@ -1,4 +1,6 @@
-"""keepalive.py: the claim GET of the prepare path over keep-alive connections.
+"""keepalive.py: the claim GET of the prepare path over keep-alive connections; with it
+http1.py, the requests and response reading on those connections, and tlssettings.py, their TLS
+settings and the files those are read from.
 
 Through KubeClient against the local API server (HTTP and HTTPS, token auth, faults), the retry
 rules and the whole-GET deadline against a scripted socket server that misbehaves on cue, and
@@ -28,8 +30,9 @@ from kubernetes.config.incluster_config import InClusterConfigLoader
 from urllib3.exceptions import InsecureRequestWarning
 
 from dra_driver.errors import KubeError, KubeForbidden, KubeUnavailable
-from dra_driver.kube import KubeClient, keepalive
-from dra_driver.kube.keepalive import KeepAliveGetter, TlsSource
+from dra_driver.kube import KubeClient, http1, keepalive
+from dra_driver.kube.keepalive import KeepAliveGetter
+from dra_driver.kube.tlssettings import TlsSource
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
 
@@ -511,7 +514,7 @@ def test_broken_answers_are_errors_and_their_connection_is_not_kept(
     answer: Any,
     error: str,
 ) -> None:
-    monkeypatch.setattr(keepalive, "MAX_RESPONSE_BYTES", 1024)
+    monkeypatch.setattr(http1, "MAX_RESPONSE_BYTES", 1024)
     server = _Scripted([answer])
     scripted.append(server)
     getter = server.getter()

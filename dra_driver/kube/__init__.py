@@ -15,7 +15,8 @@ way in and out (spec D.0).
 - ``watch``: a watch stream; ``conversion``: objects between served versions and v1;
 - ``permissions``: every (verb, group, resource) the code can use, which the chart's RBAC is
   checked against (by the tests; not re-exported); ``keepalive``: the plain keep-alive
-  connections of the claim GET.
+  connections of the claim GET and status apply, with ``http1`` (a request's bytes, its
+  response read) and ``tlssettings`` (the official client's TLS settings, their files watched).
 
 This package re-exports the names the rest of the driver imports.
 """
