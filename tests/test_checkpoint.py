@@ -1,4 +1,5 @@
-"""checkpoint.py on real files: format, journal, damage handling, group commit, two instances."""
+"""checkpoint.py and checkpointfiles.py on real files: format, journal, damage handling, group
+commit, two instances."""
 
 from __future__ import annotations
 
@@ -349,13 +350,13 @@ def test_get_needs_no_file_lock_while_nothing_changed_on_disk(
     b.open()
     a.transact(lambda claims: claims.__setitem__("u1", record("u1")))
     locks: list[str] = []
-    real = a._file_lock
+    real = a._files.lock
 
     def counted() -> Any:
         locks.append("lock")
         return real()
 
-    monkeypatch.setattr(a, "_file_lock", counted)
+    monkeypatch.setattr(a._files, "lock", counted)
     assert a.get("u1") == record("u1") and a.get("u2") is None
     assert locks == []  # answered from memory: its own append is all the disk holds
     b.transact(lambda claims: claims.__setitem__("u2", record("u2")))

@@ -389,8 +389,8 @@ def own_old_checkpoint(tmp: Path) -> tuple[Path, bytes, bytes]:
         )
     snapshot = (plugin_dir / "checkpoint.json").read_bytes()
     journal = (plugin_dir / "checkpoint.journal").read_bytes()
-    os.close(old._journal_fd)  # a kill: nothing folded
-    os.close(old._lock_fd)
+    os.close(old._files._journal_fd)  # a kill: nothing folded
+    os.close(old._files._lock_fd)
     return plugin_dir, snapshot, journal
 
 

@@ -124,11 +124,11 @@ def test_an_old_agent_killed_beside_the_new_one_is_noticed_and_its_claims_kept(
         assert new.checkpoint.path == plugin_dir / "checkpoint.json"
         assert prepare(new, c2).error == ""
         old.kubelet._dra_server.stop(0).wait()  # type: ignore[union-attr]
-        os.close(old.checkpoint._journal_fd)  # kill -9: its files close, nothing is folded
-        os.close(old.checkpoint._lock_fd)
+        os.close(old.checkpoint._files._journal_fd)  # kill -9: its files close, nothing is folded
+        os.close(old.checkpoint._files._lock_fd)
     finally:
         new.stop()  # no pass ran since: the stop moves the files
-        old.checkpoint._journal_fd = old.checkpoint._lock_fd = -1
+        old.checkpoint._files._journal_fd = old.checkpoint._files._lock_fd = -1
         old.stop()
     assert not (plugin_dir / "checkpoint.json").exists()
     assert set(read_state(plugin_dir / "gpu-dra-checkpoint.json")[1]) == uids(c1, c2)

@@ -1,12 +1,12 @@
 """Files set aside for an operator to look at, kept to a bounded number and size.
 
-Place in the flow: checkpoint.py moves a damaged snapshot and its journal aside as
-``<name>.corrupt-<stamp>[-<n>]`` (and reports it) instead of deleting them. A node whose
-checkpoint is damaged at every start (a failing disk, a tool that keeps writing into the
-directory) would pile them up without end: 12 files after six restarts, one of 50 MB (issue 37).
-:func:`prune` keeps the newest ones within :data:`MAX_FILES` and :data:`MAX_BYTES`, removes the
-oldest first and logs each removal. The newest file is always kept (the damage just reported),
-cut to :data:`MAX_BYTES` when it alone is larger: its beginning says what it was.
+Place in the flow: the checkpoint (state/checkpointfiles.py) moves a damaged snapshot and its
+journal aside as ``<name>.corrupt-<stamp>[-<n>]`` (and reports it) instead of deleting them. A
+node whose checkpoint is damaged at every start (a failing disk, a tool that keeps writing into
+the directory) would pile them up without end: 12 files after six restarts, one of 50 MB
+(issue 37). :func:`prune` keeps the newest ones within :data:`MAX_FILES` and :data:`MAX_BYTES`,
+removes the oldest first and logs each removal. The newest file is always kept (the damage just
+reported), cut to :data:`MAX_BYTES` when it alone is larger: its beginning says what it was.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ Sits under the preparer (prepare/__init__.py): every prepare and unprepare recor
 here before it answers the kubelet, so that a restarted plugin (or the second instance of a
 rolling update) knows what is prepared. The records are checkpointrecords.py's; their bytes on
 disk (``checkpoint.json``, the snapshot, and ``checkpoint.journal``, one line per commit) are
-checkpointformat.py's. This module owns the files and the in-memory copy:
+checkpointformat.py's; reading and writing the files (atomic snapshot, journal appends, the file
+lock, cutting a torn tail, moving damaged files aside) is checkpointfiles.py's. This module owns
+the in-memory claim table and what is written when:
 
-- The snapshot is written atomically (temp file, fsync, rename, fsync of the directory); a
-  commit appends one journal line and fdatasyncs it. An append costs one small fdatasync where
-  rewriting the snapshot costs a new file, two fsyncs and a rename; that is most of a prepare's
-  disk time. ``compact()`` folds the journal into a new snapshot once it passes
+- A commit appends one journal line (fdatasynced unless the change need not outlive a power
+  loss). ``compact()`` folds the journal into a new snapshot once it passes
   ``COMPACT_AFTER_BYTES``; the plugin calls it from its periodic repair (off the prepare path)
   and on a clean stop.
 
@@ -23,8 +23,7 @@ Rules:
   (group commit), so concurrent claims share fdatasyncs.
 - Two plugin instances share the files: every read-modify-write holds ``checkpoint.lock``
   (flock) and first reads what the other process appended (or its new snapshot).
-- A last journal line without its newline is a write a kill interrupted (appends happen under
-  the lock, so its writer is dead and never answered the kubelet): it is cut off.
+- A last journal line without its newline is a write a kill interrupted: it is cut off.
 - Damage (snapshot truncated, not JSON, wrong checksum, unknown future version; a journal line
   with a wrong checksum, or a gap in the sequence numbers) never stops the plugin: snapshot and
   journal are moved aside as ``<name>.corrupt-<ts>`` and reported; the caller rebuilds the
@@ -32,16 +31,13 @@ Rules:
   to a bounded number and size, oldest removed first (setaside.py).
 
 ``ClaimLocks`` (checkpointlocks.py) serialises work on one claim across threads and processes.
-The names other modules import from here are re-exported from those three modules.
+The names other modules import from here are re-exported from those modules.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -49,8 +45,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from dra_driver.errors import CheckpointCorrupt, CheckpointError
-from dra_driver.fsutil import fsync_dir, write_all
-from dra_driver.prepare import setaside
+from dra_driver.fsutil import fsync_dir
+from dra_driver.prepare.state.checkpointfiles import CheckpointFiles, read_state
 from dra_driver.prepare.state.checkpointformat import (
     apply_entries,
     claim_member,
@@ -138,39 +134,40 @@ class Checkpoint:
         boot_id_path: Path = BOOT_ID_PATH,
         compact_after_bytes: int = COMPACT_AFTER_BYTES,
     ) -> None:
-        self.path = path
-        self.journal_path = path.with_name(path.stem + ".journal")
+        self._files = CheckpointFiles(path)
         self.boot_id = read_boot_id(boot_id_path)
         self.compact_after_bytes = compact_after_bytes
-        self._lock_path = path.with_name(path.stem + ".lock")
         self._claims = Claims()
         self._fragments: dict[str, tuple[ClaimRecord, str]] = {}
         self._seq = 0  # sequence number of the last change applied to memory
-        self._snapshot_seen: tuple[int, int, int] | None = None  # (inode, mtime_ns, size)
-        self._journal_ino = 0
-        self._journal_end = 0  # bytes of the journal applied to memory
         self._force_reload = False
         self._cond = threading.Condition()
         self._pending: list[_Pending[Any]] = []
         self._writing = False
-        self._lock_fd = -1
-        self._journal_fd = -1
         self.on_corrupt: Callable[[Path, str], None] | None = None
+
+    @property
+    def path(self) -> Path:
+        """The snapshot's path (``relocate`` may change it)."""
+        return self._files.path
+
+    @property
+    def journal_path(self) -> Path:
+        return self._files.journal_path
 
     # -- opening and closing ----------------------------------------------------------------
 
     def open(self) -> LoadReport:
         """Create the directory and read the files; never fails because they are damaged."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        with self._file_lock():
+        self._files.open()
+        with self._files.lock():
             report = self._reload()
             fsync_dir(self.path.parent)  # the journal and lock files, if just created
             return report
 
     def close(self) -> None:
         """Fold the journal into the snapshot (a clean stop leaves one file), release files."""
-        if self._lock_fd >= 0 and self._journal_fd >= 0:
+        if self._files.is_open:
             try:
                 self.compact(force=True)
             except (OSError, CheckpointError) as exc:
@@ -178,32 +175,20 @@ class Checkpoint:
                     "could not compact the checkpoint journal on stop; it is replayed at start",
                     extra={"path": str(self.journal_path), "error": str(exc)},
                 )
-        for attr in ("_journal_fd", "_lock_fd"):
-            fd = getattr(self, attr)
-            if fd >= 0:
-                os.close(fd)
-                setattr(self, attr, -1)
+        self._files.close()
 
     def compact(self, *, force: bool = False) -> bool:
         """Fold the journal into a new snapshot if it passed ``compact_after_bytes`` (any size
         with ``force``); return whether it did. Called off the prepare path (the plugin's
         periodic repair), so prepares do not pay for it; an append folds the journal itself
         only past ``COMPACT_HARD_LIMIT_FACTOR`` times that size."""
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
-            self._writing = True
-        try:
-            with self._file_lock():
-                self._reload_if_replaced()
-                if self._journal_end and (force or self._journal_end >= self.compact_after_bytes):
-                    self._compact_locked()
-                    return True
-                return False
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+        with self._sole_writer(), self._files.lock():
+            self._reload_if_replaced()
+            end = self._files.journal_end
+            if end and (force or end >= self.compact_after_bytes):
+                self._compact_locked()
+                return True
+            return False
 
     def relocate(
         self, target: Path, *, alone: Callable[[Path], AbstractContextManager[bool]]
@@ -213,57 +198,23 @@ class Checkpoint:
         no other process has the files open (prepare/switchover.py: an earlier release's agent
         that ran beside us in a rolling update is gone). Under the file lock; journal first, so
         a crash between the renames is finished at the next start. True when moved."""
+        with self._sole_writer(), self._files.lock():
+            self._reload_if_replaced()
+            return self._files.relocate(target, alone=alone)
+
+    @contextmanager
+    def _sole_writer(self) -> Iterator[None]:
+        """Wait until no group commit is writing, and keep the next from starting meanwhile."""
         with self._cond:
             while self._writing:
                 self._cond.wait()
             self._writing = True
         try:
-            with self._file_lock():
-                self._reload_if_replaced()
-                os.close(self._journal_fd)
-                self._journal_fd = -1
-                lock_fd = -1
-                try:
-                    with alone(self.journal_path) as ok:
-                        if ok:
-                            lock_path = target.with_name(target.stem + ".lock")
-                            lock_fd = os.open(
-                                lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-                            )
-                            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                            journal = target.with_name(target.stem + ".journal")
-                            os.rename(self.journal_path, journal)
-                            os.rename(self.path, target)
-                            fsync_dir(target.parent)
-                            self.path, self.journal_path, self._lock_path = (
-                                target,
-                                journal,
-                                lock_path,
-                            )
-                except BaseException:
-                    if lock_fd >= 0 and self.path != target:
-                        os.close(lock_fd)
-                    raise
-                finally:
-                    self._open_journal()  # at whichever names are in use now
-                if lock_fd < 0:
-                    return False
-                os.close(self._lock_fd)  # releases the old names' lock
-                self._lock_fd = lock_fd
-                return True
+            yield
         finally:
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
-
-    def _open_journal(self) -> None:
-        """(Re)open the journal file (created empty if missing); file lock held."""
-        if self._journal_fd >= 0:
-            os.close(self._journal_fd)
-        self._journal_fd = os.open(
-            self.journal_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
-        )
-        self._journal_ino = os.fstat(self._journal_fd).st_ino
 
     def _reload(self) -> LoadReport:
         """Read snapshot and journal into memory (file lock held).
@@ -273,22 +224,17 @@ class Checkpoint:
         is cut off.
         """
         self._force_reload = False
-        self._open_journal()
-        self._journal_end = 0
-        try:
-            raw = self.path.read_bytes()
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            raw, st = None, None
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {self.path}: {exc}") from exc
-        journal = self._read_journal(0)
-        if raw is None or st is None:
+        self._files.open_journal()
+        self._files.journal_end = 0
+        snapshot = self._files.read_snapshot()
+        journal = self._files.read_journal(0)
+        if snapshot is None:
             if journal.strip():
                 return self._corrupt(self.journal_path, "the journal has no snapshot to apply to")
             self._set_claims({}, seq=0)
             self._write_snapshot_locked()
             return LoadReport(claims=0)
+        raw, identity = snapshot
         try:
             boot_id, seq, claims = decode_snapshot(raw)
         except CheckpointCorrupt as exc:
@@ -312,45 +258,26 @@ class Checkpoint:
             return self._corrupt(self.journal_path, str(exc))
         seq = apply_entries(claims, entries, seq)
         self._set_claims(claims, seq=seq)
-        self._snapshot_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
-        self._journal_end = end
+        self._files.snapshot_seen = identity
+        self._files.journal_end = end
         if torn:
-            self._cut_torn_tail(end)
+            self._files.cut_torn_tail(end)
         return LoadReport(claims=len(claims))
 
     def _corrupt(self, damaged: Path, reason: str) -> LoadReport:
-        moved = self._move_aside()
+        moved = self._files.move_aside()
         moved_damaged = moved.get(damaged, damaged)
         log.error(
             "checkpoint is damaged; moved it aside and rebuilding the state",
             extra={"path": str(damaged), "moved_to": str(moved_damaged), "reason": reason},
         )
-        self._open_journal()
-        self._journal_end = 0
+        self._files.open_journal()
+        self._files.journal_end = 0
         self._set_claims({}, seq=0)
         self._write_snapshot_locked()
         if self.on_corrupt is not None:
             self.on_corrupt(moved_damaged, reason)
         return LoadReport(claims=0, corrupt_moved_to=moved_damaged, corrupt_reason=reason)
-
-    def _move_aside(self) -> dict[Path, Path]:
-        """Rename snapshot, then journal, to ``<name>.corrupt-<ts>``; return old -> new."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        n = setaside.next_number((self.path, self.journal_path), kind="corrupt", stamp=stamp)
-        suffix = f".corrupt-{stamp}{f'-{n}' if n else ''}"
-        moved = {}
-        # snapshot first: a crash in between leaves a journal without a snapshot, which is
-        # itself reported as damage, never a good snapshot that silently lost its journal
-        for p in (self.path, self.journal_path):
-            if p.exists():
-                target = p.with_name(p.name + suffix)
-                os.rename(p, target)
-                moved[p] = target
-        fsync_dir(self.path.parent)
-        setaside.prune(
-            self.path.parent, names=(self.path.name, self.journal_path.name), kind="corrupt"
-        )
-        return moved
 
     def _set_claims(self, claims: Mapping[str, ClaimRecord], *, seq: int) -> None:
         with self._cond:
@@ -407,7 +334,7 @@ class Checkpoint:
 
     def _commit(self, batch: list[_Pending[Any]]) -> None:
         try:
-            with self._file_lock():
+            with self._files.lock():
                 self._reload_if_replaced()
                 with self._cond:
                     claims = self._claims
@@ -437,16 +364,11 @@ class Checkpoint:
 
     def _reload_if_replaced(self) -> None:
         """Catch up with what another process wrote since we last looked (file lock held)."""
-        snapshot, journal_ino, journal_size = self._disk_state()
-        if (
-            self._force_reload
-            or snapshot != self._snapshot_seen
-            or journal_ino != self._journal_ino
-            or journal_size < self._journal_end
-        ):
+        change = "replaced" if self._force_reload else self._files.change()
+        if change == "replaced":
             self._reload()
-        elif journal_size > self._journal_end:
-            tail = self._read_journal(self._journal_end)
+        elif change == "appended":
+            tail = self._files.read_journal(self._files.journal_end)
             try:
                 entries, end, torn = parse_journal(tail, after_seq=self._seq, strict=True)
             except CheckpointCorrupt as exc:
@@ -455,54 +377,16 @@ class Checkpoint:
             with self._cond:
                 self._seq = apply_entries(self._claims, entries, self._seq)
                 self._forget_fragments([u for u in self._fragments if u not in self._claims])
-            self._journal_end += end
+            self._files.journal_end += end
             if torn:
-                self._cut_torn_tail(self._journal_end)
+                self._files.cut_torn_tail(self._files.journal_end)
 
     def _unchanged_on_disk(self) -> bool:
         """Lock-free check that no other process wrote since we last looked. A write racing
         with it is no different from one right after a locked read."""
         if self._force_reload or self._writing:
             return False
-        snapshot, journal_ino, journal_size = self._disk_state()
-        return (
-            snapshot == self._snapshot_seen
-            and journal_ino == self._journal_ino
-            and journal_size == self._journal_end
-        )
-
-    def _disk_state(self) -> tuple[tuple[int, int, int] | None, int, int]:
-        """(snapshot inode, mtime, size) or None, journal inode and size (0, 0 when absent)."""
-        try:
-            st = os.stat(self.path)
-            snapshot: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            snapshot = None
-        try:
-            jst = os.stat(self.journal_path)
-        except FileNotFoundError:
-            return snapshot, 0, 0
-        return snapshot, jst.st_ino, jst.st_size
-
-    def _read_journal(self, offset: int) -> bytes:
-        size = os.fstat(self._journal_fd).st_size
-        chunks = []
-        while offset < size:
-            chunk = os.pread(self._journal_fd, size - offset, offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            offset += len(chunk)
-        return b"".join(chunks)
-
-    def _cut_torn_tail(self, end: int) -> None:
-        # Appends happen under the file lock, which we hold: the writer of a line without its
-        # newline is dead, and the kubelet never heard of that change.
-        log.warning(
-            "cut off a torn last line of the checkpoint journal (a writer was killed mid-write)",
-            extra={"path": str(self.journal_path), "kept_bytes": end},
-        )
-        os.ftruncate(self._journal_fd, end)
+        return self._files.change() == "unchanged"
 
     def _append_locked(self, touched: set[str], *, durable: bool) -> None:
         with self._cond:
@@ -514,13 +398,9 @@ class Checkpoint:
             ]
             removed = sorted(uid for uid in touched if uid not in self._claims)
             self._forget_fragments(removed)
-        line = encode_journal_line(seq=seq, put=put, delete=removed)
-        write_all(self._journal_fd, line)
-        if durable:
-            os.fdatasync(self._journal_fd)
+        self._files.append(encode_journal_line(seq=seq, put=put, delete=removed), durable=durable)
         self._seq = seq
-        self._journal_end += len(line)
-        if self._journal_end >= self.compact_after_bytes * COMPACT_HARD_LIMIT_FACTOR:
+        if self._files.journal_end >= self.compact_after_bytes * COMPACT_HARD_LIMIT_FACTOR:
             self._compact_locked()  # compact() was not called in time: bound the journal
 
     def _compact_locked(self) -> None:
@@ -530,24 +410,12 @@ class Checkpoint:
         sequence numbers say so and the next load skips them.
         """
         self._write_snapshot_locked()
-        os.ftruncate(self._journal_fd, 0)
-        os.fsync(self._journal_fd)
-        self._journal_end = 0
+        self._files.empty_journal()
 
     def _write_snapshot_locked(self) -> None:
         with self._cond:
             content = self._encode_snapshot()
-        temp = self.path.with_name(f".{self.path.name}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            write_all(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temp, self.path)
-        fsync_dir(self.path.parent)
-        st = os.stat(self.path)
-        self._snapshot_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        self._files.write_snapshot(content)
 
     def _fragment(self, uid: str) -> str:
         """The claim's canonical JSON, cached while its record is unchanged (lock held)."""
@@ -570,28 +438,3 @@ class Checkpoint:
         for uid in [u for u in self._fragments if u not in self._claims]:
             del self._fragments[uid]
         return encode_snapshot(boot_id=self.boot_id, seq=self._seq, claims=parts)
-
-    @contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        if self._lock_fd < 0:
-            raise CheckpointError("checkpoint is not open")
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-
-def read_state(path: Path) -> tuple[str, dict[str, ClaimRecord]]:
-    """Boot ID and claims recorded by the snapshot at ``path`` and its journal (read-only).
-
-    For tools and tests; a torn last journal line is ignored as the plugin would.
-    """
-    boot_id, seq, claims = decode_snapshot(path.read_bytes())
-    try:
-        journal = path.with_name(path.stem + ".journal").read_bytes()
-    except FileNotFoundError:
-        journal = b""
-    entries, _, _ = parse_journal(journal, after_seq=seq)
-    apply_entries(claims, entries, seq)
-    return boot_id, claims

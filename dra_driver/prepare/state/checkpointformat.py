@@ -1,6 +1,6 @@
 """The checkpoint's bytes on disk: the snapshot and the journal lines, encoded and verified.
 
-Pure (bytes <-> records); checkpoint.py does the file I/O. Two files in the plugin data dir:
+Pure (bytes <-> records); checkpointfiles.py does the file I/O. Two files in the plugin data dir:
 
 - ``checkpoint.json``, the snapshot::
 

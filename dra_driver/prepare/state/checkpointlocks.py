@@ -2,8 +2,8 @@
 
 Place in the flow: the preparer holds a claim's lock for the whole of its prepare or unprepare
 (and reconcile tries it), so the same claim is never prepared and unprepared at once, even by
-the two plugin instances of a rolling update. The checkpoint's own file lock (checkpoint.py) is
-separate: it is held only for one read-modify-write of the checkpoint files.
+the two plugin instances of a rolling update. The checkpoint's own file lock (checkpointfiles.py)
+is separate: it is held only for one read-modify-write of the checkpoint files.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 a transaction changes. Values only: no I/O.
 
 Place in the flow: the preparer builds these records (prepare/__init__.py), checkpoint.py keeps
-them on disk, checkpointformat.py gives their JSON form. Two phases per claim (nvidia-compat.md
-"Checkpoint"): ``PrepareStarted`` is recorded before anything is changed on the node,
-``PrepareCompleted`` once the CDI spec is on disk.
+them (on disk: checkpointfiles.py), checkpointformat.py gives their JSON form. Two phases per
+claim (nvidia-compat.md "Checkpoint"): ``PrepareStarted`` is recorded before anything is changed
+on the node, ``PrepareCompleted`` once the CDI spec is on disk.
 """
 
 from __future__ import annotations
