@@ -320,6 +320,84 @@ def test_a_wish_is_written_at_the_pause_even_while_a_retry_waits_long() -> None:
         reporter.stop(timeout_s=0.5)
 
 
+def test_a_claim_unprepared_before_its_entries_were_written_costs_no_write() -> None:
+    """A pod that comes and goes within a burst: its prepared wish is replaced by the removal,
+    and with nothing of it on the server the removal is dropped too (no write at all); a claim
+    whose entries were written, or that an earlier agent prepared, gets its removal."""
+    inventory = simulated_inventory("h100:1", node_name=NODE)
+    client = FlakyClient(failures=0)
+    reporter = ClaimStatusReporter(
+        client=client, driver_name=DRIVER, inventory=lambda: inventory,
+        quiet_s=0.05, max_delay_s=5.0,
+    )  # fmt: skip
+    reporter.start(written_before={"earlier"})
+    try:
+        gpu = [(NODE, "gpu-0", None)]
+        reporter.prepared(namespace="ns", name="brief", uid="u1", devices=gpu)
+        reporter.unprepared(namespace="ns", name="brief", uid="u1")  # before the pause
+        reporter.unprepared(namespace="ns", name="gone", uid="never-prepared")
+        assert reporter.idle(3)
+        time.sleep(0.1)  # past the pause: anything still queued would be written by now
+        assert client.calls == []
+        reporter.unprepared(namespace="ns", name="old", uid="earlier")  # an earlier agent's
+        reporter.prepared(namespace="ns", name="long", uid="u2", devices=gpu)
+        assert reporter.idle(3)
+        assert sorted(client.calls) == [("long", 1), ("old", 0)]
+        client.calls.clear()
+        reporter.unprepared(namespace="ns", name="long", uid="u2")  # its entries are there
+        assert reporter.idle(3)
+        assert client.calls == [("long", 0)]
+        client.calls.clear()
+        reporter.unprepared(namespace="ns", name="long", uid="u2")  # removed already
+        reporter.unprepared(namespace="ns", name="old", uid="earlier")
+        assert reporter.idle(3)
+        assert client.calls == []
+    finally:
+        reporter.stop()
+
+
+def test_a_removal_is_written_when_the_prepared_write_was_tried_even_if_it_failed() -> None:
+    """A failed write may have reached the server: its claim's removal is still written."""
+    inventory = simulated_inventory("h100:1", node_name=NODE)
+    flaky = FlakyClient(failures=1)
+    reporter = ClaimStatusReporter(
+        client=flaky, driver_name=DRIVER, inventory=lambda: inventory,
+        retry_delays_s=(30.0,), quiet_s=0.02,
+    )  # fmt: skip
+    reporter.start(written_before=())
+    try:
+        reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
+        deadline = time.monotonic() + 3
+        while not flaky.calls:  # tried once and failed; its retry 30 s away
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        reporter.unprepared(namespace="ns", name="a", uid="u1")  # replaces the retry
+        deadline = time.monotonic() + 3
+        while len(flaky.calls) < 2:
+            assert time.monotonic() < deadline, flaky.calls
+            time.sleep(0.01)
+        assert flaky.calls == [("a", 1), ("a", 0)]
+    finally:
+        reporter.stop(timeout_s=0.5)
+
+
+def test_before_it_starts_the_reporter_writes_every_removal() -> None:
+    """Until the agent tells it which claims an earlier agent prepared, nothing is known to be
+    absent from the server: a removal queued meanwhile is written."""
+    inventory = simulated_inventory("h100:1", node_name=NODE)
+    client = FlakyClient(failures=0)
+    reporter = ClaimStatusReporter(
+        client=client, driver_name=DRIVER, inventory=lambda: inventory, quiet_s=0.02
+    )
+    reporter.unprepared(namespace="ns", name="a", uid="u1")
+    reporter.start(written_before=())
+    try:
+        assert reporter.idle(3)
+        assert client.calls == [("a", 0)]
+    finally:
+        reporter.stop()
+
+
 # -- the agent, as deployed ------------------------------------------------------------------
 
 
@@ -382,6 +460,46 @@ def test_the_agent_writes_the_status_after_prepare_and_clears_it_at_unprepare(
             _, stderr = agent.communicate(timeout=30)
         assert agent.returncode == 0, stderr[-3000:]
         assert "could not write the claim's device status" in stderr
+    finally:
+        api.stop()
+
+
+@as_a_pod
+def test_an_agent_restarted_clears_the_status_its_predecessor_wrote(tmp_path: Path) -> None:
+    """The entries of a claim prepared by the agent before a restart are on the server: the new
+    agent, which never wrote them, still removes them when the kubelet unprepares the claim."""
+    api = FakeKubeApi(tls_dir=tmp_path / "tls", token="sa-token").start()
+    try:
+        api.add_node(NODE)
+        claim = allocated_claim(name="train", namespace="ml", node=NODE, devices=("gpu-0",))
+        api.add_claim(claim)
+        ref = v1.Claim(namespace="ml", name="train", uid=claim["metadata"]["uid"])
+        command, env = _in_cluster(
+            api, tmp_path, simulate="h100:1", node=NODE, extra=("--telemetry-interval", "0")
+        )
+        dra = tmp_path / "plugins" / DRIVER / "dra.sock"
+        for call in ("prepare", "unprepare"):  # each by an agent of its own
+            agent = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+            try:
+                _register(tmp_path / "registry" / f"{DRIVER}-reg.sock")
+                with grpc.insecure_channel(f"unix://{dra}") as channel:
+                    stub = v1_grpc.DRAPluginStub(channel)
+                    if call == "prepare":
+                        answer = stub.NodePrepareResources(
+                            v1.NodePrepareResourcesRequest(claims=[ref]), timeout=30
+                        )
+                        assert not answer.claims[ref.uid].error
+                        wait_for(lambda: stored_devices(api, "train"))
+                    else:
+                        answer = stub.NodeUnprepareResources(
+                            v1.NodeUnprepareResourcesRequest(claims=[ref]), timeout=30
+                        )
+                        assert not answer.claims[ref.uid].error
+                        wait_for(lambda: not stored_devices(api, "train"))
+            finally:
+                agent.terminate()
+                _, stderr = agent.communicate(timeout=30)
+            assert agent.returncode == 0, stderr[-3000:]
     finally:
         api.stop()
 

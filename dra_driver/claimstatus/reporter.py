@@ -10,7 +10,11 @@ for a pause in the kubelet's calls (``quiet_s`` without a new prepare or unprepa
 wakes the writer only when that wish is due before the writer would wake anyway (it sleeps
 until the first pending wish is due, or idle): a writer woken by every call took the interpreter
 lock from the servicer in the middle of its answer to the kubelet, for nothing, since a new call
-only postpones the pending writes (as node/log.py's writer, for the same reason). A failed write
+only postpones the pending writes (as node/log.py's writer, for the same reason). A claim
+unprepared before its entries were written needs no write at all: the reporter knows which
+claims' entries may be on the server (those it wrote, and those an earlier agent may have: the
+claims prepared when it started), and drops the removal of any other (a pod that came and went
+within a burst costs the API server nothing). A failed write
 is retried after each of ``retry_delays_s``, then logged as a warning and counted
 (``gpu_dra_claim_status_writes_total{result="failed"}``); a claim that is gone needs nothing.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -100,6 +104,9 @@ class ClaimStatusReporter:
         # when the writer, asleep on _cond, wakes by itself (None: it is not asleep)
         self._asleep_until_s: float | None = None
         self._thread: threading.Thread | None = None
+        # uids whose entries may be on the server; None (not started): unknown, so every
+        # removal is written
+        self._on_server: set[str] | None = None
 
     # -- the servicer's side --------------------------------------------------------------------
 
@@ -126,6 +133,9 @@ class ClaimStatusReporter:
         now_s = time.monotonic()
         with self._cond:
             self._last_call_s = now_s
+            if not devices and self._on_server is not None and uid not in self._on_server:
+                self._pending.pop(uid, None)  # its entries were never written: none to remove
+                return
             old = self._pending.get(uid)
             queued_s = old.queued_s if old is not None else now_s
             self._pending[uid] = _Wish(namespace, name, uid, devices, queued_s=queued_s)
@@ -137,7 +147,13 @@ class ClaimStatusReporter:
 
     # -- the writer -----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, written_before: Iterable[str] | None = None) -> None:
+        """Start the writer. ``written_before``: the claims whose entries an earlier agent may
+        have written (those prepared when this one started; their removal is always written).
+        Without it, every removal is written, none known to be needless."""
+        if written_before is not None:
+            with self._cond:
+                self._on_server = set(written_before)
         self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
         self._thread.start()
 
@@ -175,6 +191,8 @@ class ClaimStatusReporter:
                     finally:
                         self._asleep_until_s = None
                     wish = self._next_due()
+                if wish.devices and self._on_server is not None:
+                    self._on_server.add(wish.uid)  # from now on, it may be on the server
                 self._busy = True
             try:
                 self._write(wish)
@@ -226,6 +244,10 @@ class ClaimStatusReporter:
         except KubeError as exc:
             self._failed(wish, exc)
             return
+        if not wish.devices:
+            with self._cond:
+                if self._on_server is not None:
+                    self._on_server.discard(wish.uid)  # removed (a later prepare adds it back)
         self._count("ok")
 
     def _failed(self, wish: _Wish, exc: KubeError) -> None:

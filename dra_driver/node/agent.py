@@ -30,6 +30,7 @@ from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Protocol
 
+from dra_driver.claimstatus.reporter import ClaimStatusReporter
 from dra_driver.errors import ConfigError
 from dra_driver.gpus.info import Inventory
 from dra_driver.health.decisions import HealthPolicy
@@ -96,12 +97,7 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         first = _first_gpus(config, discovery, mig)
         kube = KubeClient.from_config(kubeconfig=config.kubeconfig)
         report_event = parts.node_events(kube, config)
-        publisher = Publisher(
-            kube,
-            driver_name=config.driver_name,
-            node_name=config.node_name,
-            node_devices=first.node_devices,
-        )
+        publisher = parts.publisher(kube, config, first.node_devices)
         monitor = _health_monitor(config, first.inventory, publisher, report_event)
         endpoint = parts.metrics_endpoint(config, stack)
         plugin = kubelet_plugin(
@@ -116,9 +112,10 @@ def run_agent(config: Config, *, stop: threading.Event | None = None) -> int:
         )
         monitor.subscribe(plugin.health_changed)
         readiness = [part.readiness_problems for part in (plugin, publisher, discovery, monitor)]
-        _report_claim_status(config, stack, kube=kube, plugin=plugin, endpoint=endpoint)
+        reporter = _claim_status_reporter(config, stack, kube, plugin, endpoint)
         with _stop_on_signals(stop, deadline):
             _start_in_order(stack, monitor, publisher, plugin)
+            _start_reporter(reporter, plugin)
             served = _serve_metrics(
                 config, stack, endpoint, first=first, plugin=plugin, discovery=discovery,
                 monitor=monitor, readiness=readiness, get_pod=kube.get_pod,
@@ -186,23 +183,31 @@ def _health_monitor(
     )
 
 
-def _report_claim_status(
+def _claim_status_reporter(
     config: Config,
     stack: ExitStack,
-    *,
     kube: KubeClient,
     plugin: NodePlugin,
     endpoint: parts.MetricsEndpoint | None,
-) -> None:
-    """With ``--claim-status``: the reporter of prepared claims' devices, observing the plugin's
-    claims, stopped after the plugin (callbacks run last-in first)."""
+) -> ClaimStatusReporter | None:
+    """With ``--claim-status``: the reporter of prepared claims' devices (not started yet),
+    observing the plugin's claims from its first call, stopped after the plugin (callbacks run
+    last-in first)."""
     if not config.claim_status:
-        return
+        return None
     reporter = parts.claim_status_reporter(
         config, kube, lambda: plugin.state.inventory, endpoint.driver if endpoint else None
     )
     plugin.kubelet.claim_observer = reporter
     stack.callback(reporter.stop)
+    return reporter
+
+
+def _start_reporter(reporter: ClaimStatusReporter | None, plugin: NodePlugin) -> None:
+    """Start the claim status writer once prepare's state is open: the claims recorded then
+    were prepared by an earlier agent, which may have written their entries."""
+    if reporter is not None:
+        reporter.start(written_before=plugin.prepared_claim_uids())
 
 
 class _Started(Protocol):

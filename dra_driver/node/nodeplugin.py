@@ -99,6 +99,12 @@ class NodePlugin:
             self.state.checkpoint.snapshot().values(), pods=preparer.claim_pods()
         )
 
+    def prepared_claim_uids(self) -> frozenset[str]:
+        """The uid of every claim prepare's state records now; none before start()."""
+        if self.state.preparer is None:
+            return frozenset()
+        return frozenset(self.state.checkpoint.snapshot())
+
     def recorded_device_names(self) -> frozenset[str]:
         """Every device name prepare's state records now (nodestate.recorded_device_names);
         none before start()."""

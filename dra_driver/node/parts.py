@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dra_driver.claimstatus.reporter import ClaimStatusReporter
+from dra_driver.devices import NodeDevices
 from dra_driver.errors import KubeError
 from dra_driver.heartbeat import Heartbeat, heartbeat_problems
 from dra_driver.kube import EventType, KubeClient
@@ -24,6 +25,7 @@ from dra_driver.node.http_server import HttpServer, metrics_server
 from dra_driver.node.nodeplugin import NodePlugin
 from dra_driver.node.probes import ProbeServer, SocketChecker
 from dra_driver.prepare import ERROR_TYPES
+from dra_driver.publish.publisher import Publisher
 
 if TYPE_CHECKING:
     from dra_driver import metrics
@@ -128,22 +130,32 @@ def start_probes(
     stack.callback(probes.stop)
 
 
+def publisher(kube: KubeClient, config: Config, node_devices: NodeDevices) -> Publisher:
+    """The writer of this node's ResourceSlices (publish/), from the first discovery's devices;
+    not started."""
+    return Publisher(
+        kube,
+        driver_name=config.driver_name,
+        node_name=config.node_name,
+        node_devices=node_devices,
+    )
+
+
 def claim_status_reporter(
     config: Config,
     kube: KubeClient,
     inventory: Callable[[], Inventory],
     driver_metrics: metrics.DriverMetrics | None,
 ) -> ClaimStatusReporter:
-    """The started writer of prepared claims' status.devices (claimstatus/, --claim-status);
-    ``inventory`` gives the node's GPUs now (the entries' data)."""
+    """The writer of prepared claims' status.devices (claimstatus/, --claim-status), not
+    started (the agent starts it once prepare's state is open); ``inventory`` gives the node's
+    GPUs now (the entries' data)."""
 
     def count(result: str) -> None:
         if driver_metrics is not None:
             writes = driver_metrics.claim_status_writes
             writes.labels(config.node_name, config.driver_name, result).inc()
 
-    reporter = ClaimStatusReporter(
+    return ClaimStatusReporter(
         client=kube, driver_name=config.driver_name, inventory=inventory, count=count
     )
-    reporter.start()
-    return reporter
