@@ -4,6 +4,7 @@ commit, two instances."""
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import threading
 import time
@@ -363,3 +364,41 @@ def test_get_needs_no_file_lock_while_nothing_changed_on_disk(
     assert a.get("u2") == record("u2")  # another process appended: read under the lock
     assert locks == ["lock"]
     assert a.get("u2") == record("u2") and locks == ["lock"]
+
+
+def test_a_read_does_not_wait_for_this_processs_commit_in_flight_but_sees_anothers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prepare reads its claim's record while other claims' commit waits for its fsync: its
+    own process's append in flight is no change on disk (memory is current), so the read is
+    answered at once; another process's append before it is still caught up with."""
+    a = open_checkpoint(tmp_path)
+    b = Checkpoint(tmp_path / "plugin/checkpoint.json", boot_id_path=tmp_path / "boot_id")
+    b.open()
+    a.transact(lambda claims: claims.__setitem__("u1", record("u1")))
+    b.transact(lambda claims: claims.__setitem__("u2", record("u2")))  # another process
+    syncing, release = threading.Event(), threading.Event()
+    real_sync = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        syncing.set()
+        assert release.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr("dra_driver.prepare.state.checkpointfiles.os.fdatasync", slow_sync)
+    writer = threading.Thread(
+        target=a.transact, args=(lambda claims: claims.__setitem__("u3", record("u3")),)
+    )
+    writer.start()
+    try:
+        assert syncing.wait(10)  # a's commit: caught up with b's line, its own line written
+        started = time.monotonic()
+        assert a.get("u1") == record("u1")
+        assert a.get("u2") == record("u2")  # b's append, read by the commit in flight
+        assert time.monotonic() - started < 1  # did not wait for the fsync
+    finally:
+        release.set()
+        writer.join()
+    b.transact(lambda claims: claims.discard("u1"))  # another process, nothing in flight
+    assert a.get("u1") is None
+    assert a.get("u3") == record("u3")

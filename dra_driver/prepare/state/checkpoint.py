@@ -383,8 +383,9 @@ class Checkpoint:
 
     def _unchanged_on_disk(self) -> bool:
         """Lock-free check that no other process wrote since we last looked. A write racing
-        with it is no different from one right after a locked read."""
-        if self._force_reload or self._writing:
+        with it is no different from one right after a locked read; this process's own commit
+        in flight is none (so a prepare's read does not wait for other claims' fsync)."""
+        if self._force_reload:
             return False
         return self._files.change() == "unchanged"
 

@@ -75,6 +75,9 @@ class CheckpointFiles:
         self.lock_path = lock_path(path)
         self.snapshot_seen: Identity | None = None
         self.journal_end = 0  # bytes of the journal read and applied
+        # the journal's size once the line being appended now is written (None: no append in
+        # flight); lets change() tell this process's own append from another's
+        self.appending_end: int | None = None
         self._journal_ino = 0
         self._lock_fd = -1
         self._journal_fd = -1
@@ -114,7 +117,9 @@ class CheckpointFiles:
 
     def change(self) -> Change:
         """What another process wrote since this one last looked; needs no lock (a write racing
-        with it is no different from one right after a locked read)."""
+        with it is no different from one right after a locked read). This process's own append
+        in flight is no change: its line is in memory already (another process cannot append
+        meanwhile: the append holds the file lock)."""
         try:
             st = os.stat(self.path)
             snapshot: Identity | None = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -131,7 +136,9 @@ class CheckpointFiles:
             or journal_size < self.journal_end
         ):
             return "replaced"
-        return "appended" if journal_size > self.journal_end else "unchanged"
+        if journal_size in (self.journal_end, self.appending_end):
+            return "unchanged"  # nothing, or only the line this process is appending
+        return "appended"
 
     def open_journal(self) -> None:
         """(Re)open the journal file (created empty if missing); file lock held."""
@@ -180,10 +187,14 @@ class CheckpointFiles:
 
     def append(self, line: bytes, *, durable: bool) -> None:
         """Append one journal line; fdatasync it when ``durable``. File lock held."""
-        write_all(self._journal_fd, line)
-        if durable:
-            os.fdatasync(self._journal_fd)
-        self.journal_end += len(line)
+        self.appending_end = self.journal_end + len(line)
+        try:
+            write_all(self._journal_fd, line)
+            if durable:
+                os.fdatasync(self._journal_fd)
+            self.journal_end += len(line)
+        finally:
+            self.appending_end = None
 
     def empty_journal(self) -> None:
         """Cut the journal to nothing, durably (after a snapshot that holds it). File lock
