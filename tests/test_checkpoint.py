@@ -4,8 +4,8 @@ commit, two instances."""
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import threading
 import time
 from pathlib import Path
