@@ -93,7 +93,7 @@ def _tool(command: str, rest: list[str]) -> int:
     if command == "devices":
         return devices_main(rest)
     if command == "status":
-        from dra_driver.telemetry.status import main as status_main  # noqa: PLC0415
+        from dra_driver.telemetry.status.command import main as status_main  # noqa: PLC0415
 
         return status_main(rest)
     if command == "simulate-event":

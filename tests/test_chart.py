@@ -1114,7 +1114,7 @@ def test_pod_monitor_scrapes_the_metrics_port_of_the_agent_pods() -> None:
     ports = {p["name"] for p in agent_container(objects)["ports"]}
     assert "metrics" in ports
     # The agent's own labels select it: `gpu-dra status` finds the pods the same way.
-    from dra_driver.telemetry.status import DEFAULT_AGENT_SELECTOR  # noqa: PLC0415
+    from dra_driver.telemetry.status.cluster import DEFAULT_AGENT_SELECTOR  # noqa: PLC0415
 
     wanted = dict(label.split("=") for label in DEFAULT_AGENT_SELECTOR.split(","))
     assert wanted.items() <= pod_labels.items()

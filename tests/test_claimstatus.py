@@ -536,7 +536,7 @@ class Cluster:
 
 
 def test_gpu_dra_status_shows_the_claims_device_status() -> None:
-    from dra_driver.telemetry.status import cluster_report  # noqa: PLC0415
+    from dra_driver.telemetry.status.cluster import cluster_report  # noqa: PLC0415
 
     claim = allocated_claim(name="c", node=NODE)
     written = entry("gpu-0", data={"uuid": "GPU-abc", "index": 0})

@@ -28,7 +28,8 @@ from dra_driver.publish import slices
 from dra_driver.sim.localapi import FakeKubeApi, free_port
 from dra_driver.sim.nvml import simulated_nvml
 from dra_driver.telemetry.sampler import ClaimHolder, Telemetry
-from dra_driver.telemetry.status import DEFAULT_AGENT_SELECTOR, main, watch
+from dra_driver.telemetry.status.cluster import DEFAULT_AGENT_SELECTOR
+from dra_driver.telemetry.status.command import main, watch
 from tests.claimdata import allocated_claim
 
 NODE = "gpu-node-1"

@@ -3,8 +3,8 @@ does not load this module (its client is client.py's ``KubeClient``).
 
 Place in the flow: off it. ``gpu-dra explain --kubeconfig`` (scheduling/explain.py) reads every
 node's ResourceSlices, the DeviceClasses, all ResourceClaims and the DeviceTaintRules where
-served; ``gpu-dra status --kubeconfig`` (telemetry/status.py) also lists the agent's pods. They
-run with the user's own credentials (permissions.py ``EXPLAIN_PERMISSIONS``,
+served; ``gpu-dra status --kubeconfig`` (telemetry/status/cluster.py) also lists the agent's
+pods. They run with the user's own credentials (permissions.py ``EXPLAIN_PERMISSIONS``,
 ``STATUS_PERMISSIONS``).
 """
 

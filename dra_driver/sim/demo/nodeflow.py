@@ -228,11 +228,12 @@ def _run(
 def _show_status(metrics_url: str, log_path: Path, *, claim: str | None) -> None:
     """The agent's log so far, then ``gpu-dra status`` of the node (once the agent's telemetry
     has sampled ``claim`` holding its device)."""
-    from dra_driver.telemetry import status  # noqa: PLC0415
+    from dra_driver.telemetry.status.agent import scrape  # noqa: PLC0415
+    from dra_driver.telemetry.status.command import main as status_main  # noqa: PLC0415
 
     def sampled() -> bool:
         try:
-            text = status.scrape(metrics_url)
+            text = scrape(metrics_url)
         except MetricsUnavailable:
             return False
         return "gpu_dra_gpu_info" in text and (claim is None or f'"{claim}"' in text)
@@ -241,7 +242,7 @@ def _show_status(metrics_url: str, log_path: Path, *, claim: str | None) -> None
     step("Agent log so far (structured logs, --log-format text)")
     print(log_path.read_text().rstrip())
     step(f"gpu-dra status --metrics-url {metrics_url}")
-    status.main(["--metrics-url", metrics_url])
+    status_main(["--metrics-url", metrics_url])
 
 
 def _health(
