@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
+import time
 from pathlib import Path
 
 from dra_driver.prepare.state.checkpointlocks import ClaimLocks
@@ -43,3 +45,47 @@ def test_claim_locks_exclude_other_processes(tmp_path: Path) -> None:
     finally:
         release.set()
         proc.join(10)
+
+
+def test_claim_locks_exclude_other_threads_and_keep_no_lock_nobody_uses(tmp_path: Path) -> None:
+    """Threads of one process on the same claim take turns (a stripe's thread lock, made for
+    the first and shared by the waiters); try_hold sees a held claim; once nobody holds or
+    waits, no thread lock is kept."""
+    locks = ClaimLocks(tmp_path / "claims.lock")
+    locks.open()
+    inside, most = 0, 0
+    count = threading.Lock()
+
+    def work(uid: str) -> None:
+        nonlocal inside, most
+        for _ in range(50):
+            with locks.hold(uid):
+                with count:
+                    inside += 1
+                    most = max(most, inside)
+                time.sleep(0.0002)
+                with count:
+                    inside -= 1
+
+    threads = [threading.Thread(target=work, args=("u1",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == 1  # never two threads holding the same claim
+    with locks.hold("u1"):
+        assert len(locks._threads) == 1
+        done: list[bool] = []
+
+        def try_it() -> None:
+            with locks.try_hold("u1") as got:
+                done.append(got)
+
+        other = threading.Thread(target=try_it)
+        other.start()
+        other.join()
+        assert done == [False]
+        with locks.try_hold("u2") as got:
+            assert got and len(locks._threads) == 2
+    assert locks._threads == {}
+    locks.close()

@@ -4,6 +4,7 @@ simulated MIG node against Kubernetes' strict OpenAPI schemas."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kubernetes_validate
@@ -13,6 +14,7 @@ from dra_driver.devices import (
     CounterConsumption,
     Device,
     NodeDevices,
+    RequestPolicy,
     Taint,
     node_devices,
     with_taints,
@@ -23,6 +25,7 @@ from dra_driver.publish.slices import (
     SliceContent,
     build_slices,
     content_of,
+    device_json,
     slice_index,
     to_api_objects,
 )
@@ -53,6 +56,34 @@ def test_one_gpu_node_is_one_slice_with_flat_v1_devices() -> None:
     assert obj["spec"]["nodeName"] == NODE
     assert obj["metadata"]["generateName"] == "00000-gpu.nvidia.com-node1-"
     assert validate_slice(obj) == []
+
+
+def test_equal_values_of_many_devices_are_one_object_and_the_json_is_unchanged() -> None:
+    """What every GPU of a node has alike (type, memory) is built once, not per device; a
+    capacity with a request policy keeps its own object; bool and int never mix (True is 1)."""
+    policy = RequestPolicy(default="1", valid_values=("1", "2"))
+    a = Device(
+        name="gpu-0",
+        attributes={"type": "gpu", "minor": 1, "mig": True},
+        capacity={"memory": "80Gi", "shares": "2"},
+        request_policies={"shares": policy},
+    )
+    b = Device(
+        name="gpu-1",
+        attributes={"type": "gpu", "minor": 2, "mig": True},
+        capacity={"memory": "80Gi", "shares": "2"},
+    )
+    ja, jb = device_json(a), device_json(b)
+    assert ja["attributes"]["type"] is jb["attributes"]["type"]
+    assert ja["attributes"]["mig"] is jb["attributes"]["mig"] == {"bool": True}
+    assert ja["attributes"]["minor"] == {"int": 1}  # not the shared {"bool": True}
+    assert ja["capacity"]["memory"] is jb["capacity"]["memory"]
+    assert ja["capacity"]["shares"] == {
+        "value": "2",
+        "requestPolicy": {"default": "1", "validValues": ["1", "2"]},
+    }
+    assert jb["capacity"]["shares"] == {"value": "2"}  # the policy stayed on gpu-0
+    assert json.loads(json.dumps([ja, jb])) == [ja, jb]
 
 
 def test_plain_devices_are_split_at_128_per_slice() -> None:

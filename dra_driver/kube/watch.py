@@ -80,17 +80,17 @@ class WatchStream:
             self._response.release_conn()
 
     def __iter__(self) -> Iterator[WatchEvent]:
+        # Nothing of an event is kept here once it is handed out: a watch waits for the next
+        # one for minutes, and an event of a slice is a whole slice (tens of KiB of JSON,
+        # hundreds of KiB decoded).
         try:
             for line in self._lines():
                 if not line.strip():
                     continue
-                event = json.loads(line)
-                kind, obj = str(event.get("type", "")), event.get("object") or {}
-                if kind == "ERROR":
-                    raise status_error(
-                        int(obj.get("code") or 500), obj, verb="watch", resource=self._resource
-                    )
-                yield WatchEvent(kind, obj if kind == "BOOKMARK" else self._convert(obj))
+                event = self._event(line)
+                del line
+                yield event
+                del event
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if self._closed.is_set():
                 return
@@ -108,14 +108,25 @@ class WatchStream:
                 resource=self._resource,
             ) from exc
 
+    def _event(self, line: str) -> WatchEvent:
+        event = json.loads(line)
+        kind, obj = str(event.get("type", "")), event.get("object") or {}
+        if kind == "ERROR":
+            raise status_error(
+                int(obj.get("code") or 500), obj, verb="watch", resource=self._resource
+            )
+        return WatchEvent(kind, obj if kind == "BOOKMARK" else self._convert(obj))
+
     def _lines(self) -> Iterator[str]:
         buffer = b""
         for chunk in self._response.stream(amt=None, decode_content=True):
             if self._closed.is_set():
                 return
             buffer += chunk
+            del chunk  # not kept while the next one is awaited
             *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                yield line.decode("utf-8")
+            lines.reverse()
+            while lines:
+                yield lines.pop().decode("utf-8")
         if buffer.strip() and not self._closed.is_set():
             yield buffer.decode("utf-8")

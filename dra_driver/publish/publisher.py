@@ -472,10 +472,10 @@ class Publisher:
                 beat.beat()
                 try:
                     if not resource_version:
-                        listing = self._api.list_slices(
+                        # only its version: the slices themselves are not kept while watching
+                        resource_version = self._api.list_slices(
                             driver_name=self._driver_name, node_name=self._node_name
-                        )
-                        resource_version = listing.resource_version
+                        ).resource_version
                         with self._lock:
                             # Events for writes before this list will never arrive now.
                             self._own.clear()
@@ -542,6 +542,7 @@ class Publisher:
                         extra={"node": self._node_name, "slice_name": _name(event.object)},
                     )
                     self._wake.set()
+                del event  # a whole slice: not kept while the next event is awaited
             return resource_version
         finally:
             with self._lock:
