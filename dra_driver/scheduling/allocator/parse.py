@@ -220,7 +220,8 @@ def parse_device_class(obj: JSON) -> DeviceClass:
         name=name,
         selectors=_selectors(spec.get("selectors"), f"DeviceClass {name}: spec.selectors"),
         config=tuple(
-            _obj(c, f"DeviceClass {name}: spec.config") for c in _list(spec.get("config"), "")
+            _obj(c, f"DeviceClass {name}: spec.config")
+            for c in _list(spec.get("config"), f"DeviceClass {name}: spec.config")
         ),
     )
 
@@ -268,10 +269,11 @@ def _device(obj: JSON, driver: str, where: str) -> SliceDevice:
             policies[str(k)] = policy
     consumes = []
     for i, raw_cc in enumerate(_list(body.get("consumesCounters"), f"{where}.consumesCounters")):
-        cc = _obj(raw_cc, f"{where}.consumesCounters[{i}]")
+        ccw = f"{where}.consumesCounters[{i}]"
+        cc = _obj(raw_cc, ccw)
         counters = {
-            str(n): _quantity(_obj(c, "").get("value"), f"{where}.consumesCounters[{i}].{n}")[0]
-            for n, c in _obj(cc.get("counters"), "").items()
+            str(n): _quantity(_obj(c, f"{ccw}.counters.{n}").get("value"), f"{ccw}.{n}")[0]
+            for n, c in _obj(cc.get("counters"), f"{ccw}.counters").items()
         }
         consumes.append((str(cc.get("counterSet", "")), counters))
     taints = tuple(
@@ -324,10 +326,13 @@ def parse_slice(obj: JSON) -> Slice:
         raise _fail(where, "spec.driver and spec.pool.name are required")
     counters = {}
     for i, raw_cs in enumerate(_list(spec.get("sharedCounters"), f"{where}: spec.sharedCounters")):
-        cs = _obj(raw_cs, f"{where}: spec.sharedCounters[{i}]")
+        csw = f"{where}: spec.sharedCounters[{i}]"
+        cs = _obj(raw_cs, csw)
         counters[str(cs.get("name", ""))] = {
-            str(n): _quantity(_obj(c, "").get("value"), f"{where}: sharedCounters[{i}].{n}")[0]
-            for n, c in _obj(cs.get("counters"), "").items()
+            str(n): _quantity(
+                _obj(c, f"{csw}.counters.{n}").get("value"), f"{where}: sharedCounters[{i}].{n}"
+            )[0]
+            for n, c in _obj(cs.get("counters"), f"{csw}.counters").items()
         }
     devices = tuple(
         _device(_obj(d, f"{where}: spec.devices[{i}]"), driver, f"{where}: spec.devices[{i}]")
