@@ -827,6 +827,9 @@ def test_allocated_state_reads_every_field_of_a_result() -> None:
     assert state.claims["e"] == ClaimAllocation("e", (), (), None, existing=True)
 
 
+RESULT0 = "c: status.allocation.devices.results[0]"
+
+
 @pytest.mark.parametrize(
     ("obj", "message"),
     [
@@ -849,28 +852,28 @@ def test_allocated_state_reads_every_field_of_a_result() -> None:
         ),
         (
             {"metadata": {"name": "c"}, "status": {"allocation": {"devices": {"results": ["r"]}}}},
-            "c: status.allocation.devices.results: expected an object, got str",
+            "c: status.allocation.devices.results[0]: expected an object, got str",
         ),
         (
             {
                 "metadata": {"name": "c"},
                 "status": {"allocation": {"devices": {"results": [{"consumedCapacity": []}]}}},
             },
-            "c: status.allocation.devices.results: expected an object, got list",
+            f"{RESULT0}.consumedCapacity: expected an object, got list",
         ),
         (
             {
                 "metadata": {"name": "c"},
                 "status": {"allocation": {"devices": {"results": [{"tolerations": {}}]}}},
             },
-            "c: status.allocation.tolerations: expected a list, got dict",
+            "c: status.allocation.devices.results[0].tolerations: expected a list, got dict",
         ),
         (
             {
                 "metadata": {"name": "c"},
                 "status": {"allocation": {"devices": {"results": [{"bindingConditions": [1]}]}}},
             },
-            "c: status.allocation[0]: expected a condition type, got 1",
+            f"{RESULT0}.bindingConditions[0]: expected a condition type, got 1",
         ),
         (
             {
@@ -879,7 +882,8 @@ def test_allocated_state_reads_every_field_of_a_result() -> None:
                     "allocation": {"devices": {"results": [{"bindingFailureConditions": [""]}]}}
                 },
             },
-            "c: status.allocation[0]: expected a condition type, got ''",
+            "c: status.allocation.devices.results[0].bindingFailureConditions[0]: "
+            "expected a condition type, got ''",
         ),
         (
             {
@@ -892,7 +896,7 @@ def test_allocated_state_reads_every_field_of_a_result() -> None:
                     }
                 },
             },
-            f"c: {BAD_QUANTITY}",
+            f"c: status.allocation.devices.results[0].consumedCapacity.m: {BAD_QUANTITY}",
         ),
         (
             {"metadata": {"name": "c"}, "status": {"allocation": {"devices": {"config": {}}}}},

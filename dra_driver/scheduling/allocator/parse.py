@@ -376,10 +376,11 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
         allocation = _obj(status.get("allocation"), where)
         devices = _obj(allocation.get("devices"), f"{where}.devices")
         results = []
-        for raw in _list(devices.get("results"), f"{where}.devices.results"):
-            r = _obj(raw, f"{where}.devices.results")
+        for i, raw in enumerate(_list(devices.get("results"), f"{where}.devices.results")):
+            rw = f"{where}.devices.results[{i}]"
+            r = _obj(raw, rw)
             dev: DeviceID = (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
-            consumed = _obj(r.get("consumedCapacity"), f"{where}.devices.results")
+            consumed = _obj(r.get("consumedCapacity"), f"{rw}.consumedCapacity")
             results.append(
                 DeviceResult(
                     request=str(r.get("request", "")),
@@ -387,11 +388,15 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
                     pool=dev[1],
                     device=dev[2],
                     admin_access=bool(r.get("adminAccess")),
-                    tolerations=_tolerations(r.get("tolerations"), f"{where}.tolerations"),
+                    tolerations=_tolerations(r.get("tolerations"), f"{rw}.tolerations"),
                     share_id=str(r["shareID"]) if r.get("shareID") else None,
                     consumed_capacity={str(n): str(v) for n, v in consumed.items()},
-                    binding_conditions=_strings(r.get("bindingConditions"), where),
-                    binding_failure_conditions=_strings(r.get("bindingFailureConditions"), where),
+                    binding_conditions=_strings(
+                        r.get("bindingConditions"), f"{rw}.bindingConditions"
+                    ),
+                    binding_failure_conditions=_strings(
+                        r.get("bindingFailureConditions"), f"{rw}.bindingFailureConditions"
+                    ),
                 )
             )
             if r.get("adminAccess"):
@@ -399,7 +404,8 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
             if r.get("shareID"):
                 agg = shared.setdefault(dev, {})
                 for n, v in consumed.items():
-                    agg[str(n)] = agg.get(str(n), Fraction(0)) + _quantity(v, key)[0]
+                    used = _quantity(v, f"{rw}.consumedCapacity.{n}")[0]
+                    agg[str(n)] = agg.get(str(n), Fraction(0)) + used
                 holders = shared_holders.setdefault(dev, [])
                 if key not in holders:
                     holders.append(key)
