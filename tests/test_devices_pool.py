@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_driver.devices.gpu import NUMA_NODE_ATTRIBUTE
+from dra_driver.devices.gpu import NUMA_NODE_ATTRIBUTE, gpu_device
 from dra_driver.devices.model import Version
-from dra_driver.devices.names import mig_profile_slug, parse_mig_device_name
+from dra_driver.devices.names import mig_instance_name, mig_profile_slug, parse_mig_device_name
+from dra_driver.devices.partitionable import partitionable_gpu
 from dra_driver.devices.pool import node_devices
 from dra_driver.devices.validation import validate_device
 from dra_driver.errors import DeviceModelError
@@ -124,3 +125,56 @@ def test_every_device_of_a_random_simulated_node_is_valid(spec: str, node: str) 
     for gpu in inventory.gpus:
         if not gpu.mig_enabled:
             assert f"gpu-{gpu.minor}" in names
+
+
+def test_an_unknown_mig_mode_is_refused_naming_the_modes() -> None:
+    with pytest.raises(DeviceModelError) as err:
+        node_devices(Inventory(gpus=(H100,)), driver_name=DRIVER, mig_mode="auto")  # type: ignore[arg-type]
+    assert str(err.value) == "MIG mode 'auto' is not one of static, dynamic"
+
+
+_MIXED = "h100:1:mig=3g.40gb*2,l4:1"
+
+
+def test_static_mig_mode_publishes_the_existing_mig_devices_and_no_counter_sets() -> None:
+    inventory = discover_simulated(_MIXED, node_name="node-1")
+    h100, _ = inventory.gpus
+    managed = frozenset(mig_instance_name(h100, m) for m in h100.mig_instances)
+
+    published = node_devices(inventory, driver_name=DRIVER, managed_mig=managed)
+
+    assert published.counter_sets == ()
+    assert [d.name for d in published.devices] == [
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-3g40gb-9-4",
+        "gpu-1",
+    ]
+
+
+def test_dynamic_mig_mode_publishes_a_gpu_whose_mig_devices_are_ours_as_partitions_last() -> None:
+    inventory = discover_simulated(_MIXED, node_name="node-1")
+    h100, l4 = inventory.gpus
+    managed = frozenset(mig_instance_name(h100, m) for m in h100.mig_instances)
+
+    published = node_devices(inventory, driver_name=DRIVER, mig_mode="dynamic", managed_mig=managed)
+
+    counter_set, partitions = partitionable_gpu(h100)
+    # the plain L4 first: a whole-GPU claim takes it before a GPU that must leave MIG mode
+    assert published.devices == (gpu_device(l4), *partitions)
+    assert published.counter_sets == (counter_set,)
+    assert counter_set.name == "gpu-0-counter-set"
+
+
+def test_dynamic_mig_mode_keeps_a_gpu_with_a_mig_device_not_ours_static() -> None:
+    inventory = discover_simulated(_MIXED, node_name="node-1")
+    h100, _ = inventory.gpus
+    ours = frozenset({mig_instance_name(h100, h100.mig_instances[0])})
+
+    published = node_devices(inventory, driver_name=DRIVER, mig_mode="dynamic", managed_mig=ours)
+
+    assert published.counter_sets == ()
+    assert [d.name for d in published.devices] == [
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-3g40gb-9-4",
+        "gpu-1",
+    ]

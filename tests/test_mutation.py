@@ -6,8 +6,8 @@ comes round in turn; ``MUTATION_CORE=<module>`` picks one, ``MUTATION_CORE=all``
 them all), copies the package and the tests into the test's directory, runs ``mutmut run``
 there against the module's own test files, and fails when the share of mutants killed falls
 below the module's floor (the score measured when the floor was set: docs/development.md
-"Mutation testing" has them, and the cores not in the rotation yet). Bounded in time: a core
-takes a quarter of a minute to three and a half minutes on two shared CPUs; ``mutmut`` gets
+"Mutation testing" has them). Bounded in time: a core takes a few seconds to three and a half
+minutes on two shared CPUs; ``mutmut`` gets
 ``LIMIT_S`` and the test fails if it runs out.
 """
 
@@ -59,6 +59,19 @@ CORES = {
     "dra_driver/devices/gpu.py": Core(("test_devices_gpu.py",), 1.00),
     "dra_driver/devices/names.py": Core(("test_devices_names.py",), 0.97),
     "dra_driver/devices/model.py": Core(("test_devices_model.py",), 0.91),
+    "dra_driver/devices/pool.py": Core(("test_devices_pool.py",), 1.00),
+    "dra_driver/devices/table.py": Core(("test_devices_table.py",), 0.96),
+    "dra_driver/devices/classes.py": Core(("test_devices_classes.py",), 1.00),
+    "dra_driver/scheduling/allocator/candidates.py": Core(
+        ("test_scheduling_allocator_candidates.py",), 0.98
+    ),
+    "dra_driver/scheduling/allocator/allocation.py": Core(
+        ("test_scheduling_allocator.py", "test_scheduling_allocator_binding.py"), 0.95
+    ),
+    "dra_driver/scheduling/allocator/reasons.py": Core(
+        ("test_scheduling_allocator_reasons.py",), 0.99
+    ),
+    "dra_driver/scheduling/allocator/parse.py": Core(("test_scheduling_allocator_parse.py",), 0.99),
 }
 
 

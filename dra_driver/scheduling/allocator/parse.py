@@ -220,7 +220,8 @@ def parse_device_class(obj: JSON) -> DeviceClass:
         name=name,
         selectors=_selectors(spec.get("selectors"), f"DeviceClass {name}: spec.selectors"),
         config=tuple(
-            _obj(c, f"DeviceClass {name}: spec.config") for c in _list(spec.get("config"), "")
+            _obj(c, f"DeviceClass {name}: spec.config")
+            for c in _list(spec.get("config"), f"DeviceClass {name}: spec.config")
         ),
     )
 
@@ -268,10 +269,11 @@ def _device(obj: JSON, driver: str, where: str) -> SliceDevice:
             policies[str(k)] = policy
     consumes = []
     for i, raw_cc in enumerate(_list(body.get("consumesCounters"), f"{where}.consumesCounters")):
-        cc = _obj(raw_cc, f"{where}.consumesCounters[{i}]")
+        ccw = f"{where}.consumesCounters[{i}]"
+        cc = _obj(raw_cc, ccw)
         counters = {
-            str(n): _quantity(_obj(c, "").get("value"), f"{where}.consumesCounters[{i}].{n}")[0]
-            for n, c in _obj(cc.get("counters"), "").items()
+            str(n): _quantity(_obj(c, f"{ccw}.counters.{n}").get("value"), f"{ccw}.{n}")[0]
+            for n, c in _obj(cc.get("counters"), f"{ccw}.counters").items()
         }
         consumes.append((str(cc.get("counterSet", "")), counters))
     taints = tuple(
@@ -324,10 +326,13 @@ def parse_slice(obj: JSON) -> Slice:
         raise _fail(where, "spec.driver and spec.pool.name are required")
     counters = {}
     for i, raw_cs in enumerate(_list(spec.get("sharedCounters"), f"{where}: spec.sharedCounters")):
-        cs = _obj(raw_cs, f"{where}: spec.sharedCounters[{i}]")
+        csw = f"{where}: spec.sharedCounters[{i}]"
+        cs = _obj(raw_cs, csw)
         counters[str(cs.get("name", ""))] = {
-            str(n): _quantity(_obj(c, "").get("value"), f"{where}: sharedCounters[{i}].{n}")[0]
-            for n, c in _obj(cs.get("counters"), "").items()
+            str(n): _quantity(
+                _obj(c, f"{csw}.counters.{n}").get("value"), f"{where}: sharedCounters[{i}].{n}"
+            )[0]
+            for n, c in _obj(cs.get("counters"), f"{csw}.counters").items()
         }
     devices = tuple(
         _device(_obj(d, f"{where}: spec.devices[{i}]"), driver, f"{where}: spec.devices[{i}]")
@@ -371,10 +376,11 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
         allocation = _obj(status.get("allocation"), where)
         devices = _obj(allocation.get("devices"), f"{where}.devices")
         results = []
-        for raw in _list(devices.get("results"), f"{where}.devices.results"):
-            r = _obj(raw, f"{where}.devices.results")
+        for i, raw in enumerate(_list(devices.get("results"), f"{where}.devices.results")):
+            rw = f"{where}.devices.results[{i}]"
+            r = _obj(raw, rw)
             dev: DeviceID = (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
-            consumed = _obj(r.get("consumedCapacity"), f"{where}.devices.results")
+            consumed = _obj(r.get("consumedCapacity"), f"{rw}.consumedCapacity")
             results.append(
                 DeviceResult(
                     request=str(r.get("request", "")),
@@ -382,11 +388,15 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
                     pool=dev[1],
                     device=dev[2],
                     admin_access=bool(r.get("adminAccess")),
-                    tolerations=_tolerations(r.get("tolerations"), f"{where}.tolerations"),
+                    tolerations=_tolerations(r.get("tolerations"), f"{rw}.tolerations"),
                     share_id=str(r["shareID"]) if r.get("shareID") else None,
                     consumed_capacity={str(n): str(v) for n, v in consumed.items()},
-                    binding_conditions=_strings(r.get("bindingConditions"), where),
-                    binding_failure_conditions=_strings(r.get("bindingFailureConditions"), where),
+                    binding_conditions=_strings(
+                        r.get("bindingConditions"), f"{rw}.bindingConditions"
+                    ),
+                    binding_failure_conditions=_strings(
+                        r.get("bindingFailureConditions"), f"{rw}.bindingFailureConditions"
+                    ),
                 )
             )
             if r.get("adminAccess"):
@@ -394,7 +404,8 @@ def allocated_state(claims: Iterable[JSON]) -> AllocatedState:
             if r.get("shareID"):
                 agg = shared.setdefault(dev, {})
                 for n, v in consumed.items():
-                    agg[str(n)] = agg.get(str(n), Fraction(0)) + _quantity(v, key)[0]
+                    used = _quantity(v, f"{rw}.consumedCapacity.{n}")[0]
+                    agg[str(n)] = agg.get(str(n), Fraction(0)) + used
                 holders = shared_holders.setdefault(dev, [])
                 if key not in holders:
                     holders.append(key)

@@ -21,9 +21,9 @@ from dra_driver.scheduling.allocator.candidates import (
     RequestData,
     device_on_node,
 )
-from dra_driver.scheduling.allocator.capacity import capacity_problem
+from dra_driver.scheduling.allocator.capacity import capacity_problem, consumed_for
 from dra_driver.scheduling.allocator.constraints import MISSING, ConstraintTracker, lookup_attribute
-from dra_driver.scheduling.allocator.model import DeviceVerdict, Node, RequestDiagnosis
+from dra_driver.scheduling.allocator.model import Abort, DeviceVerdict, Node, RequestDiagnosis
 from dra_driver.scheduling.allocator.search import Search
 from dra_driver.scheduling.allocator.taints import taint_blocks
 
@@ -262,6 +262,40 @@ def _all_taken(n: int, taken: list[str], direct: bool) -> str:
     return f"all {n} matching devices are {_how(direct)}: {_names(taken)}"
 
 
+def _selects(search: Search, key: tuple[int, int, int], cand: Candidate) -> bool:
+    try:
+        return search.selector_verdict(key, cand)
+    except Abort:  # a CEL runtime error: the search was given up on it
+        return False
+
+
+def _capacity_short(search: Search, data: RequestData, cand: Candidate) -> bool:
+    """Whether ``cand`` allows multiple allocations and its capacity cannot hold ``data``'s
+    share beside what allocated claims hold and the shares of the other requests that can take
+    no other device (each one's smallest share among its alternatives that can take one)."""
+    device = cand.device
+    if not device.allow_multiple_allocations:
+        return False
+    own = (data.claim_index, data.parent or data.request.name)
+    alternatives: dict[tuple[int, str], list[tuple[bool, dict[str, Fraction]]]] = {}
+    for key, other in search.datas.items():
+        group = (other.claim_index, other.parent or other.request.name)
+        if group == own:
+            continue
+        fits = {c.id for c in search.candidates if _selects(search, key, c)}
+        if fits:
+            share = {n: consumed_for(other.request, device, n) for n in device.capacity}
+            alternatives.setdefault(group, []).append((fits == {cand.id}, share))
+    taken = dict(search.allocated.shared_capacity.get(cand.id, {}))
+    for options in alternatives.values():
+        if not all(only_here for only_here, _ in options):
+            continue  # it may take another device
+        for n in device.capacity:
+            least = min(share[n] for _, share in options)
+            taken[n] = taken.get(n, Fraction(0)) + least
+    return capacity_problem(data.request, device, taken) is not None
+
+
 def _summary(search: Search, data: RequestData, whys: Sequence[tuple[Candidate, _Why]]) -> str:
     req = data.request
     total = len(whys)
@@ -330,6 +364,15 @@ def _summary(search: Search, data: RequestData, whys: Sequence[tuple[Candidate, 
                 f"needs {req.count} devices with distinct {probe.attribute}; only "
                 f"{len(groups)} distinct values among usable devices" + also
             )
+    if all(_capacity_short(search, data, c) for c in usable):
+        # Before the counters: the shares of one device take its counters once, so a shared
+        # device whose capacity runs out is no counter problem (issue 37 item 6).
+        whose = "its" if len(usable) == 1 else "each one's"
+        return (
+            f"{len(usable)} devices usable ({names}), but {whose} capacity cannot hold this "
+            "request's share beside the shares of the other requests that can take no other "
+            "device" + also
+        )
     if any(c.device.consumes_counters for c in usable):
         return (
             f"{len(usable)} devices usable ({names}), but no {req.count} of them fit the shared "
