@@ -398,3 +398,14 @@ def test_real_nvml_discovers_this_machines_gpus() -> None:
     gpu: GpuInfo = inventory.gpus[0]
     assert gpu.uuid.startswith("GPU-")
     assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", gpu.pci_bus_id)
+
+
+def test_gpus_of_one_model_share_their_profile_table_and_other_models_keep_theirs() -> None:
+    """The profile table (profiles and placements) read from every GPU in MIG mode is one
+    object for equal tables, not a copy per GPU; a GPU of another model keeps its own."""
+    model, other_model = MIG_PRODUCTS[-1], MIG_PRODUCTS[0]
+    inventory, _ = run_discovery(f"{model}:3:mig")
+    first, second, third = (gpu.mig_profiles for gpu in inventory.gpus)
+    assert first and first is second is third
+    other, _ = run_discovery(f"{other_model}:1:mig")
+    assert other.gpus[0].mig_profiles != first

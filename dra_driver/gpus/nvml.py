@@ -412,7 +412,16 @@ def _mig_profiles(index: int, handle: Any, *, memory_bytes: int) -> tuple[MigPro
                 placements=placements,
             )
         )
-    return tuple(profiles)
+    found = tuple(profiles)
+    if len(_SHARED_PROFILES) >= _MAX_PROFILE_TABLES:
+        _SHARED_PROFILES.clear()
+    return _SHARED_PROFILES.setdefault(found, found)
+
+
+# Every GPU of a model has the same profile table (about 60 placements): one shared copy per
+# table, not one per GPU (0.2 MiB of a 64-GPU node's agent). Bounded: a node has few models.
+_SHARED_PROFILES: dict[tuple[MigProfile, ...], tuple[MigProfile, ...]] = {}
+_MAX_PROFILE_TABLES = 16
 
 
 def _placements(index: int, handle: Any, profile_id: int) -> tuple[MigPlacement, ...] | None:
