@@ -48,6 +48,7 @@ CORES = {
     "dra_driver/scheduling/allocator/constraints.py": Core(
         ("test_scheduling_allocator_constraints.py",), 0.97
     ),
+    "dra_driver/scheduling/allocator/model.py": Core(("test_scheduling_allocator_model.py",), 0.96),
     "dra_driver/scheduling/allocator/taints.py": Core(
         ("test_scheduling_allocator_taints.py",), 0.92
     ),
