@@ -54,19 +54,24 @@ class ClaimLocks:
     def hold(self, uid: str) -> Iterator[None]:
         """Wait for and hold the claim's lock."""
         stripe = self._stripe(uid)
-        with self._thread_lock(stripe) as thread_lock, thread_lock:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, stripe)
-            try:
-                yield
-            finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
+        entry = self._use(stripe)
+        try:
+            with entry.lock:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, stripe)
+                try:
+                    yield
+                finally:
+                    fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
+        finally:
+            self._done_with(stripe, entry)
 
     @contextmanager
     def try_hold(self, uid: str) -> Iterator[bool]:
         """Hold the claim's lock if nobody does; yields False (and holds nothing) otherwise."""
         stripe = self._stripe(uid)
-        with self._thread_lock(stripe) as thread_lock:
-            if not thread_lock.acquire(blocking=False):
+        entry = self._use(stripe)
+        try:
+            if not entry.lock.acquire(blocking=False):
                 yield False
                 return
             try:
@@ -80,24 +85,26 @@ class ClaimLocks:
                 finally:
                     fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
             finally:
-                thread_lock.release()
+                entry.lock.release()
+        finally:
+            self._done_with(stripe, entry)
 
-    @contextmanager
-    def _thread_lock(self, stripe: int) -> Iterator[threading.Lock]:
-        """The stripe's thread lock (not acquired), made for the first thread that asks and
-        dropped after the last one is done with it."""
+    def _use(self, stripe: int) -> _StripeLock:
+        """The stripe's thread lock (not acquired), made for the first thread that asks; hand
+        it back with :meth:`_done_with`."""
         with self._guard:
             entry = self._threads.get(stripe)
             if entry is None:
                 entry = self._threads[stripe] = _StripeLock(threading.Lock())
             entry.users += 1
-        try:
-            yield entry.lock
-        finally:
-            with self._guard:
-                entry.users -= 1
-                if not entry.users:
-                    del self._threads[stripe]
+        return entry
+
+    def _done_with(self, stripe: int, entry: _StripeLock) -> None:
+        """Dropped after the last thread that held or waited for it is done with it."""
+        with self._guard:
+            entry.users -= 1
+            if not entry.users:
+                del self._threads[stripe]
 
 
 class _StripeLock:
