@@ -1,10 +1,10 @@
 """The one place that talks to the Kubernetes API, through the official ``kubernetes`` client.
 
-Place in the flow: publish/publisher.py reads and writes ResourceSlices here; the plugin reads
-ResourceClaims (NodePrepareResources), the Node, and records Events on the Node. Everything
-crosses this boundary as plain JSON dicts in resource.k8s.io/v1 shape, whichever version the
-server serves: discovery picks v1, else v1beta2, else v1beta1, and objects are converted on the
-way in and out (spec D.0).
+Place in the flow: publish/ (publisher.py, its watcher.py) reads and writes ResourceSlices here;
+the plugin reads ResourceClaims (NodePrepareResources), the Node, and records Events on the Node.
+Everything crosses this boundary as plain JSON dicts in resource.k8s.io/v1 shape, whichever
+version the server serves: discovery picks v1, else v1beta2, else v1beta1, and objects are
+converted on the way in and out (spec D.0).
 
 - ``connection``: the connection (official client's transport, keep-alive claim GET, discovery)
   and the conversion of every failure into a KubeError;

@@ -1,7 +1,8 @@
 """A watch of API objects: its events, read from a chunked HTTP stream, and closing it.
 
-Place in the flow: resourceslices.py opens a watch of our ResourceSlices for the publisher
-(publish/publisher.py), which reads its events until the server ends it or the publisher stops.
+Place in the flow: resourceslices.py opens a watch of our ResourceSlices for the publisher's
+watcher (publish/watcher.py), which reads its events until the server ends it or the publisher
+stops.
 """
 
 from __future__ import annotations

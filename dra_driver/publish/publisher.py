@@ -3,16 +3,16 @@
 Place in the flow: devices.NodeDevices -> (slices.build_slices) -> **Publisher** -> kube/.
 The node agent starts one Publisher; it runs two threads:
 
-* the watcher lists our slices (field selector ``spec.driver=<driver>,spec.nodeName=<node>``) and
-  watches from that resourceVersion; every change it did not cause itself (the kubelet deleting all
-  slices of its node at start-up, spec C.6; someone editing a slice) wakes the syncer. 410 Gone ->
-  relist. Connection trouble -> exponential backoff with jitter.
-* the syncer waits to be woken, lets a burst of events settle (``debounce_s``, well under the 2 s
-  re-sync promise; the Go helper waits 30 s), lists the slices, computes the G.3 plan
-  (syncplan.plan_sync) and writes it: deletes, updates, creates. A restart with unchanged devices
-  adopts the existing slices and writes nothing.
+* the watcher (watcher.SliceWatcher) lists our slices and watches from that resourceVersion; every
+  change it did not cause itself (the kubelet deleting all slices of its node at start-up, spec
+  C.6; someone editing a slice) wakes the syncer. The syncer records each write it makes in the
+  watcher's watcher.OwnWrites, so that its own events wake nobody.
+* the syncer (this module) waits to be woken, lets a burst of events settle (``debounce_s``,
+  well under the 2 s re-sync promise; the Go helper waits 30 s), lists the slices, computes the
+  G.3 plan (syncplan.plan_sync) and writes it: deletes, updates, creates. A restart with
+  unchanged devices adopts the existing slices and writes nothing.
 
-Failures never end the threads: unreachable API server or 5xx/429 -> backoff (``Backoff``);
+Failures never end the threads: unreachable API server or 5xx/429 -> backoff (sliceapi.Backoff);
 403 -> an error naming the missing RBAC rule, retried slowly; the last error stays visible in
 :meth:`Publisher.status`. Each thread keeps a health.Heartbeat (``/healthz``: alive, not stuck);
 :meth:`Publisher.readiness_problems` tells ``/readyz`` whether the slices are published and
@@ -26,9 +26,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from dra_driver.devices.model import NodeDevices, Taint, with_taints
 from dra_driver.errors import (
@@ -40,68 +40,13 @@ from dra_driver.errors import (
     KubeUnavailable,
 )
 from dra_driver.heartbeat import Heartbeat
+from dra_driver.publish.sliceapi import Backoff, SliceApi
 from dra_driver.publish.slices import DesiredPool, build_slices, content_of
 from dra_driver.publish.syncplan import SliceWrite, SyncPlan, dropped_fields, plan_sync
+from dra_driver.publish.watcher import SliceWatcher
 from dra_driver.resourceapi import JsonDict
 
 log = logging.getLogger(__name__)
-
-
-class SliceListing(Protocol):
-    @property
-    def items(self) -> tuple[JsonDict, ...]: ...
-
-    @property
-    def resource_version(self) -> str: ...
-
-
-class SliceEvent(Protocol):
-    @property
-    def type(self) -> str: ...
-
-    @property
-    def object(self) -> JsonDict: ...
-
-    @property
-    def resource_version(self) -> str: ...
-
-
-class SliceWatch(Protocol):
-    def __iter__(self) -> Iterator[SliceEvent]: ...
-
-    def close(self) -> None: ...
-
-
-class SliceApi(Protocol):
-    """What the publisher needs from the API (kube.KubeClient provides it)."""
-
-    def list_slices(self, *, driver_name: str, node_name: str) -> SliceListing: ...
-
-    def watch_slices(
-        self, *, driver_name: str, node_name: str, resource_version: str, timeout_s: int = ...
-    ) -> SliceWatch: ...
-
-    def create_slice(self, body: Mapping[str, Any]) -> JsonDict: ...
-
-    def update_slice(self, body: Mapping[str, Any]) -> JsonDict: ...
-
-    def delete_slice(self, *, name: str, uid: str, resource_version: str) -> bool: ...
-
-    def get_node(self, name: str) -> JsonDict: ...
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter: ``initial_s * factor**(attempt-1)``, capped, +/- jitter."""
-
-    initial_s: float = 0.2
-    max_s: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-
-    def delay_s(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt - 1))
-        return base * (1 + self.jitter * (2 * rng.random() - 1))
 
 
 @dataclass(frozen=True)
@@ -153,7 +98,6 @@ class Publisher:
         self._debounce_s = debounce_s
         self._backoff = backoff or Backoff()
         self._forbidden_retry_s = forbidden_retry_s
-        self._watch_timeout_s = watch_timeout_s
         self._rng = random.Random()  # noqa: S311 (backoff jitter, not security)
         self._lock = threading.Condition()
         self._compose = threading.Lock()  # one set_devices/set_taints at a time
@@ -170,16 +114,23 @@ class Publisher:
         self._last_error: str | None = None
         self._writes = WriteCounts()
         self._reported_gates: set[str] = set()
-        self._own: set[tuple[str, str]] = set()  # (name, resourceVersion) of our own writes
-        self._own_deletes: set[str] = set()
-        self._stream: SliceWatch | None = None
         self._threads: list[threading.Thread] = []
-        # A sync pass makes a few calls of at most the client's timeout each; a watch ends
-        # after watch_timeout_s (plus the client's read margin) and every event is progress.
-        self.heartbeats = (
-            Heartbeat("slice-sync", stall_s=300.0),
-            Heartbeat("slice-watch", stall_s=watch_timeout_s + 120.0),
+        self._watcher = SliceWatcher(
+            api,
+            driver_name=driver_name,
+            node_name=node_name,
+            lock=self._lock,
+            stop=self._stop,
+            wake=self._wake,
+            backoff=self._backoff,
+            forbidden_retry_s=forbidden_retry_s,
+            watch_timeout_s=watch_timeout_s,
+            forget_node=self._forget_node,
+            report_error=self._report_watch_error,
         )
+        self._own = self._watcher.own
+        # A sync pass makes a few calls of at most the client's timeout each.
+        self.heartbeats = (Heartbeat("slice-sync", stall_s=300.0), self._watcher.heartbeat)
 
     def _build(
         self, node_devices: NodeDevices, taints: Mapping[str, tuple[Taint, ...]] | None = None
@@ -198,7 +149,7 @@ class Publisher:
             raise RuntimeError("Publisher.start() called twice")
         self._threads = [
             threading.Thread(target=self._sync_loop, name="slice-sync", daemon=True),
-            threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True),
+            threading.Thread(target=self._watcher.run, name="slice-watch", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -209,10 +160,8 @@ class Publisher:
         self._stop.set()
         self._wake.set()
         with self._lock:
-            stream = self._stream
             self._lock.notify_all()
-        if stream is not None:
-            stream.close()
+        self._watcher.close()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -400,8 +349,7 @@ class Publisher:
     def _execute(self, plan: SyncPlan, desired: DesiredPool, version: int) -> tuple[str, ...]:
         """Run the plan in G.3 order; returns the names of the pool's slices afterwards."""
         for ref in plan.deletes:
-            with self._lock:
-                self._own_deletes.add(ref.name)
+            self._own.deleting(ref.name)
             self._api.delete_slice(
                 name=ref.name, uid=ref.uid, resource_version=ref.resource_version
             )
@@ -431,8 +379,7 @@ class Publisher:
     def _after_write(self, write: SliceWrite, stored: JsonDict, version: int) -> None:
         """Remember our own write (so its watch event is not a reason to sync) and adopt what
         the server stored if it dropped fields (G.3 step 9)."""
-        with self._lock:
-            self._own.add((_name(stored), _resource_version(stored)))
+        self._own.wrote(stored)
         dropped = dropped_fields(content_of(write.body), content_of(stored))
         if not dropped:
             return
@@ -459,116 +406,22 @@ class Publisher:
                 extra={"node": self._node_name, "slice_name": _name(stored), "gates": known},
             )
 
-    # --- watcher ---------------------------------------------------------------------------------
+    # --- what the watcher tells the syncer ------------------------------------------------------
 
-    def _watch_loop(self) -> None:
-        beat = self.heartbeats[1]
-        # Always at work (a watch is open or about to be): each round and each event is
-        # progress, and a round ends within the watch's timeout.
-        with beat.running(), beat.busy():
-            resource_version = ""
-            attempt = 0
-            while not self._stop.is_set():
-                beat.beat()
-                try:
-                    if not resource_version:
-                        # only its version: the slices themselves are not kept while watching
-                        resource_version = self._api.list_slices(
-                            driver_name=self._driver_name, node_name=self._node_name
-                        ).resource_version
-                        with self._lock:
-                            # Events for writes before this list will never arrive now.
-                            self._own.clear()
-                            self._own_deletes.clear()
-                        # Anything may have happened while we were not watching.
-                        self._wake.set()
-                    resource_version = self._watch_from(resource_version)
-                    attempt = 0
-                except KubeGone:
-                    log.info(
-                        "ResourceSlice watch expired; listing again",
-                        extra={"node": self._node_name},
-                    )
-                    resource_version = ""
-                except KubeError as exc:
-                    attempt += 1
-                    wait_s = (
-                        self._forbidden_retry_s
-                        if isinstance(exc, KubeForbidden)
-                        else self._backoff.delay_s(attempt, self._rng)
-                    )
-                    log.log(
-                        logging.DEBUG if isinstance(exc, KubeUnavailable) else logging.ERROR,
-                        "watching ResourceSlices failed, retrying in %.1f s: %s",
-                        wait_s,
-                        exc,
-                        extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
-                    )
-                    if isinstance(exc, KubeForbidden):
-                        with self._lock:
-                            self._last_error = str(exc)
-                    self._stop.wait(wait_s)
-                except Exception:  # a dead watch would leave deleted slices missing
-                    attempt += 1
-                    wait_s = self._backoff.delay_s(attempt, self._rng)
-                    log.exception(
-                        "watching ResourceSlices failed unexpectedly, listing again in %.1f s",
-                        wait_s,
-                        extra={"node": self._node_name, "retry_in_s": round(wait_s, 3)},
-                    )
-                    resource_version = ""
-                    self._stop.wait(wait_s)
-
-    def _watch_from(self, resource_version: str) -> str:
-        stream = self._api.watch_slices(
-            driver_name=self._driver_name,
-            node_name=self._node_name,
-            resource_version=resource_version,
-            timeout_s=self._watch_timeout_s,
-        )
+    def _forget_node(self) -> None:
+        """A slice was deleted by someone else: our slices vanish with their Node, and a
+        re-created Node has a new uid, so the next sync reads it again."""
         with self._lock:
-            self._stream = stream
-        try:
-            if self._stop.is_set():
-                return resource_version
-            for event in stream:
-                self.heartbeats[1].beat()
-                resource_version = event.resource_version or resource_version
-                if event.type != "BOOKMARK" and self._is_foreign(event):
-                    log.debug(
-                        "ResourceSlice %s %s by someone else; syncing",
-                        _name(event.object),
-                        event.type.lower(),
-                        extra={"node": self._node_name, "slice_name": _name(event.object)},
-                    )
-                    self._wake.set()
-                del event  # a whole slice: not kept while the next event is awaited
-            return resource_version
-        finally:
-            with self._lock:
-                self._stream = None
-            stream.close()
+            self._node_uid = None
 
-    def _is_foreign(self, event: SliceEvent) -> bool:
-        name = _name(event.object)
+    def _report_watch_error(self, message: str) -> None:
+        """A forbidden list or watch: shown by status() until a sync succeeds."""
         with self._lock:
-            if event.type == "DELETED":
-                if name in self._own_deletes:
-                    self._own_deletes.discard(name)
-                    return False
-                # Our slices vanish with their Node; a re-created Node has a new uid.
-                self._node_uid = None
-                return True
-            key = (name, event.resource_version)
-            if key in self._own:
-                self._own.discard(key)
-                return False
-            return True
+            self._last_error = message
 
 
 def _name(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str:
-    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+__all__ = ["Backoff", "Publisher", "PublisherStatus", "SliceApi", "WriteCounts"]
