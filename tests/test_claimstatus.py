@@ -215,14 +215,18 @@ class FlakyClient:
         return True
 
 
-def test_the_reporter_retries_then_counts_a_failure_and_keeps_the_latest_wish() -> None:
+def reporter_for(client: FlakyClient, **settings: Any) -> ClaimStatusReporter:
+    """A reporter writing through ``client`` for a one-GPU node, with ``settings``."""
     inventory = simulated_inventory("h100:1", node_name=NODE)
+    return ClaimStatusReporter(
+        client=client, driver_name=DRIVER, inventory=lambda: inventory, **settings
+    )
+
+
+def test_the_reporter_retries_then_counts_a_failure_and_keeps_the_latest_wish() -> None:
     results: list[str] = []
     flaky = FlakyClient(failures=1)
-    reporter = ClaimStatusReporter(
-        client=flaky, driver_name=DRIVER, inventory=lambda: inventory,
-        count=results.append, retry_delays_s=(0.01,),
-    )  # fmt: skip
+    reporter = reporter_for(flaky, count=results.append, retry_delays_s=(0.01,))
     reporter.start()
     try:
         reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
@@ -238,12 +242,8 @@ def test_the_reporter_retries_then_counts_a_failure_and_keeps_the_latest_wish() 
 
 
 def test_writes_wait_for_a_pause_in_the_kubelets_calls_but_not_forever() -> None:
-    inventory = simulated_inventory("h100:1", node_name=NODE)
     client = FlakyClient(failures=0)
-    reporter = ClaimStatusReporter(
-        client=client, driver_name=DRIVER, inventory=lambda: inventory,
-        quiet_s=0.3, max_delay_s=1.0,
-    )  # fmt: skip
+    reporter = reporter_for(client, quiet_s=0.3, max_delay_s=1.0)
     reporter.start()
     try:
         started = time.monotonic()
@@ -269,11 +269,8 @@ def test_writes_wait_for_a_pause_in_the_kubelets_calls_but_not_forever() -> None
 def test_a_burst_of_calls_wakes_the_writer_once_not_per_call() -> None:
     """A call only postpones the pending writes: the writer, asleep till they are due, is not
     woken by each (it would take the interpreter lock from the servicer's answer)."""
-    inventory = simulated_inventory("h100:1", node_name=NODE)
     client = FlakyClient(failures=0)
-    reporter = ClaimStatusReporter(
-        client=client, driver_name=DRIVER, inventory=lambda: inventory, quiet_s=0.2,
-    )  # fmt: skip
+    reporter = reporter_for(client, quiet_s=0.2)
     passes = []
     next_due = reporter._next_due
     reporter._next_due = lambda: passes.append(1) or next_due()  # type: ignore[method-assign]
@@ -297,12 +294,8 @@ def test_a_burst_of_calls_wakes_the_writer_once_not_per_call() -> None:
 
 def test_a_wish_is_written_at_the_pause_even_while_a_retry_waits_long() -> None:
     """The writer asleep till a retry's far ``not_before`` is woken for a new wish due sooner."""
-    inventory = simulated_inventory("h100:1", node_name=NODE)
     flaky = FlakyClient(failures=1)
-    reporter = ClaimStatusReporter(
-        client=flaky, driver_name=DRIVER, inventory=lambda: inventory,
-        retry_delays_s=(30.0,), quiet_s=0.05,
-    )  # fmt: skip
+    reporter = reporter_for(flaky, retry_delays_s=(30.0,), quiet_s=0.05)
     reporter.start()
     try:
         reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
@@ -324,12 +317,8 @@ def test_a_claim_unprepared_before_its_entries_were_written_costs_no_write() -> 
     """A pod that comes and goes within a burst: its prepared wish is replaced by the removal,
     and with nothing of it on the server the removal is dropped too (no write at all); a claim
     whose entries were written, or that an earlier agent prepared, gets its removal."""
-    inventory = simulated_inventory("h100:1", node_name=NODE)
     client = FlakyClient(failures=0)
-    reporter = ClaimStatusReporter(
-        client=client, driver_name=DRIVER, inventory=lambda: inventory,
-        quiet_s=0.05, max_delay_s=5.0,
-    )  # fmt: skip
+    reporter = reporter_for(client, quiet_s=0.05, max_delay_s=5.0)
     reporter.start(written_before={"earlier"})
     try:
         gpu = [(NODE, "gpu-0", None)]
@@ -358,24 +347,14 @@ def test_a_claim_unprepared_before_its_entries_were_written_costs_no_write() -> 
 
 def test_a_removal_is_written_when_the_prepared_write_was_tried_even_if_it_failed() -> None:
     """A failed write may have reached the server: its claim's removal is still written."""
-    inventory = simulated_inventory("h100:1", node_name=NODE)
     flaky = FlakyClient(failures=1)
-    reporter = ClaimStatusReporter(
-        client=flaky, driver_name=DRIVER, inventory=lambda: inventory,
-        retry_delays_s=(30.0,), quiet_s=0.02,
-    )  # fmt: skip
+    reporter = reporter_for(flaky, retry_delays_s=(30.0,), quiet_s=0.02)
     reporter.start(written_before=())
     try:
         reporter.prepared(namespace="ns", name="a", uid="u1", devices=[(NODE, "gpu-0", None)])
-        deadline = time.monotonic() + 3
-        while not flaky.calls:  # tried once and failed; its retry 30 s away
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: flaky.calls, timeout_s=3)  # tried once and failed; retry in 30 s
         reporter.unprepared(namespace="ns", name="a", uid="u1")  # replaces the retry
-        deadline = time.monotonic() + 3
-        while len(flaky.calls) < 2:
-            assert time.monotonic() < deadline, flaky.calls
-            time.sleep(0.01)
+        wait_for(lambda: len(flaky.calls) >= 2, timeout_s=3)
         assert flaky.calls == [("a", 1), ("a", 0)]
     finally:
         reporter.stop(timeout_s=0.5)
@@ -384,11 +363,8 @@ def test_a_removal_is_written_when_the_prepared_write_was_tried_even_if_it_faile
 def test_before_it_starts_the_reporter_writes_every_removal() -> None:
     """Until the agent tells it which claims an earlier agent prepared, nothing is known to be
     absent from the server: a removal queued meanwhile is written."""
-    inventory = simulated_inventory("h100:1", node_name=NODE)
     client = FlakyClient(failures=0)
-    reporter = ClaimStatusReporter(
-        client=client, driver_name=DRIVER, inventory=lambda: inventory, quiet_s=0.02
-    )
+    reporter = reporter_for(client, quiet_s=0.02)
     reporter.unprepared(namespace="ns", name="a", uid="u1")
     reporter.start(written_before=())
     try:
