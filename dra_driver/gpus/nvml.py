@@ -27,6 +27,7 @@ devices exist only in MIG mode, so ``mig_instances`` is empty for a GPU not in M
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import re
@@ -412,16 +413,15 @@ def _mig_profiles(index: int, handle: Any, *, memory_bytes: int) -> tuple[MigPro
                 placements=placements,
             )
         )
-    found = tuple(profiles)
-    if len(_SHARED_PROFILES) >= _MAX_PROFILE_TABLES:
-        _SHARED_PROFILES.clear()
-    return _SHARED_PROFILES.setdefault(found, found)
+    return _shared_table(tuple(profiles))
 
 
-# Every GPU of a model has the same profile table (about 60 placements): one shared copy per
-# table, not one per GPU (0.2 MiB of a 64-GPU node's agent). Bounded: a node has few models.
-_SHARED_PROFILES: dict[tuple[MigProfile, ...], tuple[MigProfile, ...]] = {}
-_MAX_PROFILE_TABLES = 16
+@functools.lru_cache(maxsize=16)
+def _shared_table(table: tuple[MigProfile, ...]) -> tuple[MigProfile, ...]:
+    """The first of equal profile tables: every GPU of a model has the same one (about 60
+    placements), so one copy per table, not one per GPU (0.2 MiB of a 64-GPU node's agent).
+    Bounded: a node has few models."""
+    return table
 
 
 def _placements(index: int, handle: Any, profile_id: int) -> tuple[MigPlacement, ...] | None:
