@@ -195,3 +195,60 @@ def test_a_spec_directory_on_a_tmpfs_keeps_no_spares() -> None:
             specs.write(uid, b"{}\n")
         assert all(specs.remove(uid) for uid in uids)
         assert list(root.iterdir()) == [] and specs.spare_count == 0
+
+
+def test_a_spec_is_fsynced_on_a_disk_and_not_on_a_tmpfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tmpfs has no disk to sync to (its fsync returns at once): the call is skipped there,
+    and kept everywhere else, where it makes the spec survive a power loss."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    on_disk = CdiSpecDir(tmp_path, vendor=VENDOR)
+    on_disk.write(UID, b"{}\n")
+    assert len(synced) == 1
+    in_memory = CdiSpecDir(tmp_path / "mem", vendor=VENDOR)
+    in_memory.ensure()
+    in_memory.in_memory = True  # as ensure() finds a tmpfs
+    in_memory.write(UID, b"{}\n")
+    assert len(synced) == 1
+    assert in_memory.read(UID) == b"{}\n"
+
+
+def test_temp_names_are_numbered_not_drawn_per_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write's temp file name costs no random draw (a getrandom call per prepare); names
+    stay distinct within an instance and between instances."""
+    first = CdiSpecDir(tmp_path, vendor=VENDOR, max_spares=0)
+    second = CdiSpecDir(tmp_path, vendor=VENDOR, max_spares=0)
+    monkeypatch.setattr(
+        "dra_driver.cdi.specdir.secrets.token_hex", lambda n: pytest.fail("a random draw")
+    )
+    pending = [specs.begin(new_uid(), b"{}\n") for specs in (first, first, second, second)]
+    temps = {str(p._temp) for p in pending}
+    assert len(temps) == 4
+    for p in pending:
+        p.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_removing_our_spec_leaves_the_yaml_path_alone_and_an_adopted_one_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim has our ``.json`` spec or, adopted from NVIDIA's driver, its ``.yaml``: removing
+    ours is one unlink; an adopted claim's ``.yaml`` is removed when there is no ``.json``."""
+    specs = CdiSpecDir(tmp_path, vendor=VENDOR, max_spares=0)
+    specs.write(UID, b"{}\n")
+    unlinked: list[str] = []
+    real_unlink = os.unlink
+    monkeypatch.setattr(os, "unlink", lambda p: (unlinked.append(str(p)), real_unlink(p))[1])
+    assert specs.remove(UID)
+    assert [Path(p).suffix for p in unlinked] == [".json"]
+    adopted = new_uid()
+    specs.foreign_path(adopted).write_text("cdiVersion: 0.5.0\n")
+    assert specs.remove(adopted)
+    assert not specs.foreign_path(adopted).exists()
+    assert not specs.remove(adopted)  # nothing left: not an error
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import re
 import secrets
@@ -25,14 +26,20 @@ from dra_driver.fsutil import fsync_dir, in_memory_fs, write_all
 class PendingSpec:
     """A spec written to its temp file but not yet synced and renamed (see CdiSpecDir.begin)."""
 
-    def __init__(self, *, fd: int, temp: str | Path, final: Path) -> None:
+    def __init__(self, *, fd: int, temp: str | Path, final: Path, in_memory: bool = False) -> None:
         self.final = final
         self._fd = fd
         self._temp = temp
         self._done = False
+        self._in_memory = in_memory
 
     def sync(self) -> None:
-        """fsync the temp file (blocking; may run in another thread than the rest)."""
+        """fsync the temp file (blocking; may run in another thread than the rest). Nothing on
+        a tmpfs (a node's /run/cdi), whose files live in memory: its fsync has nothing to
+        write and returns at once, and a power loss takes the directory with it anyway; the
+        call only handed the interpreter lock to another thread and back."""
+        if self._in_memory:
+            return
         try:
             os.fsync(self._fd)
         except OSError as exc:
@@ -92,9 +99,10 @@ class CdiSpecDir:
     """Our claim specs in the CDI directory: atomic writes, removal, listing.
 
     Spec file: ``<vendor>-claim_<claimUID>.json``. A write goes to a hidden temp file in the same
-    directory (``.<spec name>.<random>.tmp``: runtimes only read ``*.json``/``*.yaml``), is
-    fsync'd and renamed over the final name, so a reader sees the old spec or the new one, never
-    a mix or a partial file, even after a power loss. The directory is not fsync'd: after a power
+    directory (``.<spec name>.<hex>.tmp``: runtimes only read ``*.json``/``*.yaml``), is
+    fsync'd (except on a tmpfs, where there is no disk to sync to) and renamed over the final
+    name, so a reader sees the old spec or the new one, never a mix or a partial file, even
+    after a power loss. The directory is not fsync'd: after a power
     loss the boot ID drops every prepared claim and reconcile removes the specs and temp files
     left behind, so whether a rename survived does not matter. Files not named like our specs
     are never touched.
@@ -126,6 +134,11 @@ class CdiSpecDir:
         self._spare_name = re.compile(rf"^\.{re.escape(self._prefix)}spare\.[0-9a-f]+\.tmp$")
         self._spares: list[_Spare] = []
         self._spares_lock = threading.Lock()
+        # Temp file names: random per instance, then numbered (a random name per spec cost a
+        # getrandom call, and with it a handoff of the interpreter lock, on every prepare).
+        # O_EXCL still refuses a name that is taken.
+        self._temp_prefix = secrets.token_hex(4)
+        self._temp_numbers = itertools.count()
         # The directory is on a tmpfs (a node's /run/cdi): a spec's fsync returns at once, so
         # handing it to another thread would cost more than it overlaps. Set by ensure().
         self.in_memory = False
@@ -182,12 +195,12 @@ class CdiSpecDir:
         if spare is not None:
             fd, temp = spare.fd, spare.path  # opened at offset 0 when it became a spare
         else:
-            temp = f"{self.root}/.{name}.{secrets.token_hex(4)}.tmp"
+            temp = f"{self.root}/.{name}.{self._temp_prefix}{next(self._temp_numbers):x}.tmp"
             try:
                 fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except OSError as exc:
                 raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
-        pending = PendingSpec(fd=fd, temp=temp, final=final)
+        pending = PendingSpec(fd=fd, temp=temp, final=final, in_memory=self.in_memory)
         try:
             write_all(fd, content)
             if spare is not None and spare.size > len(content):
@@ -207,26 +220,23 @@ class CdiSpecDir:
             raise CdiError(f"cannot read CDI spec of claim {claim_uid}: {exc}") from exc
 
     def remove(self, claim_uid: str, *, sync_dir: bool = True) -> bool:
-        """Delete the spec of ``claim_uid`` (keep it as a spare while there is room), and the
-        ``.yaml`` one NVIDIA's driver wrote for an adopted claim; False when there was none (not
-        an error)."""
+        """Delete the spec of ``claim_uid`` (keep it as a spare while there is room), or, when
+        it has none of ours, the ``.yaml`` one NVIDIA's driver wrote for an adopted claim; False
+        when there was neither (not an error). A claim has one spec or the other, never both:
+        an adopted claim's spec is never rewritten as ours (repair.py), and a claim rolled back
+        loses both before it is prepared again. So an unprepare of one of our claims costs one
+        system call, not a second one for a ``.yaml`` that is not there."""
         # strings, not Paths: this runs on every unprepare, where Path's parsing showed up
         base = f"{self.root}/{self._stem(claim_uid)}"
-        path = f"{base}.json"
         try:
-            os.unlink(f"{base}.yaml")
-            foreign = True
-        except FileNotFoundError:
-            foreign = False
-        except OSError as exc:
-            raise CdiError(f"cannot remove CDI spec of claim {claim_uid}: {exc}") from exc
-        try:
-            if not self._keep_as_spare(path):
-                os.unlink(path)
-        except FileNotFoundError:
-            if foreign and sync_dir:
-                self.sync()
-            return foreign
+            try:
+                if not self._keep_as_spare(f"{base}.json"):
+                    os.unlink(f"{base}.json")
+            except FileNotFoundError:
+                try:
+                    os.unlink(f"{base}.yaml")
+                except FileNotFoundError:
+                    return False
         except OSError as exc:
             raise CdiError(f"cannot remove CDI spec of claim {claim_uid}: {exc}") from exc
         if sync_dir:

@@ -377,18 +377,19 @@ class Preparer:
         }
 
         def op(claims: Claims) -> None:
-            for other in claims.values():
-                if other.uid == ref.uid:
-                    continue
-                for held in other.devices:
-                    whole = held.device in wanted or (
-                        held.device in shared and held.share_id is None
-                    )
-                    if whole and not held.admin_access:
-                        raise DeviceConflict(
-                            f"device {held.device} is already prepared for claim {owner(other)}",
-                            holders=(other.uid,),
-                        )
+            for name in sorted(wanted | shared):
+                for other in claims.holding(name):
+                    if other.uid == ref.uid:
+                        continue
+                    for held in other.devices:
+                        if held.device != name:
+                            continue
+                        whole = name in wanted or held.share_id is None
+                        if whole and not held.admin_access:
+                            raise DeviceConflict(
+                                f"device {name} is already prepared for claim {owner(other)}",
+                                holders=(other.uid,),
+                            )
             for step, step_plan in steps:
                 step.check(step_plan, plan, claims=claims)
             claims[ref.uid] = ClaimRecord(

@@ -182,19 +182,19 @@ class MpsStep(Step):
 
     def check(self, plan: MpsPlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse a device another claim shares with another strategy where either is MPS."""
-        for other in claims.values():
-            if other.uid == claim.ref.uid:
-                continue
-            for held in other.devices:
-                mine = plan.strategies.get(held.device)
-                theirs = strategy(held.config) if mine else None
-                if theirs and "MPS" in (mine, theirs):
-                    raise DeviceConflict(
-                        f"device {held.device} is prepared for claim {owner(other)} with "
-                        f"sharing strategy {theirs}; this claim asks for {mine} (a "
-                        "GPU shared by MPS runs one control daemon and no time slicing)",
-                        holders=(other.uid,),
-                    )
+        for name, mine in plan.strategies.items():
+            for other in claims.holding(name):
+                if other.uid == claim.ref.uid or not mine:
+                    continue
+                for held in other.devices:
+                    theirs = strategy(held.config) if held.device == name else None
+                    if theirs and "MPS" in (mine, theirs):
+                        raise DeviceConflict(
+                            f"device {name} is prepared for claim {owner(other)} with "
+                            f"sharing strategy {theirs}; this claim asks for {mine} (a "
+                            "GPU shared by MPS runs one control daemon and no time slicing)",
+                            holders=(other.uid,),
+                        )
 
     def apply(self, plan: MpsPlan, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Record the claim ``PrepareStarted``, then start its daemon (MpsFailed on failure)."""

@@ -160,13 +160,14 @@ class ShareStep(Step):
         """Refuse shares that, with those other claims hold, do not fit their device."""
         consumed = {name: list(mine) for name, mine in plan.consumed.items()}
         sharers: dict[str, list[str]] = {name: [] for name in consumed}
-        for other in claims.values():
-            if other.uid == claim.ref.uid:
-                continue
-            for held in other.devices:
-                if held.device in consumed and not held.admin_access:
-                    consumed[held.device].append(held.consumed_capacity)
-                    sharers[held.device].append(other.uid)
+        for name, together in consumed.items():
+            for other in claims.holding(name):
+                if other.uid == claim.ref.uid:
+                    continue
+                for held in other.devices:
+                    if held.device == name and not held.admin_access:
+                        together.append(held.consumed_capacity)
+                        sharers[name].append(other.uid)
         for name, together in consumed.items():
             problem = shares.capacity_problem(
                 self._capacity(plan.targets[name]), together, device=name

@@ -71,20 +71,22 @@ class TimeSliceStep(Step):
 
     def check(self, plan: SlicePlan, claim: ClaimPlan, *, claims: Claims) -> None:
         """Refuse a GPU another claim asks another interval of (one GPU has one time slice)."""
-        for other in claims.values():
-            if other.uid == claim.ref.uid:
-                continue
-            for held in other.devices:
-                want = plan.intervals.get(held.device)
-                theirs = timeslice.recorded_interval(held.config) if want else None
-                if theirs is not None and theirs != want:
-                    raise DeviceConflict(
-                        f"device {held.device} is prepared for claim {owner(other)} with "
-                        f"time-slice "
-                        f"interval {theirs}; this claim asks for interval {want} (a GPU has "
-                        "one time slice for all its claims)",
-                        holders=(other.uid,),
+        for name, want in plan.intervals.items():
+            for other in claims.holding(name):
+                if other.uid == claim.ref.uid or not want:
+                    continue
+                for held in other.devices:
+                    theirs = (
+                        timeslice.recorded_interval(held.config) if held.device == name else None
                     )
+                    if theirs is not None and theirs != want:
+                        raise DeviceConflict(
+                            f"device {name} is prepared for claim {owner(other)} with "
+                            f"time-slice "
+                            f"interval {theirs}; this claim asks for interval {want} (a GPU has "
+                            "one time slice for all its claims)",
+                            holders=(other.uid,),
+                        )
 
     def apply(self, plan: SlicePlan, claim: ClaimPlan, *, started: Callable[[], None]) -> None:
         """Record the claim ``PrepareStarted``, then set the time slice of each GPU it asks one

@@ -97,22 +97,51 @@ class ClaimRecord:
 
 
 class Claims(dict[str, ClaimRecord]):
-    """The claim table handed to a transaction; remembers which claims were changed."""
+    """The claim table handed to a transaction; remembers which claims were changed, and which
+    claims hold each device (:meth:`holding`), so that a prepare's conflict checks look at the
+    claims on its own devices instead of every claim on the node (a check over every record
+    was 45 us of a prepare with 200 claims prepared). Every way a dict changes keeps both."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.touched: set[str] = set()
+        self._holders: dict[str, dict[str, ClaimRecord]] = {}
+        for key, record in self.items():
+            self._index(key, record)
 
     @property
     def changed(self) -> bool:
         return bool(self.touched)
 
+    def holding(self, device: str) -> list[ClaimRecord]:
+        """The recorded claims with an entry for ``device`` (whole, a share or admin access)."""
+        held = self._holders.get(device)
+        return list(held.values()) if held else []
+
+    def _index(self, key: str, record: ClaimRecord) -> None:
+        for d in record.devices:
+            self._holders.setdefault(d.device, {})[key] = record
+
+    def _unindex(self, uid: str) -> None:
+        old = super().get(uid)
+        if old is None:
+            return
+        for d in old.devices:
+            held = self._holders.get(d.device)
+            if held is not None:
+                held.pop(uid, None)
+                if not held:
+                    del self._holders[d.device]
+
     def __setitem__(self, key: str, value: ClaimRecord) -> None:
         self.touched.add(key)
+        self._unindex(key)
         super().__setitem__(key, value)
+        self._index(key, value)
 
     def __delitem__(self, key: str) -> None:
         self.touched.add(key)
+        self._unindex(key)
         super().__delitem__(key)
 
     def discard(self, key: str) -> ClaimRecord | None:
@@ -121,3 +150,35 @@ class Claims(dict[str, ClaimRecord]):
             del self[key]
             return record
         return None
+
+    # the rest of dict's ways to change it, through the two above
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            record = self[key]
+            del self[key]
+            return record
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def popitem(self) -> tuple[str, ClaimRecord]:
+        key = next(reversed(self.keys()))
+        return key, self.pop(key)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> Claims:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        self.touched.update(self.keys())
+        self._holders.clear()
+        super().clear()
