@@ -9,7 +9,8 @@ the Unix socket SOCKET with the agent's own gRPC server settings and servicer
 - ``get``: the claim GET, through the agent's KubeClient (kubeconfig KUBECONFIG: TLS, bearer
   token, the keep-alive path), answered with the device the claim is allocated.
 - ``record``: then the claim's record, committed durably through the agent's Checkpoint (group
-  commit, fdatasync) under STATE_DIR; an unprepare appends its removal without a sync, as the
+  commit, fdatasync) under STATE_DIR, opened as the agent opens it (the only instance on its
+  state: prepare/state/instances.py); an unprepare appends its removal without a sync, as the
   agent's does.
 
 No CDI spec, no checks, no log line, no metrics: every level is a lower bound of the agent's
@@ -37,6 +38,7 @@ from dra_driver.prepare.state.checkpoint import (
     ClaimRecord,
     PreparedDevice,
 )
+from dra_driver.prepare.state.instances import Instances
 
 LEVELS = ("grpc", "get", "record")
 
@@ -102,9 +104,13 @@ def main(argv: list[str]) -> int:
     if level != "grpc":
         claims = KubeClient.from_config(kubeconfig=Path(argv[3]))
     checkpoint = None
+    instances = Instances(state_dir / "instances.lock")
     if level == "record":
-        checkpoint = Checkpoint(state_dir / "checkpoint.json")
+        # as the agent opens its checkpoint: alone on its state, so solo (instances.py)
+        instances.open()
+        checkpoint = Checkpoint(state_dir / "checkpoint.json", instances=instances)
         checkpoint.open()
+        instances.allow_solo()
     preparer = FloorPreparer(level, claims=claims, checkpoint=checkpoint)
     # the agent's server (plugin/services.py serve_dra) and servicer
     server = grpc.server(
@@ -117,6 +123,7 @@ def main(argv: list[str]) -> int:
     server.stop(grace=1).wait()
     if checkpoint is not None:
         checkpoint.close()
+    instances.close()
     return 0
 
 

@@ -309,13 +309,14 @@ def test_the_nodes_every_claim_gets_are_checked_once_per_reconcile_pass_not_per_
     the next prepares check only their own devices' nodes, and after a reconcile pass (or a
     re-discovery) the next prepare checks them again."""
     dev = env.tmp / "driver-root/dev"
+    (dev / "nvidia1").unlink()
+    Repair(env.preparer).reconcile()  # a pass: gpu-1's node is missing now
     first = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
     env.preparer.prepare(env.ref(first))
     (dev / "nvidia-uvm").unlink()
-    (dev / "nvidia1").unlink()
     second = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
     env.preparer.prepare(env.ref(second))
-    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the claim's own node, named the first time
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # the claim's own node, missing at the pass
     assert not (dev / "nvidia-uvm").exists()  # a shared one: not on this prepare
     Repair(env.preparer).reconcile()
     third = env.store.add(allocated_claim(name="c3", devices=["gpu-2"]))
@@ -327,11 +328,13 @@ def test_the_nodes_every_claim_gets_are_checked_once_per_reconcile_pass_not_per_
 def test_a_devices_own_node_is_checked_once_per_reconcile_pass_and_device_version(
     env: Env,
 ) -> None:
-    """A device's own node does not depend on the claim either: the first prepare that names
-    it makes it, the next prepares of the device do not look again; after a reconcile pass, or
-    a re-discovery (set_targets), the next prepare makes a node removed since."""
+    """A device's own node does not depend on the claim either: which nodes exist is looked
+    up off the prepare path (at the Preparer's start, a re-discovery, each reconcile pass); a
+    node there then is not looked at by a prepare, one missing then is made by the first
+    prepare that names it, and the next prepares of the device do not look again; after a
+    reconcile pass, or a re-discovery (set_targets), the next prepare makes a node removed
+    since."""
     dev = env.tmp / "driver-root/dev"
-    (dev / "nvidia1").unlink()
     n = iter(range(100))
 
     def prepare_gpu_1() -> None:
@@ -339,8 +342,12 @@ def test_a_devices_own_node_is_checked_once_per_reconcile_pass_and_device_versio
         env.preparer.prepare(env.ref(claim))
         env.preparer.unprepare(env.ref(claim))
 
+    (dev / "nvidia1").unlink()  # after the start's look: not looked at again till a pass
     prepare_gpu_1()
-    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # made by the first prepare
+    assert not (dev / "nvidia1").exists()
+    Repair(env.preparer).reconcile()  # the pass finds it missing
+    prepare_gpu_1()
+    assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # made by the first prepare after it
     (dev / "nvidia1").unlink()
     prepare_gpu_1()
     assert not (dev / "nvidia1").exists()  # checked once: not on this prepare
@@ -351,3 +358,19 @@ def test_a_devices_own_node_is_checked_once_per_reconcile_pass_and_device_versio
     env.preparer.set_targets(env.preparer.targets, env.preparer.files)  # a re-discovery
     prepare_gpu_1()
     assert _rdev(dev / "nvidia1")[:2] == (195, 1)  # a new version of the devices: again
+
+
+@root_only
+def test_a_prepare_does_not_look_for_the_nodes_found_before_it(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which devices' nodes exist was looked up when the Preparer took its devices: the first
+    prepare of a device whose node was there then costs no stat on the prepare path."""
+    first = env.store.add(allocated_claim(name="c1", devices=["gpu-0"]))
+    env.preparer.prepare(env.ref(first))  # the nodes every claim gets: once, here
+    looked: list[str] = []
+    real = devnodes._exists
+    monkeypatch.setattr(devnodes, "_exists", lambda p: (looked.append(p), real(p))[1])
+    second = env.store.add(allocated_claim(name="c2", devices=["gpu-1"]))
+    env.preparer.prepare(env.ref(second))
+    assert looked == []

@@ -296,6 +296,13 @@ def _read_if_there(path: Path) -> str | None:
         raise CdiError(f"cannot read {path}: {exc}") from exc
 
 
+def present(paths: Iterable[str], *, dev_root: Path) -> list[str]:
+    """The nodes of ``paths`` (``/dev/...``) that exist under ``dev_root``: one stat each,
+    nothing made (a caller checks ahead of the prepares that would otherwise ask)."""
+    prefix = str(dev_root).rstrip("/")
+    return [p for p in paths if _exists(prefix + p)]
+
+
 def _here(dev_root: Path, path: str) -> Path:
     return dev_root / path.lstrip("/")
 

@@ -273,6 +273,13 @@ class DriverFiles:
             wanted += self.node_paths(capabilities)
         devnodes.ensure_device_nodes(wanted, dev_root=self.dev_root_here, proc_root=self.proc_root)
 
+    def present_nodes(self, paths: Iterable[str]) -> list[str]:
+        """Those of ``paths`` (container paths) whose node exists now; none when these files
+        came without the dev root's place here (nothing is made for them either)."""
+        if self.dev_root_here is None:
+            return []
+        return devnodes.present(paths, dev_root=self.dev_root_here)
+
     def node_paths(self, capabilities: frozenset[str]) -> list[str]:
         """The device nodes every claim with ``capabilities`` gets (container paths)."""
         nodes = list(CONTROL_DEVICE_NODES)

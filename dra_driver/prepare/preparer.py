@@ -143,6 +143,7 @@ class Preparer:
         self.node_name = node_name
         self.cdi_vendor = cdi_vendor
         self._current = TargetSet.build(targets, files)
+        self.check_nodes(self._current)  # here, not on the first prepare of each device
         self._spec_encoder = cdi.ClaimSpecEncoder(vendor=cdi_vendor, files=files)
         self.specs = specs
         self.checkpoint = checkpoint
@@ -195,7 +196,16 @@ class Preparer:
         """
         if not files.renumbered_from(self._current.files):
             raise ValueError("set_targets: only the device numbers of the files may change")
-        self._current = TargetSet.build(targets, files)
+        current = TargetSet.build(targets, files)
+        self.check_nodes(current)  # here, not on the first prepare of each device
+        self._current = current
+
+    @staticmethod
+    def check_nodes(current: TargetSet) -> None:
+        """Note which of the devices' own nodes exist now (one stat each, in the caller's
+        thread: the agent's start, a re-discovery, the reconcile loop), so that a prepare only
+        looks for (and makes) the ones that did not (TargetSet.own_nodes_checked)."""
+        current.own_nodes_checked.update(current.files.present_nodes(current.own_node_paths()))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

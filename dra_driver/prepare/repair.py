@@ -129,7 +129,9 @@ class Repair:
         done = {"rolled_back": 0, "orphan_specs_removed": 0, "specs_rewritten": 0,
                 "unprepared_gone": 0, "temp_files_removed": 0}  # fmt: skip
         preparer = self._preparer
-        preparer.current.recheck_nodes()  # the next prepares check their device nodes again
+        devices = preparer.current
+        devices.recheck_nodes()  # a node removed since is made again by the next prepare
+        preparer.check_nodes(devices)  # those there now need no look on the prepare path
         _, done["stale_spares_removed"] = self.specs.collect_spares()
         for uid, temp in self.specs.temp_files():  # spec writes happen under the claim's lock
             with self.locks.try_hold(uid) as held:

@@ -98,11 +98,14 @@ class TargetSet:
     ``nodes_checked``: the capability sets whose shared device nodes (the control nodes and the
     driver files' nodes every claim with those capabilities gets, none of them the claim's own)
     a prepare has found or made with this version of the devices; ``own_nodes_checked``: the
-    devices' own nodes (container paths) a prepare has found or made. A prepare checks only
-    what is not in these, so that a prepare does no work that does not depend on its claim
-    (a stat per node on every prepare was most of the device-node checks' cost). Reconcile
-    empties both on every pass (:meth:`recheck_nodes`), and a re-discovery builds a new
-    TargetSet, so a node removed since (a driver reload) is made again by the next prepare."""
+    devices' own nodes (container paths) found or made. A prepare checks only what is not in
+    these, so that a prepare does no work that does not depend on its claim (a stat per node
+    on every prepare was most of the device-node checks' cost). The devices' own nodes that
+    exist are looked up ahead, off the prepare path (``Preparer.check_nodes``: when the
+    Preparer takes a new version, and on every reconcile pass), so only a missing one costs a
+    prepare anything (it is made then). Reconcile empties both on every pass
+    (:meth:`recheck_nodes`), and a re-discovery builds a new TargetSet, so a node removed since
+    (a driver reload) is made again by the next prepare."""
 
     targets: Mapping[str, DeviceTarget]
     spec_devices: Mapping[str, ClaimDevice]
@@ -114,6 +117,10 @@ class TargetSet:
         """Have the next prepares check (and make) their device nodes again."""
         self.nodes_checked.clear()
         self.own_nodes_checked.clear()
+
+    def own_node_paths(self) -> list[str]:
+        """Every device's own nodes (container paths), each once."""
+        return sorted({node.path for d in self.spec_devices.values() for node in d.nodes})
 
     @classmethod
     def build(cls, targets: Mapping[str, DeviceTarget], files: DriverFiles) -> TargetSet:

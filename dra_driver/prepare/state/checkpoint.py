@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -66,6 +66,7 @@ from dra_driver.prepare.state.checkpointrecords import (
     Phase,
     PreparedDevice,
 )
+from dra_driver.prepare.state.instances import Instances
 
 __all__ = [
     "BOOT_ID_PATH",
@@ -133,8 +134,14 @@ class Checkpoint:
         *,
         boot_id_path: Path = BOOT_ID_PATH,
         compact_after_bytes: int = COMPACT_AFTER_BYTES,
+        instances: Instances | None = None,
     ) -> None:
         self._files = CheckpointFiles(path)
+        # While this is the only plugin instance (instances.py) nobody else writes the files:
+        # once memory has caught up with them (after each time it became solo), reads and
+        # commits skip the file lock and the look for another process's writes.
+        self._instances = instances
+        self._caught_up_with = -1  # the instances' generation memory has caught up in
         self.boot_id = read_boot_id(boot_id_path)
         self.compact_after_bytes = compact_after_bytes
         self._claims = Claims()
@@ -296,9 +303,12 @@ class Checkpoint:
         changed since this process last read or wrote them, memory is current and the answer
         needs no file lock (the common case: it saves a lock round trip on every prepare).
         """
-        if self._unchanged_on_disk():
-            with self._cond:
-                return self._claims.get(uid)
+        with self._op() as alone:
+            if (alone and self._trusted()) or self._unchanged_on_disk():
+                if alone:
+                    self._caught_up()
+                with self._cond:
+                    return self._claims.get(uid)
         return self.transact(lambda claims: claims.get(uid))
 
     def snapshot(self) -> dict[str, ClaimRecord]:
@@ -334,8 +344,7 @@ class Checkpoint:
 
     def _commit(self, batch: list[_Pending[Any]]) -> None:
         try:
-            with self._files.lock():
-                self._reload_if_replaced()
+            with self._op() as alone, self._files_locked(alone):
                 with self._cond:
                     claims = self._claims
                     claims.touched = set()
@@ -361,6 +370,32 @@ class Checkpoint:
         finally:
             for entry in batch:
                 entry.done = True
+
+    def _op(self) -> AbstractContextManager[bool]:
+        return self._instances.op() if self._instances is not None else nullcontext(False)
+
+    def _trusted(self) -> bool:
+        """Solo (the caller's op says so) and memory caught up with the files since."""
+        assert self._instances is not None
+        return not self._force_reload and self._caught_up_with == self._instances.generation
+
+    def _caught_up(self) -> None:
+        """Memory is current and, solo, stays so: no other process writes till we share."""
+        assert self._instances is not None
+        self._caught_up_with = self._instances.generation
+
+    @contextmanager
+    def _files_locked(self, alone: bool) -> Iterator[None]:
+        """The file lock and what another process wrote since we last looked; neither when
+        this is the only instance and memory has caught up (see __init__)."""
+        if alone and self._trusted():
+            yield
+            return
+        with self._files.lock():
+            self._reload_if_replaced()
+            if alone:
+                self._caught_up()
+            yield
 
     def _reload_if_replaced(self) -> None:
         """Catch up with what another process wrote since we last looked (file lock held)."""

@@ -3,7 +3,9 @@
 Place in the flow: the preparer holds a claim's lock for the whole of its prepare or unprepare
 (and reconcile tries it), so the same claim is never prepared and unprepared at once, even by
 the two plugin instances of a rolling update. The checkpoint's own file lock (checkpointfiles.py)
-is separate: it is held only for one read-modify-write of the checkpoint files.
+is separate: it is held only for one read-modify-write of the checkpoint files. While this is
+the only plugin instance (instances.py: no other can start work until it says so), only the
+thread lock is taken.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import os
 import threading
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+
+from dra_driver.prepare.state.instances import Instances
 
 _LOCK_STRIPES = 4096
 
@@ -30,8 +34,11 @@ class ClaimLocks:
     of the agent's memory, for the few claims ever in flight at once).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, instances: Instances | None = None) -> None:
         self.path = path
+        # while this is the only plugin instance (instances.py), no process can want a
+        # claim's lock but ours: the thread lock alone excludes, the lockf pair is skipped
+        self._instances = instances
         # stripe -> its thread lock and how many threads hold or wait for it
         self._threads: dict[int, _StripeLock] = {}
         self._guard = threading.Lock()
@@ -56,7 +63,10 @@ class ClaimLocks:
         stripe = self._stripe(uid)
         entry = self._use(stripe)
         try:
-            with entry.lock:
+            with entry.lock, self._op() as alone:
+                if alone:
+                    yield
+                    return
                 fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, stripe)
                 try:
                     yield
@@ -75,19 +85,26 @@ class ClaimLocks:
                 yield False
                 return
             try:
-                try:
-                    fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
-                except OSError:
-                    yield False
-                    return
-                try:
-                    yield True
-                finally:
-                    fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
+                with self._op() as alone:
+                    if alone:
+                        yield True
+                        return
+                    try:
+                        fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, stripe)
+                    except OSError:
+                        yield False
+                        return
+                    try:
+                        yield True
+                    finally:
+                        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
             finally:
                 entry.lock.release()
         finally:
             self._done_with(stripe, entry)
+
+    def _op(self) -> AbstractContextManager[bool]:
+        return self._instances.op() if self._instances is not None else nullcontext(False)
 
     def _use(self, stripe: int) -> _StripeLock:
         """The stripe's thread lock (not acquired), made for the first thread that asks; hand

@@ -55,6 +55,7 @@ from dra_driver.prepare.state.checkpoint import (
     read_boot_id,
     read_state,
 )
+from dra_driver.prepare.state.instances import Instances
 from dra_driver.prepare.state.settings import StateSettings
 from dra_driver.prepare.step import StepFactory, no_steps
 from dra_driver.prepare.targets import DeviceTarget, TargetsOf, device_targets
@@ -191,9 +192,13 @@ class PrepareState:
         self._reconcile_interval_s = reconcile_interval_s
         self._stopping = threading.Event()
         self._boot_id_path = boot_id_path
-        self.checkpoint = Checkpoint(settings.checkpoint_path, boot_id_path=boot_id_path)
+        # whether another plugin instance shares the state (a rolling update): instances.py
+        self.instances = Instances(settings.plugin_data_dir / "instances.lock")
+        self.checkpoint = Checkpoint(
+            settings.checkpoint_path, boot_id_path=boot_id_path, instances=self.instances
+        )
         self.checkpoint.on_corrupt = self._checkpoint_corrupt
-        self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock")
+        self.locks = ClaimLocks(settings.plugin_data_dir / "claims.lock", instances=self.instances)
         self.specs = cdi.CdiSpecDir(settings.cdi_root, vendor=settings.cdi_vendor)
         self.preparer: Preparer | None = None
         self.repair: Repair | None = None  # of the preparer, once opened
@@ -224,12 +229,15 @@ class PrepareState:
                 "the driver root mount",
                 extra={"scanned_at": str(cfg.driver_root_in_container)},
             )
+        self.instances.open()  # waits while another instance is solo: before any state
         self.specs.ensure()
         self.locks.open()
         legacy = cfg.plugin_data_dir / switchover.LEGACY_NAME  # NVIDIA's, or an earlier ours
         with switchover.checkpoint_names(legacy, cfg.checkpoint_path) as names:
             if names != self.checkpoint.path:  # shared with an earlier release's agent
-                self.checkpoint = Checkpoint(names, boot_id_path=self._boot_id_path)
+                self.checkpoint = Checkpoint(
+                    names, boot_id_path=self._boot_id_path, instances=self.instances
+                )
                 self.checkpoint.on_corrupt = self._checkpoint_corrupt
             stale = switchover.stale_state(legacy, names)
             report = self.checkpoint.open()
@@ -252,6 +260,8 @@ class PrepareState:
         if self.metrics is not None:
             self.metrics.prepared_devices.set_collector(self._prepared_devices)
             self.metrics.prepared_devices_missing.set_collector(self._missing_devices)
+        if self.checkpoint.path == cfg.checkpoint_path:  # no earlier release's agent beside us
+            self.instances.allow_solo()
         self._reconciler = threading.Thread(
             target=self._reconcile_loop, name="reconcile", daemon=True
         )
@@ -272,6 +282,7 @@ class PrepareState:
         if self.checkpoint.path != self.settings.checkpoint_path:  # alone now? then move
             switchover.migrate_own_checkpoint(self.checkpoint.path, self.settings.checkpoint_path)
         self.locks.close()
+        self.instances.close()
 
     # -- the ClaimPreparer the kubelet plugin serves -------------------------------------
 
@@ -505,6 +516,7 @@ class PrepareState:
         ):
             legacy = self.settings.plugin_data_dir / switchover.LEGACY_NAME
             legacy.with_suffix(".lock").unlink(missing_ok=True)
+            self.instances.allow_solo()
             log.info(
                 "the earlier release's agent is gone: moved the checkpoint to its own name",
                 extra={"path": str(target)},
