@@ -6,6 +6,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from dra_driver.prepare.state.checkpointrecords import (
+    PREPARE_STARTED,
+    ClaimRecord,
+    PreparedDevice,
+)
+
 DRIVER = "gpu.nvidia.com"
 
 
@@ -89,3 +95,17 @@ class ClaimStore:
     def get_resource_claim(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         self.gets += 1
         return self.claims.get((namespace, name))
+
+
+def checkpoint_record(uid: str, *devices: str) -> ClaimRecord:
+    """A checkpoint record of claim ``uid`` holding ``devices`` whole."""
+    return ClaimRecord(
+        uid=uid,
+        namespace="ns",
+        name=f"claim-{uid}",
+        phase=PREPARE_STARTED,
+        devices=tuple(
+            PreparedDevice(request_names=("r",), pool="node1", device=d, cdi_device_ids=())
+            for d in devices
+        ),
+    )

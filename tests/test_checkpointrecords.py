@@ -10,29 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dra_driver.prepare.state.checkpointrecords import (
-    PREPARE_COMPLETED,
     ClaimRecord,
     Claims,
-    PreparedDevice,
 )
+from tests.claimdata import checkpoint_record
 
 DEVICES = ("gpu-0", "gpu-1", "gpu-2", "gpu-3")
 UIDS = ("a", "b", "c", "d", "e")
-
-
-def record(uid: str, devices: tuple[str, ...]) -> ClaimRecord:
-    return ClaimRecord(
-        uid=uid,
-        namespace="ns",
-        name=f"claim-{uid}",
-        phase=PREPARE_COMPLETED,
-        devices=tuple(
-            PreparedDevice(
-                request_names=("gpu",), pool="node", device=d, cdi_device_ids=(f"x/{d}",)
-            )
-            for d in devices
-        ),
-    )
 
 
 def scanned(claims: dict[str, ClaimRecord], device: str) -> set[str]:
@@ -40,7 +24,9 @@ def scanned(claims: dict[str, ClaimRecord], device: str) -> set[str]:
 
 
 records = st.builds(
-    record, st.sampled_from(UIDS), st.lists(st.sampled_from(DEVICES), max_size=3).map(tuple)
+    lambda uid, devices: checkpoint_record(uid, *devices),
+    st.sampled_from(UIDS),
+    st.lists(st.sampled_from(DEVICES), max_size=3),
 )
 operations = st.one_of(
     st.tuples(st.just("set"), records),
@@ -94,11 +80,11 @@ def test_holding_answers_what_a_scan_would(initial: list[ClaimRecord], ops: list
 
 
 def test_every_change_is_touched() -> None:
-    claims = Claims({"a": record("a", ("gpu-0",)), "b": record("b", ("gpu-1",))})
+    claims = Claims({"a": checkpoint_record("a", "gpu-0"), "b": checkpoint_record("b", "gpu-1")})
     assert not claims.changed
     claims.pop("a")
-    claims.setdefault("c", record("c", ("gpu-2",)))
-    claims |= {"d": record("d", ("gpu-3",))}
+    claims.setdefault("c", checkpoint_record("c", "gpu-2"))
+    claims |= {"d": checkpoint_record("d", "gpu-3")}
     assert claims.touched == {"a", "c", "d"}
     claims.clear()
     assert claims.touched == {"a", "b", "c", "d"}
@@ -106,7 +92,7 @@ def test_every_change_is_touched() -> None:
 
 
 def test_a_record_replaced_leaves_the_devices_it_no_longer_holds() -> None:
-    claims = Claims({"a": record("a", ("gpu-0", "gpu-1"))})
-    claims["a"] = record("a", ("gpu-1",))
+    claims = Claims({"a": checkpoint_record("a", "gpu-0", "gpu-1")})
+    claims["a"] = checkpoint_record("a", "gpu-1")
     assert claims.holding("gpu-0") == []
     assert [r.uid for r in claims.holding("gpu-1")] == ["a"]

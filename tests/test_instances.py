@@ -15,13 +15,11 @@ from pathlib import Path
 import pytest
 
 from dra_driver.prepare.state.checkpoint import (
-    PREPARE_COMPLETED,
     Checkpoint,
-    ClaimRecord,
-    PreparedDevice,
 )
 from dra_driver.prepare.state.checkpointlocks import ClaimLocks
 from dra_driver.prepare.state.instances import Instances
+from tests.claimdata import checkpoint_record
 
 CHECK_S = 0.02
 
@@ -52,20 +50,6 @@ def opened(instance: Instances, *, allow: bool = True) -> Instances:
     if allow:
         instance.allow_solo()
     return instance
-
-
-def record(uid: str, device: str) -> ClaimRecord:
-    return ClaimRecord(
-        uid=uid,
-        namespace="ns",
-        name=uid,
-        phase=PREPARE_COMPLETED,
-        devices=(
-            PreparedDevice(
-                request_names=("gpu",), pool="node", device=device, cdi_device_ids=("x",)
-            ),
-        ),
-    )
 
 
 def test_an_instance_alone_is_solo_and_its_operations_say_so(
@@ -174,12 +158,12 @@ def test_a_checkpoint_that_becomes_solo_again_first_catches_up_with_the_other_in
     first = opened(instances())
     mine = Checkpoint(path, boot_id_path=boot, instances=first)
     mine.open()
-    mine.transact(lambda claims: claims.__setitem__("a", record("a", "gpu-0")))
+    mine.transact(lambda claims: claims.__setitem__("a", checkpoint_record("a", "gpu-0")))
     second = opened(instances())
     theirs = Checkpoint(path, boot_id_path=boot, instances=second)
     theirs.open()
     assert theirs.get("a") is not None
-    theirs.transact(lambda claims: claims.__setitem__("b", record("b", "gpu-1")))
+    theirs.transact(lambda claims: claims.__setitem__("b", checkpoint_record("b", "gpu-1")))
     theirs.close()
     second.close()
     until(lambda: first.solo)
@@ -194,7 +178,7 @@ def test_a_checkpoint_that_becomes_solo_again_first_catches_up_with_the_other_in
         lambda *a: pytest.fail("took the file lock while solo and caught up"),
     )
     assert mine.get("b") is not None
-    mine.transact(lambda claims: claims.__setitem__("c", record("c", "gpu-2")))
+    mine.transact(lambda claims: claims.__setitem__("c", checkpoint_record("c", "gpu-2")))
     monkeypatch.undo()
     mine.close()
     reread = Checkpoint(path, boot_id_path=boot)

@@ -12,29 +12,12 @@ from dra_driver.devices import node_devices
 from dra_driver.mig.dynamic import ManagedMig
 from dra_driver.mig.targets import is_placement, leaves_mig
 from dra_driver.prepare import device_targets
-from dra_driver.prepare.state.checkpoint import (
-    PREPARE_STARTED,
-    Checkpoint,
-    ClaimRecord,
-    PreparedDevice,
-)
+from dra_driver.prepare.state.checkpoint import Checkpoint
 from dra_driver.prepare.state.nodestate import recorded_device_names_on_disk
 from dra_driver.sim.nvml import discover_simulated
+from tests.claimdata import checkpoint_record
 
 DRIVER = "gpu.nvidia.com"
-
-
-def record(uid: str, *devices: str) -> ClaimRecord:
-    return ClaimRecord(
-        uid=uid,
-        namespace="ns",
-        name=f"claim-{uid}",
-        phase=PREPARE_STARTED,
-        devices=tuple(
-            PreparedDevice(request_names=("r",), pool="node1", device=d, cdi_device_ids=())
-            for d in devices
-        ),
-    )
 
 
 def test_names_recorded_in_the_checkpoint_are_read_without_opening_it(tmp_path: Path) -> None:
@@ -43,7 +26,10 @@ def test_names_recorded_in_the_checkpoint_are_read_without_opening_it(tmp_path: 
     assert recorded_device_names_on_disk(path, boot_id_path=tmp_path / "boot_id") == frozenset()
     checkpoint = Checkpoint(path, boot_id_path=tmp_path / "boot_id")
     checkpoint.open()
-    for r in (record("a", "gpu-0-mig-3g40gb-9-0"), record("b", "gpu-1", "gpu-2-mig-7g80gb-0-0")):
+    for r in (
+        checkpoint_record("a", "gpu-0-mig-3g40gb-9-0"),
+        checkpoint_record("b", "gpu-1", "gpu-2-mig-7g80gb-0-0"),
+    ):
         checkpoint.transact(lambda claims, r=r: claims.__setitem__(r.uid, r))  # type: ignore[misc]
     boot = tmp_path / "boot_id"
     # the journal holds the records: a read-only read applies it, as the plugin would

@@ -301,7 +301,8 @@ class Checkpoint:
 
         Callers hold the claim's lock, so nobody changes this claim meanwhile; if neither file
         changed since this process last read or wrote them, memory is current and the answer
-        needs no file lock (the common case: it saves a lock round trip on every prepare).
+        needs no file lock (it saves a lock round trip on every prepare). While this is the
+        only plugin instance and memory has caught up, not even that is looked at.
         """
         with self._op() as alone:
             if (alone and self._trusted()) or self._unchanged_on_disk():
