@@ -10,7 +10,7 @@ import pytest
 
 from dra_driver.cdi.specdir import CdiSpecDir
 from dra_driver.errors import CdiError
-from dra_driver.fsutil import in_memory_fs
+from dra_driver.fsutil import OS_CALLS, held_calls, in_memory_fs
 from tests.claimdata import new_uid
 from tests.spares import held, spares_in
 
@@ -47,7 +47,8 @@ def test_a_spec_write_in_steps_shows_nothing_until_commit_and_abort_leaves_nothi
     assert [uid for uid, _ in specs.temp_files()] == [UID]
     assert old.read_bytes() == b'{"old":1}\n'  # readers still see the old spec
     pending.sync()
-    assert pending.commit() == old
+    pending.commit()
+    assert pending.final == old
     assert old.read_bytes() == b'{"new":1}\n'
     pending.abort()  # after commit: nothing to undo
     assert old.exists() and specs.temp_files() == []
@@ -167,6 +168,8 @@ def test_the_spec_directory_knows_whether_it_is_in_memory(tmp_path: Path) -> Non
     specs = CdiSpecDir(tmp_path / "cdi", vendor="k8s.gpu.nvidia.com")
     specs.ensure()
     assert specs.in_memory is (_fstype(tmp_path) in ("tmpfs", "ramfs"))
+    # a write's and a removal's calls keep the interpreter lock only where none waits for a disk
+    assert specs._calls is (held_calls() if specs.in_memory else OS_CALLS)
     for path in (Path("/proc"), Path("/dev/shm")):
         if path.is_dir():
             assert in_memory_fs(path) is (_fstype(path) in ("tmpfs", "ramfs")), path
@@ -188,7 +191,7 @@ def test_a_spec_directory_on_a_tmpfs_keeps_no_spares() -> None:
             os.close(spare.fd)
         specs = CdiSpecDir(root, vendor=VENDOR)
         specs.ensure()
-        assert specs.in_memory
+        assert specs.in_memory and specs._calls is held_calls()
         assert specs.collect_spares() == (0, 1) and not left.exists()
         uids = [new_uid() for _ in range(3)]
         for uid in uids:
@@ -252,3 +255,28 @@ def test_removing_our_spec_leaves_the_yaml_path_alone_and_an_adopted_one_goes(
     assert not specs.foreign_path(adopted).exists()
     assert not specs.remove(adopted)  # nothing left: not an error
     assert list(tmp_path.iterdir()) == []
+
+
+def test_on_a_tmpfs_a_failed_write_is_a_cdi_error_and_leaves_nothing() -> None:
+    """The calls that keep the interpreter lock fail as the os module's do: a write into a
+    directory that went away names the spec; a removal of a spec that is not there is no
+    error."""
+    if _fstype(Path("/dev/shm")) != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm on this machine")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        root = Path(d) / "cdi"
+        specs = CdiSpecDir(root, vendor=VENDOR)
+        specs.ensure()
+        root.rmdir()
+        with pytest.raises(
+            CdiError, match=rf"cannot write CDI spec {root}/.*{UID}\.json: .*No such file"
+        ):
+            specs.begin(UID, b"{}\n")
+        assert specs.remove(UID) is False
+        root.mkdir()
+        pending = specs.begin(UID, b"{}\n")
+        root.joinpath(next(p.name for p in root.iterdir())).unlink()  # the temp file, gone
+        with pytest.raises(CdiError, match="cannot write CDI spec"):
+            pending.commit()
+        pending.abort()
+        assert list(root.iterdir()) == []

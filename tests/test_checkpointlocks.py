@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from dra_driver.prepare.state.checkpointlocks import ClaimLocks
 
@@ -89,3 +92,20 @@ def test_claim_locks_exclude_other_threads_and_keep_no_lock_nobody_uses(tmp_path
             assert got and len(locks._threads) == 2
     assert locks._threads == {}
     locks.close()
+
+
+def test_a_hold_left_by_an_exception_lets_go_of_everything(tmp_path: Path) -> None:
+    """An error inside ``with hold`` releases the thread lock and the file lock, and keeps no
+    stripe lock; so does a hold whose file lock could not be taken."""
+    locks = ClaimLocks(tmp_path / "claims.lock")
+    locks.open()
+    with pytest.raises(RuntimeError), locks.hold("u1"):
+        raise RuntimeError("inside")
+    assert locks._threads == {}
+    with locks.try_hold("u1") as held:
+        assert held  # nobody holds it: neither the thread lock nor the byte in the file
+    os.close(locks._fd)  # the file lock cannot be taken now: the hold fails, leaves nothing
+    with pytest.raises(OSError), locks.hold("u1"):
+        pass
+    assert locks._threads == {}
+    locks._fd = -1

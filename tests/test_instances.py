@@ -59,6 +59,10 @@ def test_an_instance_alone_is_solo_and_its_operations_say_so(
     assert first.solo and first.generation == 1
     with first.op() as alone:
         assert alone
+    # an operation left by an error is done too: a newcomer is not held off by it
+    with pytest.raises(RuntimeError), first.op():
+        raise RuntimeError("inside")
+    assert first._solo_ops == 0
 
 
 def test_solo_only_once_allowed(instances: Callable[[], Instances]) -> None:

@@ -169,3 +169,38 @@ def test_an_idle_writer_sleeps_until_a_line_comes(
     logger.info("second")
     log.flush()
     assert [line["msg"] for line in _lines(stream.getvalue())] == ["first", "second"]
+
+
+def test_timestamps_are_right_across_seconds_and_extras_follow_the_record() -> None:
+    """The formatter keeps the text of the last second it formatted: a record of another
+    second (later or earlier: lines of two threads) gets its own; only ``extra`` fields are
+    added, in the order given."""
+    formatter = log.JsonFormatter()
+    for created in (1_764_900_000.998, 1_764_900_000.999, 1_764_900_001.0, 1_764_899_999.5, 0.25):
+        record = logging.LogRecord("dra_driver.x", logging.INFO, "", 0, "m %s", ("a",), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        record.claim_uid, record.devices = "u", ["gpu-0"]
+        line = json.loads(formatter.format(record))
+        want = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(created)))
+        assert line == {
+            "ts": f"{want}.{int(record.msecs):03d}Z",
+            "level": "info",
+            "logger": "dra_driver.x",
+            "msg": "m a",
+            "claim_uid": "u",
+            "devices": ["gpu-0"],
+        }
+        assert list(line)[-2:] == ["claim_uid", "devices"]
+
+
+def test_a_filter_on_the_queueing_handler_still_drops_lines(
+    configured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The queueing handler takes no lock of its own, but still asks its filters."""
+    log.configure(log_format="json", level="info")
+    (handler,) = (h for h in logging.getLogger().handlers if isinstance(h, log._Enqueue))
+    handler.addFilter(lambda record: record.getMessage() != "dropped")
+    logger.info("dropped")
+    logger.info("kept")
+    log.flush()
+    assert [line["msg"] for line in _lines(capsys.readouterr().err)] == ["kept"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -154,6 +155,32 @@ def test_get_walks_mappings_and_stops_at_anything_else() -> None:
     assert get(obj, "a", "x", "c") is None
     assert get(obj, "l", "0") is None
     assert get(obj) == obj
+    # any Mapping, not only the dicts a decoded claim is made of
+    assert get(MappingProxyType({"a": MappingProxyType({"b": 2})}), "a", "b") == 2
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` with every dict a read-only Mapping that is not a dict."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_frozen(v) for v in value]
+    return value
+
+
+def test_a_claim_of_mappings_that_are_not_dicts_plans_as_its_dicts_do() -> None:
+    """The checks tell a dict at once and ask the Mapping ABC for anything else: same plan."""
+    obj = claim(devices=[("a", "gpu-1"), ("b/x", MIG)])
+    obj["status"]["reservedFor"] = [{"resource": "pods", "name": "p1", "uid": "u1"}]
+    as_dicts, as_mappings = plan(obj), plan(_frozen(obj))
+    assert [(d.request, d.target.name, d.config_json) for d in as_mappings.devices] == [
+        (d.request, d.target.name, d.config_json) for d in as_dicts.devices
+    ]
+    assert reserved_pods(_frozen(obj)) == reserved_pods(obj) == ("p1",)
+    other = claim(devices=["gpu-1"])
+    selector = other["status"]["allocation"]["nodeSelector"]
+    selector["nodeSelectorTerms"][0]["matchFields"][0]["values"] = ["other-node"]
+    assert refused(_frozen(other)) == refused(other)
 
 
 # --- plan_claim: the claim's checks, word for word ---------------------------------------------

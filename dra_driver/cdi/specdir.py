@@ -20,18 +20,34 @@ from pathlib import Path
 
 from dra_driver.cdi.spec import CDI_CLASS, CLAIM_UID, CLAIM_UID_PATTERN
 from dra_driver.errors import CdiError
-from dra_driver.fsutil import fsync_dir, in_memory_fs, write_all
+from dra_driver.fsutil import OS_CALLS, FileCalls, fsync_dir, held_calls, in_memory_fs
 
 
 class PendingSpec:
     """A spec written to its temp file but not yet synced and renamed (see CdiSpecDir.begin)."""
 
-    def __init__(self, *, fd: int, temp: str | Path, final: Path, in_memory: bool = False) -> None:
-        self.final = final
+    __slots__ = ("_calls", "_done", "_fd", "_final", "_in_memory", "_temp")
+
+    def __init__(
+        self,
+        *,
+        fd: int,
+        temp: str | Path,
+        final: str | Path,
+        in_memory: bool = False,
+        calls: FileCalls = OS_CALLS,
+    ) -> None:
+        self._final = final  # a string on the prepare path (a Path costs a parse there)
         self._fd = fd
         self._temp = temp
         self._done = False
         self._in_memory = in_memory
+        self._calls = calls
+
+    @property
+    def final(self) -> Path:
+        """Where the spec goes."""
+        return Path(self._final)
 
     def sync(self) -> None:
         """fsync the temp file (blocking; may run in another thread than the rest). Nothing on
@@ -43,20 +59,23 @@ class PendingSpec:
         try:
             os.fsync(self._fd)
         except OSError as exc:
-            raise CdiError(f"cannot write CDI spec {self.final}: {exc}") from exc
+            raise CdiError(f"cannot write CDI spec {self._final}: {exc}") from exc
 
-    def commit(self) -> Path:
+    def commit(self) -> None:
         """Rename the synced temp file over the spec: readers see the new spec from now on."""
         # Renamed before closing: a recycled spare stays locked (ours) until it is the spec.
         try:
-            os.rename(self._temp, self.final)
+            self._calls.rename(self._temp, self._final)
         except OSError as exc:
-            raise CdiError(f"cannot write CDI spec {self.final}: {exc}") from exc
+            raise CdiError(f"cannot write CDI spec {self._final}: {exc}") from exc
         self._done = True
-        with contextlib.suppress(OSError):  # synced and renamed: the spec is in place
-            os.close(self._fd)
+        # synced and renamed: the spec is in place (no contextlib.suppress: it is a class of
+        # Python calls, on every prepare)
+        try:  # noqa: SIM105
+            self._calls.close(self._fd)
+        except OSError:
+            pass
         self._fd = -1
-        return self.final
 
     def abort(self) -> None:
         """Drop the temp file unless committed. Idempotent; never raises."""
@@ -64,10 +83,10 @@ class PendingSpec:
         if not self._done:
             self._done = True
             with contextlib.suppress(OSError):
-                os.unlink(self._temp)
+                self._calls.unlink(self._temp)
         if self._fd >= 0:
             with contextlib.suppress(OSError):
-                os.close(self._fd)
+                self._calls.close(self._fd)
             self._fd = -1
 
 
@@ -124,6 +143,7 @@ class CdiSpecDir:
 
     def __init__(self, root: Path, *, vendor: str, max_spares: int = 16) -> None:
         self.root = root
+        self._root = str(root)
         self.vendor = vendor
         self.max_spares = max_spares
         self._prefix = f"{vendor}-{CDI_CLASS}_"
@@ -140,8 +160,11 @@ class CdiSpecDir:
         self._temp_prefix = secrets.token_hex(4)
         self._temp_numbers = itertools.count()
         # The directory is on a tmpfs (a node's /run/cdi): a spec's fsync returns at once, so
-        # handing it to another thread would cost more than it overlaps. Set by ensure().
+        # handing it to another thread would cost more than it overlaps; and no call of a
+        # write or a removal waits for a device, so they keep the interpreter lock
+        # (fsutil.held_calls). Set by ensure().
         self.in_memory = False
+        self._calls = OS_CALLS
 
     @property
     def _spare_room(self) -> int:
@@ -150,6 +173,7 @@ class CdiSpecDir:
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.in_memory = in_memory_fs(self.root)
+        self._calls = held_calls() if self.in_memory else OS_CALLS
 
     def path_for(self, claim_uid: str) -> Path:
         return self.root / f"{self._stem(claim_uid)}.json"
@@ -179,7 +203,8 @@ class CdiSpecDir:
         pending = self.begin(claim_uid, content)
         try:
             pending.sync()
-            return pending.commit()
+            pending.commit()
+            return pending.final
         finally:
             pending.abort()
 
@@ -187,22 +212,25 @@ class CdiSpecDir:
         """Write ``content`` to a temp file; the caller then calls ``sync()`` (from any thread)
         and ``commit()``, or ``abort()``. Splitting the write lets the slow part (the fsync)
         overlap other work without the rest of the write leaving the caller's thread."""
+        # strings, not Paths: this runs on every prepare (as remove on every unprepare)
         name = f"{self._stem(claim_uid)}.json"
-        final = self.root / name
+        final = f"{self._root}/{name}"
         with self._spares_lock:
             spare = self._spares.pop() if self._spares else None
         temp: str | Path
         if spare is not None:
             fd, temp = spare.fd, spare.path  # opened at offset 0 when it became a spare
         else:
-            temp = f"{self.root}/.{name}.{self._temp_prefix}{next(self._temp_numbers):x}.tmp"
+            temp = f"{self._root}/.{name}.{self._temp_prefix}{next(self._temp_numbers):x}.tmp"
             try:
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                fd = self._calls.create(temp)
             except OSError as exc:
                 raise CdiError(f"cannot write CDI spec {final}: {exc}") from exc
-        pending = PendingSpec(fd=fd, temp=temp, final=final, in_memory=self.in_memory)
+        pending = PendingSpec(
+            fd=fd, temp=temp, final=final, in_memory=self.in_memory, calls=self._calls
+        )
         try:
-            write_all(fd, content)
+            self._calls.write_all(fd, content)
             if spare is not None and spare.size > len(content):
                 os.ftruncate(fd, len(content))
         except OSError as exc:
@@ -227,14 +255,14 @@ class CdiSpecDir:
         loses both before it is prepared again. So an unprepare of one of our claims costs one
         system call, not a second one for a ``.yaml`` that is not there."""
         # strings, not Paths: this runs on every unprepare, where Path's parsing showed up
-        base = f"{self.root}/{self._stem(claim_uid)}"
+        base = f"{self._root}/{self._stem(claim_uid)}"
         try:
             try:
                 if not self._keep_as_spare(f"{base}.json"):
-                    os.unlink(f"{base}.json")
+                    self._calls.unlink(f"{base}.json")
             except FileNotFoundError:
                 try:
-                    os.unlink(f"{base}.yaml")
+                    self._calls.unlink(f"{base}.yaml")
                 except FileNotFoundError:
                     return False
         except OSError as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import logging
 import logging.handlers
@@ -30,24 +31,39 @@ import time
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
-_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {
-    "message",
-    "asctime",
-    "taskName",
-}
+_STANDARD = tuple(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
+_RESERVED = frozenset(_STANDARD) | {"message", "asctime", "taskName"}
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _RESERVED}
+    # LogRecord.__init__ sets the standard attributes first, in one order, and makeRecord adds
+    # ``extra`` after them: only what follows is looked at (this runs for every line)
+    extra = itertools.islice(vars(record).items(), len(_STANDARD), None)
+    return {k: v for k, v in extra if k not in _RESERVED}
+
+
+# One encoder for every line (json.dumps with ``default`` builds a new one per call)
+_encode = json.JSONEncoder(default=str).encode
 
 
 class JsonFormatter(logging.Formatter):
     """``{"ts": ..., "level": ..., "logger": ..., "msg": ..., **extra}`` per line."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
+
+    def _timestamp(self, created: float, msecs: float) -> str:
+        second, text = self._second
+        if int(created) != second:
+            second = int(created)
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        return f"{text}.{int(msecs):03d}Z"
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": self._timestamp(record.created, record.msecs),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -55,7 +71,7 @@ class JsonFormatter(logging.Formatter):
         entry.update(_extras(record))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return _encode(entry)
 
 
 class TextFormatter(logging.Formatter):
@@ -79,6 +95,15 @@ class _Enqueue(logging.handlers.QueueHandler):
         record.msg = record.getMessage()
         record.args = None
         return record
+
+    def handle(self, record: logging.LogRecord) -> Any:
+        """As Handler.handle without the handler's lock, which only serializes ``emit``: the
+        queue is safe across threads (the lock cost every logged line a lock round trip)."""
+        rv: Any = self.filter(record)
+        if rv:
+            # Python 3.12+: a filter may hand back the record to use instead
+            self.emit(rv if isinstance(rv, logging.LogRecord) else record)
+        return rv
 
 
 # How often the writer thread writes what was queued (see the module docstring).

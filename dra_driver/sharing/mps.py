@@ -192,6 +192,8 @@ def strategy(config: Mapping[str, Any] | None) -> str | None:
     """The sharing strategy (``TimeSlicing``, ``MPS``) a recorded effective config asks for
     (None: exclusive)."""
     sharing = (config or {}).get("sharing")
+    if sharing is None:  # most configs: told without the Mapping check's call
+        return None
     return str(sharing.get("strategy")) if isinstance(sharing, Mapping) else None
 
 
@@ -199,7 +201,9 @@ def recorded_config(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """The mpsConfig a recorded effective config (checkpoint JSON) asks for: None when it does not
     ask for MPS, ``{}`` when it asks without limits."""
     sharing = config.get("sharing")
-    if not isinstance(sharing, Mapping) or sharing.get("strategy") != "MPS":
+    if sharing is None or not isinstance(sharing, Mapping):  # None: most configs, told at once
+        return None
+    if sharing.get("strategy") != "MPS":
         return None
     mps = sharing.get("mpsConfig")
     return dict(mps) if isinstance(mps, Mapping) else {}

@@ -60,7 +60,9 @@ def recorded_interval(config: Mapping[str, Any]) -> str | None:
     None when it does not ask for time slicing; ``Default`` when it asks without an interval.
     Read from the JSON, so reading a checkpoint needs no pydantic model."""
     sharing = config.get("sharing")
-    if not isinstance(sharing, Mapping) or sharing.get("strategy") != "TimeSlicing":
+    if sharing is None or not isinstance(sharing, Mapping):  # None: most configs, told at once
+        return None
+    if sharing.get("strategy") != "TimeSlicing":
         return None
     slicing = sharing.get("timeSlicingConfig")
     interval = slicing.get("interval", DEFAULT) if isinstance(slicing, Mapping) else DEFAULT

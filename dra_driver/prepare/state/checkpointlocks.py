@@ -57,23 +57,10 @@ class ClaimLocks:
     def _stripe(uid: str) -> int:
         return zlib.crc32(uid.encode()) % _LOCK_STRIPES
 
-    @contextmanager
-    def hold(self, uid: str) -> Iterator[None]:
-        """Wait for and hold the claim's lock."""
-        stripe = self._stripe(uid)
-        entry = self._use(stripe)
-        try:
-            with entry.lock, self._op() as alone:
-                if alone:
-                    yield
-                    return
-                fcntl.lockf(self._fd, fcntl.LOCK_EX, 1, stripe)
-                try:
-                    yield
-                finally:
-                    fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, stripe)
-        finally:
-            self._done_with(stripe, entry)
+    def hold(self, uid: str) -> AbstractContextManager[None]:
+        """``with locks.hold(uid):`` waits for and holds the claim's lock. (A class, not a
+        generator: every prepare and unprepare takes one.)"""
+        return _Hold(self, uid)
 
     @contextmanager
     def try_hold(self, uid: str) -> Iterator[bool]:
@@ -130,3 +117,50 @@ class _StripeLock:
     def __init__(self, lock: threading.Lock) -> None:
         self.lock = lock
         self.users = 0
+
+
+class _Hold:
+    """One hold of a claim's lock (:meth:`ClaimLocks.hold`): the stripe's thread lock, then,
+    unless this instance is solo, its byte in the lock file; let go in the reverse order."""
+
+    __slots__ = ("_entry", "_locked", "_locks", "_op", "_stripe", "_uid")
+
+    def __init__(self, locks: ClaimLocks, uid: str) -> None:
+        self._locks = locks
+        self._uid = uid
+
+    def __enter__(self) -> None:
+        locks = self._locks
+        stripe = self._stripe = locks._stripe(self._uid)
+        entry = self._entry = locks._use(stripe)
+        try:
+            entry.lock.acquire()
+            try:
+                op = self._op = locks._op()
+                alone = op.__enter__()
+                try:
+                    if not alone:
+                        fcntl.lockf(locks._fd, fcntl.LOCK_EX, 1, stripe)
+                except BaseException:
+                    op.__exit__(None, None, None)
+                    raise
+            except BaseException:
+                entry.lock.release()
+                raise
+        except BaseException:
+            locks._done_with(stripe, entry)
+            raise
+        self._locked = not alone
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            try:
+                try:
+                    if self._locked:
+                        fcntl.lockf(self._locks._fd, fcntl.LOCK_UN, 1, self._stripe)
+                finally:
+                    self._op.__exit__(None, None, None)
+            finally:
+                self._entry.lock.release()
+        finally:
+            self._locks._done_with(self._stripe, self._entry)

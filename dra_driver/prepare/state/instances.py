@@ -33,7 +33,6 @@ files are ours alone.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
@@ -41,7 +40,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -132,20 +131,11 @@ class Instances:
 
     # -- operations --------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def op(self) -> Iterator[bool]:
-        """One operation on the shared state: yields True when no other instance can be at
-        work until it ends (the locks against other processes may be skipped)."""
-        with self._lock:
-            alone = self._solo
-            if alone:
-                self._solo_ops += 1
-        try:
-            yield alone
-        finally:
-            if alone:
-                with self._lock:
-                    self._solo_ops -= 1
+    def op(self) -> AbstractContextManager[bool]:
+        """One operation on the shared state: ``with instances.op() as alone``, ``alone`` True
+        when no other instance can be at work until it ends (the locks against other processes
+        may be skipped). A class, not a generator: every prepare enters three."""
+        return _Op(self)
 
     # -- the watcher -------------------------------------------------------------------------
 
@@ -233,3 +223,28 @@ class Instances:
                 return False
             raise
         return True
+
+
+class _Op:
+    """What :meth:`Instances.op` returns: a solo operation is counted while it runs, so that
+    the instance shares only once those in flight are done."""
+
+    __slots__ = ("_alone", "_instances")
+
+    def __init__(self, instances: Instances) -> None:
+        self._instances = instances
+        self._alone = False
+
+    def __enter__(self) -> bool:
+        instances = self._instances
+        with instances._lock:
+            alone = self._alone = instances._solo
+            if alone:
+                instances._solo_ops += 1
+        return alone
+
+    def __exit__(self, *exc: object) -> None:
+        if self._alone:
+            instances = self._instances
+            with instances._lock:
+                instances._solo_ops -= 1
