@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.errors import TimeSliceFailed
+from dra_driver import cdi
+from dra_driver.errors import CdiError, TimeSliceFailed
 from dra_driver.prepare.repair import Repair
 from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED
 from dra_driver.sharing.timeslice import NvidiaSmi
@@ -234,3 +235,25 @@ def test_the_stand_in_nvidia_smi_refuses_what_the_real_one_would(env: Env) -> No
     ]:
         done = subprocess.run([smi, *args], capture_output=True, text=True, check=False)
         assert (done.returncode, message in done.stderr) == (status, True), done.stderr
+
+
+def test_a_spec_that_cannot_be_written_sets_the_gpu_back(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec's temp file is the first thing written after the steps changed the node: when
+    it fails, the claim is rolled back like any later failure (the interval set back, no
+    record, no mark), not left for reconcile."""
+    uuid = gpu_uuid(env, "gpu-0")
+    claim = env.store.add(allocated_claim(name="c1", configs=[opaque(slicing("Long"))]))
+
+    def begin(self: cdi.CdiSpecDir, uid: str, content: bytes) -> cdi.PendingSpec:
+        raise CdiError(f"cannot write CDI spec of {uid}: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(cdi.CdiSpecDir, "begin", begin)
+    with pytest.raises(CdiError, match="No space left"):
+        env.preparer.prepare(env.ref(claim))
+    assert fake(env).time_slices() == {uuid: 0}
+    assert env.checkpoint.snapshot() == {} and marked(env) == set()
+    monkeypatch.undo()
+    env.preparer.prepare(env.ref(claim))  # the kubelet's retry
+    assert fake(env).time_slices() == {uuid: 3}

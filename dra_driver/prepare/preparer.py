@@ -309,10 +309,10 @@ class Preparer:
             capabilities = frozenset().union(*(d.capabilities for d in plan.devices))
             try:
                 spec = self.encode_spec(ref.uid, plan.devices, capabilities, steps, make_nodes=True)
+                pending = self.specs.begin(ref.uid, spec)
             except BaseException:
                 self._roll_back_quietly(ref.uid)  # undo what the steps changed
                 raise
-            pending = self.specs.begin(ref.uid, spec)
             try:
                 synced = self._sync_spec(pending)
                 try:
