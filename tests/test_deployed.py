@@ -460,9 +460,14 @@ def run_probe(
     )  # fmt: skip
 
 
+_LOADER_LINE = re.compile(r"^\s*\d+:\t")
+
+
 def found_through_cache(trace: str, library: str) -> bool:
-    """The loader's trace says it looked ``library`` up in its cache and took our directory."""
-    lines = trace.splitlines()
+    """The loader's trace says it looked ``library`` up in its cache and took our directory.
+    Only the loader's lines (``<pid>:<tab>...``, on stderr) are read: a container log
+    interleaves them with the program's stdout in no fixed order."""
+    lines = [line for line in trace.splitlines() if _LOADER_LINE.match(line)]
     for i, line in enumerate(lines):
         if f"find library={library} " in line:
             rest = [x.split(":", 1)[-1].strip() for x in lines[i + 1 : i + 3]]

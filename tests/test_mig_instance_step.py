@@ -389,7 +389,12 @@ def test_an_xid_of_a_created_instance_marks_that_dynamic_device_once_rediscovere
         # events that come before the watch registered its GPUs are lost (as on real NVML):
         # inject once the first check of the instance is in
         deadline = time.monotonic() + 10
-        while monitor.states().get(THREE_G_AT_4) is None and time.monotonic() < deadline:
+
+        def checked() -> bool:  # a state is Unknown until its first check is in
+            state = monitor.states().get(THREE_G_AT_4)
+            return state is not None and state.status != "Unknown"
+
+        while not checked() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert monitor.states()[THREE_G_AT_4].status == "Healthy"
         env.node.library.health.inject(
