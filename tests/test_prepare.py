@@ -437,8 +437,9 @@ def test_admin_access_may_share_a_prepared_device(env: Env) -> None:
 
 def test_unprepare_removes_spec_and_record_and_frees_the_device(env: Env) -> None:
     claim = env.store.add(allocated_claim(name="c1", devices=["gpu-3"]))
-    env.preparer.prepare(env.ref(claim))
-    env.preparer.unprepare(env.ref(claim))
+    prepared = env.preparer.prepare(env.ref(claim))
+    assert env.preparer.unprepare(env.ref(claim)) == prepared  # what it held (for the log)
+    assert [d.device for d in prepared] == ["gpu-3"]
     assert env.specs.claim_uids() == set()
     assert env.checkpoint.snapshot() == {}
     other = env.store.add(allocated_claim(name="c2", devices=["gpu-3"]))
@@ -446,12 +447,13 @@ def test_unprepare_removes_spec_and_record_and_frees_the_device(env: Env) -> Non
 
 
 def test_unprepare_of_unknown_or_deleted_claims_succeeds(env: Env) -> None:
-    env.preparer.unprepare(ClaimRef("default", "never", new_uid()))
+    assert env.preparer.unprepare(ClaimRef("default", "never", new_uid())) == ()
     claim = env.store.add(allocated_claim(name="c1"))
-    env.preparer.prepare(env.ref(claim))
+    prepared = env.preparer.prepare(env.ref(claim))
     env.store.delete(claim)
-    env.preparer.unprepare(env.ref(claim))
-    env.preparer.unprepare(env.ref(claim))
+    assert env.preparer.unprepare(env.ref(claim)) == prepared
+    outcome = env.preparer.unprepare_batch([env.ref(claim)])[claim["metadata"]["uid"]]
+    assert outcome.devices == () and not outcome.error  # a retry: it holds nothing any more
     assert env.specs.claim_uids() == set()
 
 

@@ -1,8 +1,8 @@
 """The background writer of claims' ``status.devices`` entries (KEP-4817).
 
-The DRA servicer tells the reporter, after it has built its answer to the kubelet, which claims
-were prepared (their devices) and which unprepared; that only queues the wish and returns, so a
-slow or failing API server never delays or fails a prepare. One thread applies the wishes with
+The DRA servicer tells the reporter, once its answer to the kubelet is sent (plugin/dra.py's
+``Told``), which claims were prepared (their devices) and which unprepared; that only queues the
+wish and returns, so a slow or failing API server never delays or fails a prepare. One thread applies the wishes with
 server-side apply (kube/resourceclaims.py), the latest wish of a claim replacing any not yet
 written (a prepare and its unprepare in quick succession write only the removal). Writes wait
 for a pause in the kubelet's calls (``quiet_s`` without a new prepare or unprepare, at most
@@ -123,8 +123,17 @@ class ClaimStatusReporter:
         wanted = tuple(StatusDevice(pool, device, share) for pool, device, share in devices)
         self._queue(namespace, name, uid, wanted)
 
-    def unprepared(self, *, namespace: str, name: str, uid: str) -> None:
-        """The claim is unprepared: remove this driver's entries."""
+    def unprepared(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[tuple[str, str, str | None]] = (),
+    ) -> None:
+        """The claim is unprepared: remove this driver's entries (whatever ``devices`` it
+        held here: an earlier agent may have written entries of a claim this one does not
+        know)."""
         self._queue(namespace, name, uid, ())
 
     def _queue(

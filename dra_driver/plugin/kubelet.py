@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from dra_driver.plugin import services, sockets
-from dra_driver.plugin.dra import ClaimObserver
+from dra_driver.plugin.dra import ClaimLog, ClaimObserver, Told
 from dra_driver.plugin.health_stream import DEFAULT_INTERVAL_S, HealthFeed, HealthStates
 from dra_driver.plugin.registration import RegistrationServicer
 from dra_driver.prepare import ClaimPreparer
@@ -44,8 +44,9 @@ class KubeletPlugin:
     ``registrar_dir``/``plugin_dir``/``pod_uid`` name the sockets (sockets.py); ``pool`` is the
     node's pool name the health stream reports devices in; ``device_names`` gives the devices
     at each report. ``health`` gives each device's health (without it every device is
-    reported UNKNOWN). ``claim_observer``, set before ``start``, hears of each claim the DRA
-    services prepared or unprepared (node/ gives it claimstatus/'s reporter).
+    reported UNKNOWN). Each claim the DRA services prepared or unprepared is logged once its
+    answer is sent (dra.ClaimLog), then told to ``claim_observer`` if one is set before
+    ``start`` (node/ gives it claimstatus/'s reporter).
     """
 
     claim_observer: ClaimObserver | None = None
@@ -84,6 +85,7 @@ class KubeletPlugin:
             interval_s=health_interval_s,
         )
         self.registration: RegistrationServicer | None = None
+        self._told: Told | None = None
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
 
@@ -91,12 +93,13 @@ class KubeletPlugin:
         """Serve dra.sock, then the registration socket. Not re-entrant."""
         self._plugin_dir.mkdir(parents=True, exist_ok=True)
         self._registrar_dir.mkdir(parents=True, exist_ok=True)
+        self._told = Told(ClaimLog(self.claim_observer))
         self._dra_server = services.serve_dra(
             preparer=self._preparer,
             metrics=self.metrics,
             health=self._health,
             path=self.paths.dra,
-            observer=self.claim_observer,
+            told=self._told,
         )
         log.info("serving DRA", extra={"socket": str(self.paths.dra)})
         self.registration = RegistrationServicer(
@@ -119,6 +122,8 @@ class KubeletPlugin:
                 server.stop(grace_s).wait()
             path.unlink(missing_ok=True)
         self._reg_server = self._dra_server = None
+        if self._told is not None:
+            self._told.flush()  # the claims of answers whose callbacks the stop cut off
 
     def health_changed(self) -> None:
         """A device's health or the device list changed: open health streams report now.

@@ -21,7 +21,7 @@ from dra_driver._proto.health_v1alpha1 import api_pb2_grpc as health_v1alpha1_gr
 from dra_driver._proto.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from dra_driver.errors import DraError
 from dra_driver.plugin import sockets
-from dra_driver.plugin.dra import ClaimObserver, V1beta1Servicer, V1Servicer
+from dra_driver.plugin.dra import Told, V1beta1Servicer, V1Servicer
 from dra_driver.plugin.health_stream import HealthFeed, V1alpha1HealthServicer, V1HealthServicer
 from dra_driver.plugin.registration import DRA_SERVICES, HEALTH_SERVICES, RegistrationServicer
 from dra_driver.prepare import ClaimPreparer
@@ -46,17 +46,16 @@ def serve_dra(
     metrics: DriverMetrics | None,
     health: HealthFeed,
     path: Path,
-    observer: ClaimObserver | None = None,
+    told: Told | None = None,
 ) -> grpc.Server:
     """Serve DRA v1 + v1beta1 and health v1 + v1alpha1 on ``path`` (a stale socket there is
-    replaced). Raises DraError when it cannot listen."""
+    replaced), telling ``told`` of the claims answered for. Raises DraError when it cannot
+    listen."""
     server = grpc.server(
         ThreadPoolExecutor(max_workers=_GRPC_WORKERS, thread_name_prefix="dra-grpc")
     )
-    v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(preparer, metrics, observer), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(
-        V1beta1Servicer(preparer, metrics, observer), server
-    )
+    v1_grpc.add_DRAPluginServicer_to_server(V1Servicer(preparer, metrics, told), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(preparer, metrics, told), server)
     health_v1_grpc.add_DRAResourceHealthServicer_to_server(V1HealthServicer(health), server)
     health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
         V1alpha1HealthServicer(health), server

@@ -52,8 +52,9 @@ def error_type(exc: DraError) -> str:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Result of one claim in a batch: its devices, or the error that refused it and what kind
-    of error that was (``error_type``, one of ``ERROR_TYPES``)."""
+    """Result of one claim in a batch: its devices (a prepare's; an unprepare's: those the
+    claim held, none when it held nothing), or the error that refused it and what kind of
+    error that was (``error_type``, one of ``ERROR_TYPES``)."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""

@@ -251,8 +251,7 @@ class Preparer:
 
     def _unprepare_outcome(self, ref: ClaimRef) -> Outcome:
         try:
-            self.unprepare(ref)
-            return Outcome()
+            return Outcome(devices=self.unprepare(ref))
         except (PrepareError, CdiError, CheckpointError) as exc:
             log.warning("unprepare failed", extra={"claim_uid": ref.uid, "error": str(exc)})
             return Outcome(error=str(exc), error_type=error_type(exc))
@@ -328,14 +327,6 @@ class Preparer:
                 self._roll_back_quietly(ref.uid)
                 raise
             self._pods[ref.uid] = reserved_pods(claim)
-            log.info(
-                "prepared claim",
-                extra={
-                    "claim_uid": ref.uid,
-                    "claim": f"{ref.namespace}/{ref.name}",
-                    "devices": [d.device for d in devices],
-                },
-            )
             return devices
 
     def _apply(self, plan: ClaimPlan, steps: _Planned, devices: tuple[PreparedDevice, ...]) -> None:
@@ -461,14 +452,18 @@ class Preparer:
         pending.sync()
         return None
 
-    def unprepare(self, ref: ClaimRef) -> None:
-        """Unprepare one claim. Unknown or already unprepared claims succeed."""
+    def unprepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        """Unprepare one claim; the devices it held (none: unknown or already unprepared
+        claims succeed too)."""
         validate_ref(ref, need_names=False)
         with self.locks.hold(ref.uid):
-            self.unprepare_locked(ref.uid)
+            record = self.unprepare_locked(ref.uid)
+        return () if record is None else record.devices
 
-    def unprepare_locked(self, uid: str) -> None:
-        """Unprepare ``uid``, its lock held by the caller (Repair; clear_stale)."""
+    def unprepare_locked(self, uid: str) -> ClaimRecord | None:
+        """Unprepare ``uid``, its lock held by the caller (Repair; clear_stale); the record it
+        had, if any. Logs nothing: each caller says why (the kubelet's: plugin/dra.py's
+        ClaimLog)."""
         if self._keepers:
             record = self.checkpoint.get(uid)
             if record is not None and any(s.keeps_record(record) for s in self._keepers):
@@ -483,8 +478,7 @@ class Preparer:
                 self._pods.pop(uid, None)
                 for step in reversed(self.steps):
                     step.restore(record)
-                log.info("unprepared claim", extra={"claim_uid": uid})
-                return
+                return record
         # Nothing here is synced before the kubelet hears of success (docs/plugin.md,
         # "Durability"): the record's removal is appended (a crash of this process cannot lose
         # it: it is in the kernel), and only a power loss could, after which the node reboots
@@ -506,7 +500,7 @@ class Preparer:
                 step.release(record)
             for step in reversed(self.steps):
                 step.restore(record)
-            log.info("unprepared claim", extra={"claim_uid": uid})
+        return record
 
     def roll_back(self, record: ClaimRecord) -> None:
         """Undo a half-done prepare (lock held): the spec first, then the steps' release in
