@@ -2,21 +2,21 @@
 
 The DRA servicer tells the reporter, once its answer to the kubelet is sent (plugin/dra.py's
 ``Told``), which claims were prepared (their devices) and which unprepared; that only queues the
-wish and returns, so a slow or failing API server never delays or fails a prepare. One thread applies the wishes with
-server-side apply (kube/resourceclaims.py), the latest wish of a claim replacing any not yet
-written (a prepare and its unprepare in quick succession write only the removal). Writes wait
-for a pause in the kubelet's calls (``quiet_s`` without a new prepare or unprepare, at most
-``max_delay_s``), so that a burst of prepares does not share the CPU with them. Queuing a wish
-wakes the writer only when that wish is due before the writer would wake anyway (it sleeps
-until the first pending wish is due, or idle): a writer woken by every call took the interpreter
-lock from the servicer in the middle of its answer to the kubelet, for nothing, since a new call
-only postpones the pending writes (as node/log.py's writer, for the same reason). A claim
-unprepared before its entries were written needs no write at all: the reporter knows which
-claims' entries may be on the server (those it wrote, and those an earlier agent may have: the
-claims prepared when it started), and drops the removal of any other (a pod that came and went
-within a burst costs the API server nothing). A failed write
-is retried after each of ``retry_delays_s``, then logged as a warning and counted
-(``gpu_dra_claim_status_writes_total{result="failed"}``); a claim that is gone needs nothing.
+wish and returns, so a slow or failing API server never delays or fails a prepare. One thread
+applies the wishes with server-side apply (kube/resourceclaims.py), the latest wish of a claim
+replacing any not yet written (a prepare and its unprepare in quick succession write only the
+removal). Writes wait for a pause in the kubelet's calls (``quiet_s`` without a new prepare or
+unprepare, at most ``max_delay_s``), so that a burst of prepares does not share the CPU with them.
+Queuing a wish wakes the writer only when that wish is due before the writer would wake anyway (it
+sleeps until the first pending wish is due, or idle): a writer woken by every call took the
+interpreter lock from the servicer in the middle of its answer to the kubelet, for nothing, since a
+new call only postpones the pending writes (as node/log.py's writer, for the same reason). A claim
+unprepared before its entries were written needs no write at all: the reporter knows which claims'
+entries may be on the server (those it wrote, and those an earlier agent may have: the claims
+prepared when it started), and drops the removal of any other (a pod that came and went within a
+burst costs the API server nothing). A failed write is retried after each of ``retry_delays_s``,
+then logged as a warning and counted (``gpu_dra_claim_status_writes_total{result="failed"}``); a
+claim that is gone needs nothing.
 """
 
 from __future__ import annotations
