@@ -1,7 +1,7 @@
 """The API server and etcd stopped for 30 s in the middle of a batch of prepares, then started
 again: the agents do not crash-loop, no claim is lost or prepared twice, every pod runs, and the
-slices come back unchanged. Last in the tier's order (the file's name): it restarts the control
-plane's storage under the other tests' feet otherwise."""
+slices come back unchanged. Last of all tests (tests/conftest.py's ``run_order``): it restarts
+the control plane's storage under the other tests' feet otherwise."""
 
 from __future__ import annotations
 
