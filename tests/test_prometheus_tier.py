@@ -60,6 +60,10 @@ DRIVER = "gpu.nvidia.com"
 POD, POD_NAMESPACE, CONTAINER = "trainer-0", "ml", "trainer"
 POD_UID = "8c5ab8b5-2a59-4c4e-9a0e-0c2f3f4b7d11"
 WAIT_S = 20.0
+# A fault's alert needs the agent's next health check and telemetry pass, a scrape and a rule
+# evaluation (1 s each here) and the rule's ``for``: seconds when the machine is free, and one CI
+# run on 2 busy cores took more than 20 s; the waits for alerts allow a minute.
+ALERT_WAIT_S = 60.0
 
 # NVIDIA's dcgm-exporter dashboard (grafana.com 12239, grafana/dcgm-exporter-dashboard.json):
 # its panels' queries and its variables' queries. The two DCGM_FI_PROF_* panels read DCGM's
@@ -80,10 +84,20 @@ DCGM_12239_PROFILING = (
 )  # fmt: skip
 
 
-def wait(what: str, done: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+def wait(
+    what: str,
+    done: Callable[[], bool],
+    timeout_s: float = WAIT_S,
+    *,
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Until ``done()``; on timeout the message names ``what`` and, given ``state``, what
+    ``state()`` was then."""
     deadline = time.monotonic() + timeout_s
     while not done():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        if time.monotonic() >= deadline:
+            now = f"; then: {state()!r}" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{now}")
         time.sleep(0.2)
 
 
@@ -255,10 +269,18 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
     try:
         wait("Prometheus to scrape the agent", lambda: _up(tier), 30)
         # Not registered by a kubelet yet: not ready, and the alert says so.
-        wait("GpuDraAgentNotReady", lambda: bool(tier.firing_named("GpuDraAgentNotReady")))
+        wait(
+            "GpuDraAgentNotReady",
+            lambda: bool(tier.firing_named("GpuDraAgentNotReady")),
+            ALERT_WAIT_S,
+        )
         tier.not_ready_seen.append("fired")
         _register(tmp / "registry" / f"{DRIVER}-reg.sock")
-        wait("GpuDraAgentNotReady to clear", lambda: not tier.firing_named("GpuDraAgentNotReady"))
+        wait(
+            "GpuDraAgentNotReady to clear",
+            lambda: not tier.firing_named("GpuDraAgentNotReady"),
+            ALERT_WAIT_S,
+        )
         tier.not_ready_seen.append("cleared")
         prepare(tmp / "plugins" / DRIVER / "dra.sock", claim)
         # Two more scrapes: every counter is stored at its first value before any fault.
@@ -449,7 +471,12 @@ def test_each_alert_fires_on_its_fault_and_clears_after_recovery(tier: Tier) -> 
     def fired() -> set[tuple[str, str]]:
         return {(a["alertname"], a.get("device", "")) for a in tier.firing()}
 
-    wait("every device alert to fire", lambda: expected <= fired())
+    wait(
+        "every device alert to fire",
+        lambda: expected <= fired(),
+        ALERT_WAIT_S,
+        state=lambda: {"missing": sorted(expected - fired()), "firing": sorted(fired())},
+    )
     assert fired() == expected  # nothing else: not gpu-0, not the agent
     xids = {a["device"]: a["value"] for a in tier.firing_named("GpuDraFatalXid")}
     assert xids == {"gpu-1": "48", "gpu-2": "79"}
@@ -465,7 +492,12 @@ def test_each_alert_fires_on_its_fault_and_clears_after_recovery(tier: Tier) -> 
     for gpu in (1, 2, 3):
         tier.inject(gpu, "--reset")
     tier.inject(3, "--temperature", "40")
-    wait("every alert to clear", lambda: not tier.firing())
+    wait(
+        "every alert to clear",
+        lambda: not tier.firing(),
+        ALERT_WAIT_S,
+        state=lambda: sorted(fired()),
+    )
 
 
 # -- NVIDIA's dcgm-exporter dashboard (12239) --------------------------------------------------
