@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,9 @@ from dra_driver.plugin.dra import ClaimLog, Told
 from dra_driver.prepare import ClaimRef, PreparedDevice
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim, new_uid
-from tests.test_plugin_server import inventory, make_config, v1_claim
+from tests.test_plugin_server import inventory, kube, make_config, v1_claim
+
+__all__ = ["kube"]  # test_plugin_server's fixture: the local API server with node1, its client
 
 Held = tuple[tuple[str, str, str | None], ...]
 
@@ -184,14 +186,6 @@ def test_the_claim_log_names_the_devices_and_skips_unprepares_of_claims_that_hel
         ("unprepared", ()),
     ]
     ClaimLog().unprepared(namespace="ns", name="c", uid=uid)  # alone: logs, tells nobody
-
-
-@pytest.fixture
-def kube(kubeapi: FakeKubeApi) -> Iterator[KubeClient]:
-    kubeapi.add_node("node1")
-    client = KubeClient.from_config(kubeconfig=kubeapi.kubeconfig_path)
-    yield client
-    client.close()
 
 
 def observed_plugin(tmp: Path, kube: KubeClient, observer: Recording) -> NodePlugin:

@@ -88,14 +88,7 @@ class ClaimLog:
         uid: str,
         devices: Sequence[tuple[str, str, str | None]],
     ) -> None:
-        log.info(
-            "prepared claim",
-            extra={
-                "claim_uid": uid,
-                "claim": f"{namespace}/{name}",
-                "devices": [device for _, device, _ in devices],
-            },
-        )
+        _log_claim("prepared claim", namespace=namespace, name=name, uid=uid, devices=devices)
         if self._then is not None:
             self._then.prepared(namespace=namespace, name=name, uid=uid, devices=devices)
 
@@ -108,16 +101,25 @@ class ClaimLog:
         devices: Sequence[tuple[str, str, str | None]] = (),
     ) -> None:
         if devices:
-            log.info(
-                "unprepared claim",
-                extra={
-                    "claim_uid": uid,
-                    "claim": f"{namespace}/{name}",
-                    "devices": [device for _, device, _ in devices],
-                },
-            )
+            _log_claim("unprepared claim", namespace=namespace, name=name, uid=uid, devices=devices)
         if self._then is not None:
             self._then.unprepared(namespace=namespace, name=name, uid=uid, devices=devices)
+
+
+def _log_claim(
+    msg: str,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    devices: Sequence[tuple[str, str, str | None]],
+) -> None:
+    extra = {
+        "claim_uid": uid,
+        "claim": f"{namespace}/{name}",
+        "devices": [d for _, d, _ in devices],
+    }
+    log.info(msg, extra=extra)
 
 
 def _held(devices: Iterable[PreparedDevice]) -> list[tuple[str, str, str | None]]:
@@ -161,21 +163,11 @@ class Told:
                     prepared, ref, devices = self._queue.get_nowait()
                 except queue.Empty:
                     return
+                tell = observer.prepared if prepared else observer.unprepared
                 try:
-                    if prepared:
-                        observer.prepared(
-                            namespace=ref.namespace,
-                            name=ref.name,
-                            uid=ref.uid,
-                            devices=_held(devices),
-                        )
-                    else:
-                        observer.unprepared(
-                            namespace=ref.namespace,
-                            name=ref.name,
-                            uid=ref.uid,
-                            devices=_held(devices),
-                        )
+                    tell(
+                        namespace=ref.namespace, name=ref.name, uid=ref.uid, devices=_held(devices)
+                    )
                 except Exception:  # an observer must not fail the server
                     log.exception("a claim observer failed", extra={"claim_uid": ref.uid})
 
