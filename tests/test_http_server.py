@@ -89,7 +89,7 @@ def test_gzip_when_asked_decodes_to_the_same_text(server: HttpServer, registry: 
 
 
 def test_a_new_value_is_compressed_again(server: HttpServer, registry: Registry) -> None:
-    """The kept gzip body is reused only while the text is the same."""
+    """A scrape after a change serves the new value: nothing of an earlier body is reused."""
     connection = connect(server)
     try:
         bodies = []

@@ -86,7 +86,7 @@ def test_the_same_text_as_generate_latest_for_the_telemetry_of_simulated_gpus() 
     dcgm = [f for f in families if f.name.startswith("DCGM_")]
     assert len(ours) > 10 and len(dcgm) > 10
     assert sum(len(f.samples) for f in dcgm) > 40
-    assert telemetry.exposition() == reference(ours) + reference(dcgm, counter_suffix=False)
+    assert telemetry.exposition().text() == reference(ours) + reference(dcgm, counter_suffix=False)
 
 
 def test_the_registry_renders_the_drivers_metrics_as_generate_latest_does() -> None:

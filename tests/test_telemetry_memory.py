@@ -33,7 +33,7 @@ def series() -> exposition.Series:
             node.library.workload = busy.__contains__
             telemetry = Telemetry(node_name=NODE, inventory=inventory, read=reader.read, dcgm=True)
             telemetry.sample()
-            text = telemetry.exposition()
+            text = telemetry.exposition().text()
     finally:
         reader.close()
     return exposition.parse(text)
@@ -79,7 +79,7 @@ def test_fb_reserved_is_the_readings_reservation_in_whole_mib() -> None:
     read = {target.uuid: Reading(memory_reserved_bytes=(551 << 20) + 7)}
     telemetry = Telemetry(node_name=NODE, inventory=inventory, read=lambda _: read, dcgm=True)
     telemetry.sample()
-    text = telemetry.exposition()
+    text = telemetry.exposition().text()
     assert exposition.types(text)["DCGM_FI_DEV_FB_RESERVED"] == "gauge"
     parsed = exposition.parse(text)
     assert list(exposition.find(parsed, "DCGM_FI_DEV_FB_RESERVED").values()) == [551]

@@ -225,7 +225,7 @@ def test_the_exposition_is_formatted_once_per_change(inventory: Inventory) -> No
     assert telemetry.exposition() is not first  # a new sample (its timestamp at least)
     second = telemetry.exposition()
     telemetry.set_health_providers(states=lambda: {"gpu-0": "Healthy"})
-    assert 'state="Healthy"' in telemetry.exposition()
+    assert 'state="Healthy"' in telemetry.exposition().text()
     assert telemetry.exposition() is not second
 
 

@@ -218,7 +218,7 @@ def test_with_the_flag_off_there_are_no_dcgm_series() -> None:
         telemetry = Telemetry(node_name="n", inventory=inventory, read=lambda _: read, dcgm=dcgm)
         telemetry.set_health_providers(xid_counts=dict)
         telemetry.sample()
-        text = telemetry.exposition()
+        text = telemetry.exposition().text()
         names = {name for name, _ in scrape_series(telemetry)}
         assert ("DCGM_FI_DEV_GPU_TEMP" in names) is dcgm
         assert any(n.startswith("DCGM_") for n in names) is dcgm
@@ -235,7 +235,7 @@ def test_dcgm_counters_keep_dcgm_exporters_names_and_types() -> None:
                                  utilization_ratio=0.07, sm_clock_hertz=1.98e9)}  # fmt: skip
     telemetry = Telemetry(node_name="n", inventory=inventory, read=lambda _: read, dcgm=True)
     telemetry.sample()
-    text = telemetry.exposition()
+    text = telemetry.exposition().text()
     types = exposition.types(text)
     assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
     assert types["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] == "counter"

@@ -6,10 +6,12 @@ connection) over HTTP/1.1: connections stay open between requests (every answer 
 ``HEAD`` work on every path (``HEAD``: the same status and headers, no body), any other method
 answers 405 with ``Allow``, any other path 404 naming the paths there are. A body is gzipped
 when the client accepts it (``Accept-Encoding``, read by prometheus_client's
-``gzip_accepted``, as its own handlers do) and is larger than :data:`GZIP_MIN_BYTES`; the last
-compressed body is kept and reused while the text is the same, so scrapes between two telemetry
-samples compress nothing. The port is bound when the server is built, so a port already in use
-fails the agent at start with the flag's name in the message, before anything else is served.
+``gzip_accepted``, as its own handlers do): a text answer when it is larger than
+:data:`GZIP_MIN_BYTES`; ``/metrics`` always, from the telemetry's exposition as it keeps it
+deflated and the rest compressed at the scrape (metrics.Rendered), so a scrape compresses
+kilobytes whatever the number of GPUs, and nothing of a body is kept after it is sent. The
+port is bound when the server is built, so a port already in use fails the agent at start with
+the flag's name in the message, before anything else is served.
 
 Why not prometheus_client's own server: its ``MetricsHandler`` speaks HTTP/1.0 without a
 ``Content-Length`` (a new connection per scrape), answers 501 to ``HEAD`` and serves metrics on
@@ -32,7 +34,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dra_driver.errors import DraError
 
@@ -47,40 +49,29 @@ IDLE_TIMEOUT_S = 120.0
 GZIP_MIN_BYTES = 1024
 """Smaller bodies (probe answers) go uncompressed: gzip would only add its header."""
 GZIP_LEVEL = 6
-"""zlib's default. 64 GPUs' telemetry (92 KiB) gzips to 7.8 KiB at level 6 and at level 9 (the
-library's choice), in 0.85 ms of CPU against 1.8 ms; level 1: 10.8 KiB in 0.4 ms."""
+"""zlib's default, for a text answer (/metrics: metrics.DEFLATE_LEVEL). 64 GPUs' telemetry
+(92 KiB) gzips to 7.8 KiB at level 6 and at level 9 (the library's choice), in 0.85 ms of CPU
+against 1.8 ms; level 1: 10.8 KiB in 0.4 ms."""
 ALLOWED = "GET, HEAD"
+
+
+class Body(Protocol):
+    """An answer's body that knows its bytes, plain or gzipped (metrics.Rendered)."""
+
+    def plain(self) -> bytes: ...
+
+    def gzipped(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
 class Answer:
     status: int
-    body: str
+    body: str | Body
     content_type: str = "text/plain; charset=utf-8"
 
 
 Route = Callable[[], Answer]
 """Computes the answer to a GET or HEAD of one path (called on the connection's thread)."""
-
-
-class _Compressed:
-    """The last body gzipped, reused while the text is the same (one entry; thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._text = b""
-        self._gzipped = b""
-
-    def __call__(self, data: bytes) -> bytes:
-        import gzip  # noqa: PLC0415  (only for large bodies: the probes never load it)
-
-        with self._lock:
-            if data == self._text:
-                return self._gzipped
-        gzipped = gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)
-        with self._lock:
-            self._text, self._gzipped = data, gzipped
-        return gzipped
 
 
 class HttpServer:
@@ -91,7 +82,6 @@ class HttpServer:
         self, routes: Mapping[str, Route], *, port: int, flag: str, name: str, host: str = ""
     ) -> None:
         known = " or ".join(sorted(routes))
-        compress = _Compressed()
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
         server = self
@@ -120,12 +110,7 @@ class HttpServer:
             def _answer(self, *, body: bool) -> None:
                 route = routes.get(self.path.partition("?")[0])
                 answer = route() if route else Answer(404, f"not found: use {known}\n")
-                data = answer.body.encode()
-                encoding = None
-                if len(data) >= GZIP_MIN_BYTES and _gzip_accepted(
-                    self.headers.get("Accept-Encoding", "")
-                ):
-                    data, encoding = compress(data), "gzip"
+                data, encoding = _encoded(answer.body, self.headers.get("Accept-Encoding", ""))
                 self.send_response(answer.status)
                 self.send_header("Content-Type", answer.content_type)
                 self.send_header("Content-Length", str(len(data)))
@@ -189,6 +174,20 @@ class HttpServer:
                 connection.shutdown(socket.SHUT_RDWR)
 
 
+def _encoded(body: str | Body, accept_encoding: str) -> tuple[bytes, str | None]:
+    """The bytes to send and their ``Content-Encoding`` (None: as they are)."""
+    if not isinstance(body, str):
+        if _gzip_accepted(accept_encoding):
+            return body.gzipped(), "gzip"
+        return body.plain(), None
+    data = body.encode()
+    if len(data) < GZIP_MIN_BYTES or not _gzip_accepted(accept_encoding):
+        return data, None
+    import gzip  # noqa: PLC0415  (only for large bodies: the probes never load it)
+
+    return gzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0), "gzip"
+
+
 def _gzip_accepted(accept_encoding: str) -> bool:
     # prometheus_client loads only here: with metrics off the probes' server never imports it.
     from prometheus_client.exposition import gzip_accepted  # noqa: PLC0415
@@ -203,7 +202,7 @@ def metrics_server(registry: metrics.Registry, *, port: int, host: str = "") -> 
 
     def scrape() -> Answer:
         try:
-            return Answer(200, registry.render(), metrics.CONTENT_TYPE)
+            return Answer(200, registry.rendered(), metrics.CONTENT_TYPE)
         except DraError as exc:
             log.warning("metrics could not be collected", extra={"error": str(exc)})
             return Answer(500, f"metrics could not be collected: {exc}\n")

@@ -11,7 +11,7 @@ its Kubernetes pod mapper with shared GPUs (``--kubernetes-virtual-gpus``) and D
 the agent.
 
 dcgm-exporter's counters have no ``_total`` suffix, and dashboards query those names;
-prometheus_client writes a counter's HELP and TYPE lines as ``<name>_total``, so ``render_dcgm``
+prometheus_client writes a counter's HELP and TYPE lines as ``<name>_total``, so ``dcgm_texts``
 writes those two lines back to the bare name (the samples already carry it). Its label names
 (``modelName``, ``UUID``) are not Prometheus' snake case either: ``promtool check metrics`` lints
 these series as it lints dcgm-exporter's own.
@@ -21,14 +21,14 @@ Pure: formats an ``Inputs`` (model.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
-from dra_driver.metrics import render_families
+from dra_driver.metrics import family_texts
 from dra_driver.telemetry.model import Inputs
 
 _MIB = 1 << 20
@@ -252,9 +252,10 @@ def _add(family: Metric, labels: dict[str, str], value: float) -> None:
     family.samples.append(Sample(family.name, labels, value))
 
 
-def render_dcgm(families: list[Metric]) -> str:
-    """The text exposition of ``families`` with dcgm-exporter's counter names (no ``_total``)."""
-    return render_families(families, counter_suffix=False)
+def dcgm_texts(families: list[Metric]) -> Iterator[str]:
+    """The text exposition of ``families``, one family at a time, with dcgm-exporter's counter
+    names (no ``_total``)."""
+    return family_texts(families, counter_suffix=False)
 
 
 def describe() -> list[Metric]:
@@ -267,9 +268,9 @@ __all__ = [
     "HOST_LABEL",
     "dcgm_pci_bus_id",
     "dcgm_series",
+    "dcgm_texts",
     "describe",
     "identity_labels",
     "pod_labels",
-    "render_dcgm",
     "xid_labels",
 ]

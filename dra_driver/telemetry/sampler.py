@@ -39,7 +39,7 @@ from dra_driver.devices import gpu_device_name, mig_device_name
 from dra_driver.errors import DraError
 from dra_driver.gpus.info import Inventory
 from dra_driver.gpus.telemetryvalues import Reading, TelemetryTarget
-from dra_driver.metrics import render_families
+from dra_driver.metrics import Deflated, family_texts
 from dra_driver.telemetry import dcgm, series
 from dra_driver.telemetry.holders import (
     GetPod,
@@ -169,7 +169,7 @@ class Telemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._render_lock = threading.Lock()
-        self._rendered: tuple[Inputs, str] | None = None
+        self._rendered: tuple[Inputs, Deflated] | None = None
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -276,20 +276,26 @@ class Telemetry:
         if self.dcgm:
             yield from self._dcgm(inputs)
 
-    def exposition(self) -> str:
-        """``collect()`` in the text format, formatted again only when its inputs changed (a new
-        sample, a re-discovery, a health or XID change, a claim with sampling off). The loop
-        calls it after each pass, so scrapes normally find it ready."""
+    def exposition(self) -> Deflated:
+        """``collect()`` in the text format, kept deflated (metrics.Deflated: a scrape sends it
+        as it is), formatted again only when its inputs changed (a new sample, a re-discovery,
+        a health or XID change, a claim with sampling off). The loop calls it after each pass,
+        so scrapes normally find it ready."""
         inputs = self._inputs()
         with self._render_lock:
             cached = self._rendered
             if cached is not None and cached[0].same_as(inputs):
                 return cached[1]
-            text = render_families(self._series(inputs))
-            if self.dcgm:
-                text += dcgm.render_dcgm(self._dcgm(inputs))
-            self._rendered = (inputs, text)
-            return text
+            deflated = Deflated.of(self._texts(inputs))
+            self._rendered = (inputs, deflated)
+            return deflated
+
+    def _texts(self, inputs: Inputs) -> Iterator[str]:
+        """The exposition one family at a time; the DCGM families are built only once the
+        native ones are written and dropped."""
+        yield from family_texts(self._series(inputs))
+        if self.dcgm:
+            yield from dcgm.dcgm_texts(self._dcgm(inputs))
 
     def _series(self, inputs: Inputs) -> list[Metric]:
         return series.device_series(inputs, self.node_name)
