@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from bench.bench_grpc_floor import floor_servers
-from bench.bench_prepare import Figures, judge
+from bench.bench_prepare import ROUNDS, Figures, judge
 from bench.kubeletcaller import concurrent_in_turns, sequences_in_turns
 from bench.table import print_table
 from dra_driver._proto.dra_v1 import api_pb2 as v1
@@ -25,6 +25,8 @@ from dra_driver._proto.dra_v1 import api_pb2_grpc as v1_grpc
 from dra_driver.prepare.state.checkpoint import PREPARE_COMPLETED, Checkpoint
 from dra_driver.sim.localapi import FakeKubeApi
 from tests.claimdata import allocated_claim
+
+RATE_ROW = f"prepares/s at concurrency 16 (200 claims, median of {ROUNDS})"
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,14 +157,14 @@ def test_the_agent_is_judged_against_the_floor_of_the_same_run(
     judged = {row.name: row for row in rows if row.ok is not None}
     assert set(judged) == {
         "prepare p50 (192 in sequence)",
-        "prepares/s at concurrency 16 (200 claims, median of 3)",
+        RATE_ROW,
         "unprepare p50",
     }
     assert all(row.ok for row in judged.values())
     prepare = judged["prepare p50 (192 in sequence)"]
     assert (prepare.value, prepare.floor) == (2.25, "record p50 2.000 ms")
     assert prepare.target == "<= 2.300 ms (floor + 0.3 ms)"
-    rate = judged["prepares/s at concurrency 16 (200 claims, median of 3)"]
+    rate = judged[RATE_ROW]
     assert (rate.floor, rate.target) == ("record 800 /s", ">= 600 /s (75% of floor)")
     unprepare = judged["unprepare p50"]
     assert (unprepare.floor, unprepare.target) == (
@@ -185,7 +187,7 @@ def test_the_agent_is_judged_against_the_floor_of_the_same_run(
     [
         ({"prepare_p50_ms": 2.5}, "prepare p50 (192 in sequence)"),
         ({"unprepare_p50_ms": 0.75}, "unprepare p50"),
-        ({"rate": 599.0}, "prepares/s at concurrency 16 (200 claims, median of 3)"),
+        ({"rate": 599.0}, RATE_ROW),
     ],
 )
 def test_an_agent_too_far_above_its_floor_misses_that_target_only(
@@ -205,7 +207,7 @@ def test_the_same_agent_figures_pass_or_fail_with_the_floor_they_are_measured_ag
     # the same agent figures on a fast machine's floor miss
     verdicts = {row.name: row.ok for row in judge(slow_agent, RECORD, GRPC)}
     assert verdicts["prepare p50 (192 in sequence)"] is False
-    assert verdicts["prepares/s at concurrency 16 (200 claims, median of 3)"] is False
+    assert verdicts[RATE_ROW] is False
 
 
 def test_figures_are_the_medians_and_p99_of_what_was_measured() -> None:
