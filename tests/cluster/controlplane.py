@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_driver.sim.localapi import free_port
 from tests.cluster.pki import Identity, Pki
 
 START_TIMEOUT_S = 120.0
@@ -35,12 +35,6 @@ START_TIMEOUT_S = 120.0
 
 class ClusterError(RuntimeError):
     """A control-plane process failed to start or answer; the message ends with its log."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tail(log: Path, lines: int = 40) -> str:

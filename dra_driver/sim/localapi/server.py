@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import random
 import socket
 import threading
 import uuid
@@ -357,7 +358,30 @@ class FakeKubeApi:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server started later.
+
+    Picked below the kernel's ephemeral range (``ip_local_port_range``), where ``bind(0)`` would
+    pick it: there the port of an outgoing connection made meanwhile (a kubelet's, a client's)
+    could take it before the server binds it, which failed a real-node test's agent with
+    "Address already in use". Below the range only another listener can, and a port that one
+    holds now is skipped."""
+    low, _ = _ephemeral_range()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)  # noqa: S311  (not a secret)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", 0))  # every port tried was taken: the kernel's choice
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
