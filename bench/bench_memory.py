@@ -18,12 +18,11 @@ bench_prepare.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 from bench.table import Row, print_table
-from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi, free_port
 
 # What each step adds, in the order the agent's imports bring them in.
 STEPS = (
@@ -233,7 +232,7 @@ def _mapped_part(simulate: str) -> int:
     api.add_node("node1")
     try:
         off = _run(_MAPPED, api.url, "0", simulate)
-        on = _run(_MAPPED, api.url, str(_free_port()), simulate)
+        on = _run(_MAPPED, api.url, str(free_port()), simulate)
     finally:
         api.stop()
     assert isinstance(off, dict) and isinstance(on, dict)
@@ -244,12 +243,6 @@ def _mapped_part(simulate: str) -> int:
         _mapped_rows(off, on),
     )
     return 0 if ok else 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import functools
 import json
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -37,16 +36,11 @@ from typing import Any
 import pytest
 
 from dra_driver.kube import KubeClient
+from dra_driver.sim.localapi import free_port
 from tests.kubebins import kube_bin
 
 TOKEN = "integration-admin-token"
 _START_TIMEOUT_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _assets() -> Path:
@@ -218,7 +212,7 @@ def real_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApi
     _make_certs(pki)
     minor = _minor_version(assets / "kube-apiserver")
     etcd = assets / "etcd"
-    etcd_client, etcd_peer, secure = _free_port(), _free_port(), _free_port()
+    etcd_client, etcd_peer, secure = free_port(), free_port(), free_port()
     log = work / "logs.txt"
     procs: list[subprocess.Popen[bytes]] = []
     with log.open("wb") as out:
