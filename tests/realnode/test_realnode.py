@@ -81,7 +81,18 @@ def test_pod_starts_through_cdi_and_dlopens_libcuda(real_cluster: RealCluster) -
             f"{node.logs()}\n{real_cluster.cluster.logs()}"
         ) from exc
     where = f"{log[-4000:]}\n{node.logs()}"
-    assert objects.pod_phase(control, "real-probe", "default") == "Running", where
+    # the container's log is read on the node; the kubelet reports the phase on its own time
+    # (a CI run read the log while the API server still said Pending)
+    try:
+        objects.wait(
+            "the pod Running",
+            lambda: objects.pod_phase(control, "real-probe", "default") == "Running",
+            timeout_s=60,
+        )
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n{objects.get(control, 'Pod', 'real-probe')}\n{where}"
+        ) from exc
     got = objects.get(control, "ResourceClaim", "real-gpu")
     assert got is not None
     (result,) = got["status"]["allocation"]["devices"]["results"]
