@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from dra_driver.sim.localapi import free_port
 from tests.cluster import objects
-from tests.cluster.controlplane import ControlPlane, Process, free_port, tail
+from tests.cluster.controlplane import ControlPlane, Process, tail
 from tests.test_deployed import ApiAccess, PodSource, start_node
 
 GPU_NODE_LABELS = {

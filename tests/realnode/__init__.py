@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.sim.localapi import free_port
 from tests.cluster import objects
-from tests.cluster.controlplane import ControlPlane, Process, free_port, tail
+from tests.cluster.controlplane import ControlPlane, Process, tail
 from tests.cluster.gpunode import GPU_NODE_LABELS
 
 REPO = Path(__file__).resolve().parent.parent.parent
