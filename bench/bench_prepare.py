@@ -84,7 +84,7 @@ from bench.kubeletcaller import (
 from bench.table import Row, print_table, scaled
 from dra_driver.fsutil import in_memory_fs
 from dra_driver.sim.fakedriver import make_fake_driver, simulated_inventory
-from dra_driver.sim.localapi import FakeKubeApi
+from dra_driver.sim.localapi import FakeKubeApi, free_port
 
 # Concurrency-16 runs of the agent and of floor(record), taking turns; their medians are judged.
 # Nine, not three: one 200-claim run lasts a quarter of a second, and on this machine the
@@ -192,7 +192,7 @@ def _agent(
         "--kubelet-plugins-directory-path", str(plugins),
         "--kubelet-registrar-directory-path", str(tmp / "registry"),
         "--cdi-root", str(cdi_root or tmp / "cdi"),
-        "--metrics-port", str(_free_port()), "--healthcheck-port", "0",
+        "--metrics-port", str(free_port()), "--healthcheck-port", "0",
         "--log-format", "json", "--log-level", "info",  # the chart's defaults
     ]  # fmt: skip
     for d in ("plugins", "registry", "cdi"):
@@ -229,12 +229,6 @@ def _tmpfs_dir() -> Iterator[Path | None]:
         return
     with tempfile.TemporaryDirectory(prefix="bench-prepare-cdi-", dir="/dev/shm") as d:
         yield Path(d)
-
-
-def _free_port() -> int:
-    from dra_driver.sim.localapi import free_port  # noqa: PLC0415
-
-    return free_port()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 Flow position: beside the flow. plugin/dra.py counts the kubelet's requests, the KubeletPlugin
 reports prepared devices, the agent reports published devices, telemetry/sampler.py adds the
-GPUs' readings; node/http_server.py serves ``Registry.render()`` on ``--metrics-port``.
+GPUs' readings; node/http_server.py serves ``Registry.rendered()`` on ``--metrics-port``.
 
 Why the library: ``prometheus_client`` is the Prometheus project's own client, and its exposition
 (escaping, number formatting, histogram layout) is what scrapers are tested against; an earlier

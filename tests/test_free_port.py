@@ -8,7 +8,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from dra_driver.sim.localapi import free_port
+import pytest
+
+from dra_driver.sim.localapi import free_port, server
 
 
 def ephemeral_low() -> int:
@@ -42,3 +44,14 @@ def test_a_port_another_listener_holds_is_not_handed_out() -> None:
     finally:
         for s in held:
             s.close()
+
+
+def test_an_ephemeral_range_from_1024_leaves_the_choice_to_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # nothing lies below such a range: the kernel's port, not an error from an empty range
+    monkeypatch.setattr(server, "_ephemeral_low", lambda: 1024)
+    port = free_port()
+    assert port >= 1024
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))

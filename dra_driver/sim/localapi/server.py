@@ -366,8 +366,9 @@ def free_port() -> int:
     "Address already in use". Below the range only another listener can, and a port that one
     holds now is skipped."""
     low = _ephemeral_low()
-    for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)  # noqa: S311  (not a secret)
+    start = max(1024, low - 12000)
+    for _ in range(200 if start < low else 0):  # none below a range that starts that low
+        port = random.randrange(start, low)  # noqa: S311  (not a secret)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
