@@ -13,6 +13,7 @@ run too. By NVML area:
     devices.py    device queries (identity, memory, PCI, modes, MIG devices, processes)
     readings.py   telemetry readings that move with time and load
     health.py     NVML events and XIDs, health queries, injected faults and their inbox
+    inboxwatch.py waiting on the inbox file without polling it (inotify)
     mig.py        GPU and compute instances, the MIG mode; migstate.py their state file
     install.py    ``simulated_nvml``: installs the library for a block, and the sysfs tree
 

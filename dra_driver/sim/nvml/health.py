@@ -38,6 +38,7 @@ from dra_driver.sim.nvml.abi import (
     pointee,
     set_pointer,
 )
+from dra_driver.sim.nvml.inboxwatch import InboxWatch, open_inbox_watch
 from dra_driver.sim.nvml.node import SimulatedGpu
 from dra_driver.sim.nvml.parts import Library
 
@@ -54,7 +55,7 @@ SHUTDOWN_C = 92
 IDLE_C = 38
 XID_GPU_LOST = 79  # "GPU has fallen off the bus", what the driver reports for a lost GPU
 XID_DOUBLE_BIT_ECC = 48
-_INBOX_POLL_S = 0.02  # how often a waiting or calling thread looks at the inbox file
+_INBOX_POLL_S = 0.02  # how often an NVML call (a wait without inotify) looks at the inbox
 
 _log = logging.getLogger("dra_driver.sim.nvml")  # one logger for the whole simulated library
 
@@ -105,9 +106,14 @@ class SimulatedHealth:
         self._next_set = 0x5E7E0000
         self._changed = threading.Condition()
         self.inbox = inbox
-        self._inbox_offset = inbox.stat().st_size if inbox and inbox.exists() else 0
+        # where the next unread line starts, in which file (a replaced inbox is read anew)
+        self._inbox_offset, self._inbox_file = 0, (0, 0)
+        if inbox is not None and inbox.exists():
+            seen = inbox.stat()
+            self._inbox_offset, self._inbox_file = seen.st_size, (seen.st_dev, seen.st_ino)
         self._inbox_checked = 0.0
         self._inbox_lock = threading.Lock()
+        self._watches: set[InboxWatch] = set()  # of the waits blocked on the inbox (lock held)
 
     # --- faults ------------------------------------------------------------------------------
 
@@ -158,6 +164,8 @@ class SimulatedHealth:
             else:
                 state.hang_until = time.monotonic() + fault.seconds
             self._changed.notify_all()
+            for watch in self._watches:
+                watch.wake()
 
     def _emit(
         self,
@@ -175,25 +183,30 @@ class SimulatedHealth:
                     (index, event_type, data, gpu_instance_id, compute_instance_id)
                 )
 
-    def read_inbox(self) -> None:
+    def read_inbox(self, *, now: bool = False) -> None:
         """Inject the faults other processes appended to the inbox since the last look.
 
-        Called on every NVML call and while a wait is blocked, at most every 20 ms. A line that
-        is not a fault is logged and skipped; a truncated file is read again from the start.
+        Called on every NVML call, at most every 20 ms, and by a wait when the inbox changed
+        (``now``: whenever it last looked, waiting for another thread's look to end). A line
+        that is not a fault is logged and skipped; a truncated or replaced file is read again
+        from the start.
         """
         if self.inbox is None:
             return
-        now = time.monotonic()
-        if now - self._inbox_checked < _INBOX_POLL_S or not self._inbox_lock.acquire(False):
+        started = time.monotonic()
+        if now:
+            self._inbox_lock.acquire()
+        elif started - self._inbox_checked < _INBOX_POLL_S or not self._inbox_lock.acquire(False):
             return
         try:
-            self._inbox_checked = now
+            self._inbox_checked = started
             try:
-                size = self.inbox.stat().st_size
+                seen = self.inbox.stat()
             except OSError:
                 return
-            if size < self._inbox_offset:
-                self._inbox_offset = 0
+            size = seen.st_size
+            if size < self._inbox_offset or (seen.st_dev, seen.st_ino) != self._inbox_file:
+                self._inbox_offset, self._inbox_file = 0, (seen.st_dev, seen.st_ino)
             if size == self._inbox_offset:
                 return
             with self.inbox.open("rb") as f:
@@ -290,32 +303,56 @@ class SimulatedHealth:
         return SUCCESS
 
     def _wait(self, event_set: Any, data_ref: Any, timeout_ms: Any) -> int:
+        """Block for an event as NVML does; the inbox is watched meanwhile (inboxwatch.py:
+        without waking until it changes, where inotify is there; else looked at every 20 ms)."""
         deadline = time.monotonic() + as_int(timeout_ms) / 1000
-        while True:
-            self.read_inbox()
-            with self._changed:
-                found = self._sets.get(address_of(event_set))
-                if found is None:
-                    return INVALID_ARGUMENT
-                if found.queue:
-                    index, event_type, data, gi, ci = found.queue.popleft()
-                    event = pointee(data_ref)
-                    event.device = ctypes.cast(
-                        ctypes.c_void_p(self._library.handles.gpu_address[index]),
-                        pynvml.c_nvmlDevice_t,
-                    )
-                    event.eventType = event_type
-                    event.eventData = data
-                    event.gpuInstanceId = gi
-                    event.computeInstanceId = ci
-                    return SUCCESS
-                if found.lost:  # nvml.h: GPU_IS_LOST "if a GPU has fallen off the bus"
-                    found.lost.clear()
-                    return GPU_IS_LOST
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return TIMEOUT
-                self._changed.wait(min(left, _INBOX_POLL_S) if self.inbox else left)
+        watch = open_inbox_watch(self.inbox) if self.inbox is not None else None
+        try:
+            changed = True  # read the inbox once before the first wait, however recently read
+            while True:
+                self.read_inbox(now=changed and watch is not None)
+                with self._changed:
+                    rc = self._take_event(event_set, data_ref)
+                    if rc is not None:
+                        return rc
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return TIMEOUT
+                    if watch is None:
+                        self._changed.wait(min(left, _INBOX_POLL_S) if self.inbox else left)
+                        continue
+                    self._watches.add(watch)  # from here, an inject() wakes the wait below
+                try:
+                    changed = watch.wait(left)
+                finally:
+                    with self._changed:
+                        self._watches.discard(watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _take_event(self, event_set: Any, data_ref: Any) -> int | None:
+        """The wait's answer when it has one now: the next queued event (written to
+        ``data_ref``), GPU_IS_LOST or INVALID_ARGUMENT; None to go on waiting. Lock held."""
+        found = self._sets.get(address_of(event_set))
+        if found is None:
+            return INVALID_ARGUMENT
+        if found.queue:
+            index, event_type, data, gi, ci = found.queue.popleft()
+            event = pointee(data_ref)
+            event.device = ctypes.cast(
+                ctypes.c_void_p(self._library.handles.gpu_address[index]),
+                pynvml.c_nvmlDevice_t,
+            )
+            event.eventType = event_type
+            event.eventData = data
+            event.gpuInstanceId = gi
+            event.computeInstanceId = ci
+            return SUCCESS
+        if found.lost:  # nvml.h: GPU_IS_LOST "if a GPU has fallen off the bus"
+            found.lost.clear()
+            return GPU_IS_LOST
+        return None
 
     def _retired_pages_pending(self, handle: Any, ref: Any) -> int:
         gpu, rc = self._full_gpu(handle)
