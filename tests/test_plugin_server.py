@@ -9,6 +9,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -633,6 +634,38 @@ def test_open_health_streams_get_the_new_device_list_at_once(
             stream.cancel()
         assert time.monotonic() - began < 2
         assert [d.device.device_name for d in after.devices] == ["gpu-0", "gpu-1"]
+    finally:
+        plugin.stop()
+
+
+def test_prepares_beyond_the_serving_threads_wait_and_succeed_beside_open_health_streams(
+    tmp_path: Path, kube: KubeClient, kubeapi: FakeKubeApi
+) -> None:
+    """dra.sock's threads (plugin/services.py ``_GRPC_WORKERS``) are fewer than the calls here:
+    four health streams hold one each for their lifetime (the kubelet's, and three left open),
+    and 24 prepares at once (three per GPU: admin access) share the rest, queued by gRPC,
+    none refused."""
+    plugin = start_plugin(tmp_path, kube, health_interval_s=60)
+    claims = []
+    for i in range(24):
+        claim = allocated_claim(name=f"c{i}", devices=[f"gpu-{i % 8}"])
+        claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True  # type: ignore[index]
+        claims.append(kubeapi.add_claim(claim))
+    try:
+        with channel(plugin.paths.dra) as ch:
+            streams = [
+                health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                    health.NodeWatchResourcesRequest(), timeout=30
+                )
+                for _ in range(4)
+            ]
+            assert all(len(next(s).devices) == 8 for s in streams)  # each holds its thread
+            with ThreadPoolExecutor(len(claims)) as pool:
+                answers = list(pool.map(lambda c: prepare(plugin, c), claims))
+            for s in streams:
+                s.cancel()
+        assert [a.error for a in answers] == [""] * len(claims)
+        assert all(len(a.devices) == 1 for a in answers)
     finally:
         plugin.stop()
 

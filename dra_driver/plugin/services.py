@@ -29,11 +29,14 @@ from dra_driver.prepare import ClaimPreparer
 if TYPE_CHECKING:
     from dra_driver.metrics import DriverMetrics
 
-# Threads serving dra.sock: the kubelet's calls (it prepares pods one by one; a node starting many
-# pods at once stays well under 16 in flight) plus each open health stream, which holds one for
-# its lifetime. Calls beyond wait in gRPC's queue, never fail. Every thread costs memory (its
-# stack, a malloc arena), so not more.
-_GRPC_WORKERS = 20
+# Threads serving dra.sock: the kubelet's calls, 8 at a time, plus the health streams it holds
+# (one; two for a moment across a kubelet restart: a closed stream lets its thread go at its next
+# report), each for its lifetime. Calls beyond wait in gRPC's queue, never fail, and lose nothing
+# by it: the calls share one interpreter lock, so more threads add no throughput (prepares/s at
+# concurrency 16 against 20 threads, two agents taking turns in one run: 0.993-1.007), only memory
+# (each thread's stack and state: 20 threads held 0.5 MiB more after a burst of 16 calls;
+# docs/benchmarks.md, "Ninth pass").
+_GRPC_WORKERS = 10
 
 ADVERTISED_VERSIONS = (*DRA_SERVICES, *HEALTH_SERVICES)
 """GetInfo's ``supported_versions``: the DRA services first (the kubelet takes the first it
