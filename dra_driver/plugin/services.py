@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # report), each for its lifetime. Calls beyond wait in gRPC's queue, never fail, and lose nothing
 # by it: the calls share one interpreter lock, so more threads add no throughput (prepares/s at
 # concurrency 16 against 20 threads, two agents taking turns in one run: 0.993-1.007), only memory
-# (each thread's stack and state: 20 threads held 0.5 MiB more after a burst of 16 calls;
+# (each thread's stack and state: 20 threads held 0.4 MiB more after bursts of 16 calls;
 # docs/benchmarks.md, "Ninth pass").
 _GRPC_WORKERS = 10
 
