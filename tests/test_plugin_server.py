@@ -649,7 +649,7 @@ def test_prepares_beyond_the_serving_threads_wait_and_succeed_beside_open_health
     claims = []
     for i in range(24):
         claim = allocated_claim(name=f"c{i}", devices=[f"gpu-{i % 8}"])
-        claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True  # type: ignore[index]
+        claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
         claims.append(kubeapi.add_claim(claim))
     try:
         with channel(plugin.paths.dra) as ch:

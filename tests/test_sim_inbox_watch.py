@@ -18,8 +18,7 @@ from dra_driver.sim.faults import SimulatedFault, append_fault
 from dra_driver.sim.nvml import SimulatedNode, simulated_nvml
 from dra_driver.sim.nvml import health as health_module
 from dra_driver.sim.nvml.inboxwatch import open_inbox_watch
-
-XID = pynvml.nvmlEventTypeXidCriticalError
+from tests.test_sim_nvml_health import registered
 
 
 @pytest.fixture
@@ -36,12 +35,6 @@ def node(inbox: Path) -> Iterator[SimulatedNode]:
             yield n
         finally:
             pynvml.nvmlShutdown()
-
-
-def registered(index: int) -> object:
-    event_set = pynvml.nvmlEventSetCreate()
-    pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(index), XID, event_set)
-    return event_set
 
 
 def later(seconds: float, action: object, *args: object) -> threading.Timer:
