@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from dra_driver.prepare.state.checkpointlocks import ClaimLocks
 from dra_driver.prepare.state.checkpointrecords import (
     PREPARE_STARTED,
     ClaimRecord,
@@ -17,6 +18,16 @@ DRIVER = "gpu.nvidia.com"
 
 def new_uid() -> str:
     return str(uuid.uuid4())
+
+
+def uid_sharing_the_lock_of(uid: str) -> str:
+    """Another claim UID whose lock is ``uid``'s stripe (checkpointlocks.py: 4,096 stripes, so
+    two claims share one now and then; found by trying, a few thousand UIDs)."""
+    stripe = ClaimLocks._stripe(uid)
+    while True:
+        other = new_uid()
+        if other != uid and ClaimLocks._stripe(other) == stripe:
+            return other
 
 
 def allocated_claim(

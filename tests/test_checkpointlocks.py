@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.prepare.state.checkpointlocks import ClaimLocks
+from tests.claimdata import uid_sharing_the_lock_of
 
 
 def _hold_claim_lock(
@@ -24,6 +25,15 @@ def _hold_claim_lock(
     with locks.hold(uid):
         held.set()
         release.wait(10)
+
+
+def _try_claim_lock(
+    path: str, uid: str, got: multiprocessing.sharedctypes.Synchronized[int]
+) -> None:  # type: ignore[name-defined]
+    locks = ClaimLocks(Path(path))
+    locks.open()
+    with locks.try_hold(uid) as held:
+        got.value = int(held)
 
 
 def test_claim_locks_exclude_other_processes(tmp_path: Path) -> None:
@@ -109,3 +119,37 @@ def test_a_hold_left_by_an_exception_lets_go_of_everything(tmp_path: Path) -> No
         pass
     assert locks._threads == {}
     locks._fd = -1
+
+
+def test_try_hold_of_a_claim_on_the_stripe_the_caller_holds(tmp_path: Path) -> None:
+    """A prepare holding claim A's lock asks for claim B's (to clear a stale B): when B shares
+    A's stripe, B is held by the caller already: try_hold yields True, and taking nothing, it
+    lets go of nothing (another thread and another process still find A held)."""
+    locks = ClaimLocks(tmp_path / "claims.lock")
+    locks.open()
+    a = "claim-a"
+    b = uid_sharing_the_lock_of(a)
+    ctx = multiprocessing.get_context("spawn")
+    with locks.hold(a):
+        with locks.try_hold(b) as got:
+            assert not got  # without saying what it holds: its own stripe is busy
+        with locks.try_hold(b, holding=a) as got:
+            assert got
+        with locks.try_hold("u-elsewhere", holding=a) as got:
+            assert got and len(locks._threads) == 2  # another stripe: taken as usual
+        seen: list[bool] = []
+
+        def try_a() -> None:
+            with locks.try_hold(a) as held:
+                seen.append(held)
+
+        other = threading.Thread(target=try_a)
+        other.start()
+        other.join()
+        value = ctx.Value("i", -1)
+        proc = ctx.Process(target=_try_claim_lock, args=(str(tmp_path / "claims.lock"), a, value))
+        proc.start()
+        proc.join(20)
+        assert (seen, value.value) == ([False], 0)
+    assert locks._threads == {}
+    locks.close()

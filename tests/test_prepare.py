@@ -45,7 +45,7 @@ from dra_driver.sim.fakedriver import (
     make_fake_driver,
     simulated_inventory,
 )
-from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque
+from tests.claimdata import ClaimStore, allocated_claim, new_uid, opaque, uid_sharing_the_lock_of
 from tests.nodestorage import open_node_storage
 
 VENDOR = "k8s.gpu.nvidia.com"
@@ -700,6 +700,25 @@ def test_a_lost_unprepare_never_blocks_the_device(env: Env) -> None:
     with pytest.raises(PrepareError, match="gpu-1 is already prepared for claim default/new"):
         env.preparer.prepare(env.ref(third))
     assert env.specs.claim_uids() == {new["metadata"]["uid"]}
+
+
+def test_a_lost_unprepare_is_cleared_even_when_its_claim_shares_the_lock_of_the_new_one(
+    env: Env,
+) -> None:
+    """Claim locks are striped: two UIDs share one of 4,096 locks now and then. The prepare
+    holds its own claim's lock; a stale holder on the same stripe is not "being worked on"
+    and is cleared (it was refused, for that pair of claims on every retry, and failed CI)."""
+    new_uid_ = new_uid()
+    old = env.store.add(
+        allocated_claim(name="old", uid=uid_sharing_the_lock_of(new_uid_), devices=["gpu-1"])
+    )
+    env.preparer.prepare(env.ref(old))
+    env.store.delete(old)
+    new = env.store.add(allocated_claim(name="new", uid=new_uid_, devices=["gpu-1"]))
+    assert [d.device for d in env.preparer.prepare(env.ref(new))] == ["gpu-1"]
+    assert set(env.checkpoint.snapshot()) == {new_uid_}
+    assert env.specs.claim_uids() == {new_uid_}
+    assert env.preparer.locks._threads == {}  # nothing left held
 
 
 def test_unprepare_appends_without_a_sync_and_prepare_syncs_before_the_spec_appears(

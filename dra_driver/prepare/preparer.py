@@ -315,7 +315,7 @@ class Preparer:
             try:
                 synced = self._sync_spec(pending)
                 try:
-                    self._record(self._record_op(plan, devices, steps, phase=PREPARE_COMPLETED))
+                    self._record(plan, devices, steps, phase=PREPARE_COMPLETED)
                 finally:
                     # waits: the temp file is busy till then
                     sync_error = synced.exception() if synced is not None else None
@@ -339,7 +339,7 @@ class Preparer:
         def started() -> None:
             nonlocal recorded
             if not recorded:
-                self._record(self._record_op(plan, devices, steps, phase=PREPARE_STARTED))
+                self._record(plan, devices, steps, phase=PREPARE_STARTED)
                 recorded = True
 
         for step, step_plan in steps:
@@ -349,13 +349,21 @@ class Preparer:
                 self._roll_back_quietly(plan.ref.uid)
                 raise
 
-    def _record(self, op: Callable[[Claims], None]) -> None:
-        """Commit ``op`` (durably); a device conflict with claims no pod can use any more
-        clears them and tries once more."""
+    def _record(
+        self,
+        plan: ClaimPlan,
+        devices: tuple[PreparedDevice, ...],
+        steps: _Planned,
+        *,
+        phase: Phase,
+    ) -> None:
+        """Record the claim in ``phase`` (durably; _record_op), its lock held by the caller; a
+        device conflict with claims no pod can use any more clears them and tries once more."""
+        op = self._record_op(plan, devices, steps, phase=phase)
         try:
             self.checkpoint.transact(op)
         except DeviceConflict as exc:
-            if not self.clear_stale(exc.holders):
+            if not self.clear_stale(exc.holders, holding=plan.ref.uid):
                 raise
             self.checkpoint.transact(op)
 
@@ -537,10 +545,12 @@ class Preparer:
             raise ClaimNotFound(f"ResourceClaim {ref.namespace}/{ref.name} does not exist")
         return claim
 
-    def clear_stale(self, holders: Iterable[str]) -> bool:
+    def clear_stale(self, holders: Iterable[str], *, holding: str | None = None) -> bool:
         """Unprepare those of ``holders`` (claims holding devices a prepare wants) that the API
         server says no pod can use any more: a record whose unprepare was lost never blocks a
-        device. True when one was cleared. A holder being worked on right now is left alone."""
+        device. True when one was cleared. A holder being worked on right now is left alone.
+        ``holding``: the claim whose lock the caller holds (the prepare that wants the
+        devices); a holder whose lock shares its stripe is not thereby "being worked on"."""
         cleared = False
         for uid in holders:
             record = self.checkpoint.get(uid)
@@ -549,7 +559,7 @@ class Preparer:
             reason = self.stale_reason(record)
             if reason is None:
                 continue
-            with self.locks.try_hold(uid) as held:
+            with self.locks.try_hold(uid, holding=holding) as held:
                 if held and self.checkpoint.get(uid) == record:
                     log.warning(
                         "unpreparing a stale claim that held a device another claim needs",

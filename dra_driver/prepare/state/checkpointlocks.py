@@ -63,9 +63,17 @@ class ClaimLocks:
         return _Hold(self, uid)
 
     @contextmanager
-    def try_hold(self, uid: str) -> Iterator[bool]:
-        """Hold the claim's lock if nobody does; yields False (and holds nothing) otherwise."""
+    def try_hold(self, uid: str, *, holding: str | None = None) -> Iterator[bool]:
+        """Hold the claim's lock if nobody does; yields False (and holds nothing) otherwise.
+
+        ``holding``: a claim whose lock the caller holds already. A ``uid`` on its stripe is
+        held by the caller too: yields True and takes nothing (taking the stripe's thread lock
+        again would find it busy, by ourselves; unlocking its byte in the file would let go of
+        the caller's hold)."""
         stripe = self._stripe(uid)
+        if holding is not None and self._stripe(holding) == stripe:
+            yield True
+            return
         entry = self._use(stripe)
         try:
             if not entry.lock.acquire(blocking=False):
