@@ -410,7 +410,7 @@ def test_a_failed_write_leaves_no_spec_temp_file_or_record(
         real = env.checkpoint.transact
 
         def transact(op: Any, *, durable: bool = True) -> Any:
-            if durable and op.__qualname__.startswith("Preparer._record_op"):
+            if durable and op.__qualname__.startswith("Preparer._record"):
                 raise CheckpointError("cannot write checkpoint.journal: [Errno 28] No space left")
             return real(op, durable=durable)
 

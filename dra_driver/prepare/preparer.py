@@ -357,28 +357,11 @@ class Preparer:
         *,
         phase: Phase,
     ) -> None:
-        """Record the claim in ``phase`` (durably; _record_op), its lock held by the caller; a
-        device conflict with claims no pod can use any more clears them and tries once more."""
-        op = self._record_op(plan, devices, steps, phase=phase)
-        try:
-            self.checkpoint.transact(op)
-        except DeviceConflict as exc:
-            if not self.clear_stale(exc.holders, holding=plan.ref.uid):
-                raise
-            self.checkpoint.transact(op)
-
-    def _record_op(
-        self,
-        plan: ClaimPlan,
-        devices: tuple[PreparedDevice, ...],
-        steps: _Planned,
-        *,
-        phase: Phase,
-    ) -> Callable[[Claims], None]:
-        """Record the claim in ``phase``, refusing a device another recorded claim holds whole
-        (admin access aside; a share conflicts only with a claim holding its device whole),
-        and whatever a step refuses (its check); checked and recorded in one step, so two
-        claims racing for a device cannot both have it."""
+        """Record the claim in ``phase`` (durably), refusing a device another recorded claim
+        holds whole (admin access aside; a share conflicts only with a claim holding its device
+        whole), and whatever a step refuses (its check); checked and recorded in one step, so
+        two claims racing for a device cannot both have it. The claim's lock is held by the
+        caller. A conflict with claims no pod can use any more clears them and tries again."""
         ref = plan.ref
         wanted = {d.target.name for d in plan.devices if not d.admin_access and d.share_id is None}
         shared = {
@@ -405,7 +388,12 @@ class Preparer:
                 uid=ref.uid, namespace=ref.namespace, name=ref.name, phase=phase, devices=devices
             )
 
-        return op
+        try:
+            self.checkpoint.transact(op)
+        except DeviceConflict as exc:
+            if not self.clear_stale(exc.holders, holding=ref.uid):
+                raise
+            self.checkpoint.transact(op)
 
     def encode_spec(
         self,
